@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs lmserve's build and test dependencies from Debian 12 packages.
+# Idempotent: packages already present are skipped, and nothing is done
+# (no apt-get update, no root needed) when everything is there.
+#
+#   scripts/install-deps.sh            build + test dependencies
+#   scripts/install-deps.sh --train    also the Debian text packages the demo
+#                                      model is trained on (tools/train_demo)
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config ccache git curl python3
+  libboost1.81-dev          # Beast/Asio (header-only parts)
+  nlohmann-json3-dev
+  libspdlog-dev libfmt-dev
+  libcli11-dev
+  libyaml-cpp-dev
+  libssl-dev
+  libsqlite3-dev
+  libpcre2-dev
+  libutf8proc-dev
+  libgtest-dev libgmock-dev
+  libbenchmark-dev
+)
+
+if [[ "${1:-}" == "--train" ]]; then
+  # Text corpora for the demo model (see models/demo/README.md for licences).
+  packages+=(fortunes-zh jargon-text wordnet-base)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -q
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
