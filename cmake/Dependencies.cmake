@@ -1,0 +1,26 @@
+# Every third-party library comes from a Debian 12 package (scripts/install-deps.sh).
+# Nothing is fetched or vendored: a missing package is a configure error naming it.
+find_package(Threads REQUIRED)
+
+macro(lmserve_require_package name debian_package)
+  find_package(${name} ${ARGN} QUIET)
+  if(NOT ${name}_FOUND)
+    message(FATAL_ERROR "lmserve: ${name} not found; run scripts/install-deps.sh (Debian package ${debian_package})")
+  endif()
+endmacro()
+
+lmserve_require_package(Boost libboost1.81-dev 1.81 CONFIG)           # Beast, Asio (header-only)
+lmserve_require_package(nlohmann_json nlohmann-json3-dev 3.11 CONFIG)
+lmserve_require_package(fmt libfmt-dev CONFIG)
+lmserve_require_package(spdlog libspdlog-dev CONFIG)
+lmserve_require_package(CLI11 libcli11-dev CONFIG)
+lmserve_require_package(yaml-cpp libyaml-cpp-dev CONFIG)
+lmserve_require_package(OpenSSL libssl-dev)
+lmserve_require_package(SQLite3 libsqlite3-dev)
+lmserve_require_package(PkgConfig pkg-config)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+if(LMSERVE_TESTS)
+  lmserve_require_package(GTest libgtest-dev CONFIG)
+  lmserve_require_package(benchmark libbenchmark-dev CONFIG)
+endif()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every test of a built preset (make test): CTest, then the end-to-end suite when it
+# exists. Prints why skipped tests were skipped (e.g. no GPU) and ends with one line,
+# "tests: N passed, N failed, N skipped". Exits non-zero on any failure.
+set -uo pipefail
+preset=${1:-release}
+build="build/$preset"
+cd "$(dirname "$0")/.."
+
+"$build/lmserve" version | sed 's/^/  /'
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+ctest --preset "$preset" -j "$(nproc)" 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+
+total=$(sed -nE 's/.*tests passed, ([0-9]+) tests? failed out of ([0-9]+).*/\2/p' "$out" | tail -1)
+failed=$(sed -nE 's/.*tests passed, ([0-9]+) tests? failed out of ([0-9]+).*/\1/p' "$out" | tail -1)
+skipped=$(grep -cE '^\s+[0-9]+ - .*\((Skipped|Disabled)\)$' "$out")
+if [[ -z $total ]]; then
+  echo "run-tests: ctest printed no summary" >&2
+  exit 1
+fi
+
+log="$build/Testing/Temporary/LastTest.log"
+if ((skipped > 0)) && [[ -f $log ]]; then
+  echo "Skipped tests and why:"
+  grep -A1 ": Skipped" "$log" | grep -v -e ": Skipped" -e '^--$' | sort | uniq -c | sed 's/^/  /'
+fi
+
+if [[ -x tests/e2e/run.sh ]]; then
+  tests/e2e/run.sh "$build/lmserve" || { rc=1; failed=$((failed + 1)); }
+fi
+echo "tests: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
+exit $rc

@@ -1,0 +1,34 @@
+// Plain-C++ view of the CUDA runtime's device queries, compiled by nvcc in probe.cu.
+// Nothing here includes CUDA headers, so backend/devices.cpp (a g++ file) can call it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmserve::cuda {
+
+struct RawDevice {
+  int index = 0;
+  std::string name;
+  std::uint64_t total_bytes = 0;
+  int cc_major = 0;
+  int cc_minor = 0;
+  int multiprocessors = 0;
+};
+
+struct RawProbe {
+  int runtime_version = 0;
+  int driver_version = 0;
+  std::vector<RawDevice> devices;
+  std::string error;  // the CUDA error that stopped the probe, if any
+};
+
+RawProbe probe();
+
+enum class SelfTestResult { kPassed, kUnavailable, kWrongResult };
+
+// Fills a buffer on `device` with a kernel and checks it on the host; `failure` says why not.
+SelfTestResult self_test(int device, std::string* failure);
+
+}  // namespace lmserve::cuda

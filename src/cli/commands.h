@@ -1,0 +1,15 @@
+// One function per subcommand: each registers its flags on the parent app and returns the
+// callback that runs it. main.cpp only dispatches. A callback returns the process exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace lmserve::cli {
+
+using Command = std::function<int()>;
+
+Command add_version_command(CLI::App& app);
+
+}  // namespace lmserve::cli

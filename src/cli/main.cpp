@@ -1,0 +1,73 @@
+// lmserve: one binary, one subcommand per tool (ARCHITECTURE.md). Exit codes: 0 success,
+// 1 runtime failure, 2 usage error or a subcommand this build does not provide yet.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "common/build_info.h"
+#include "common/log.h"
+
+namespace {
+
+// Subcommands whose implementation has not landed. They accept any arguments, so launch
+// scripts written for them fail with this message rather than with a flag error.
+struct PendingCommand {
+  const char* name;
+  const char* description;
+  const char* issue;
+};
+
+constexpr PendingCommand kPending[] = {
+    {"serve", "OpenAI-compatible inference server", "#5"},
+    {"gateway", "enterprise gateway in front of serve replicas", "the gateway issue"},
+    {"bench", "load generator and offline throughput/latency benchmarks", "#6 and #7"},
+    {"plan", "capacity planner", "#7"},
+    {"generate", "generate text from a prompt, in process", "#4"},
+    {"tokenize", "print the token ids of a text", "#3"},
+    {"detokenize", "print the text of token ids", "#3"},
+    {"chat-template", "render a model's chat template", "#3"},
+    {"model", "model tools (verify)", "#4"},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"lmserve: LLM serving for private deployment", "lmserve"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(lmserve::build_info().version));
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warning, error, critical or off")
+      ->capture_default_str();
+
+  std::vector<std::pair<CLI::App*, lmserve::cli::Command>> commands;
+  auto* version = app.add_subcommand("version", "print build and device information");
+  commands.emplace_back(version, lmserve::cli::add_version_command(*version));
+
+  for (const auto& p : kPending) {
+    auto* sub = app.add_subcommand(p.name, std::string(p.description) + " (not yet available)");
+    sub->prefix_command();
+    commands.emplace_back(sub, [p]() {
+      std::fprintf(stderr, "lmserve %s: not yet available in this build (tracked in issue %s)\n", p.name, p.issue);
+      return 2;
+    });
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+
+  if (auto status = lmserve::configure_logging({.level = log_level}); !status.is_ok()) {
+    std::fprintf(stderr, "lmserve: %s\n", status.message().c_str());
+    return 2;
+  }
+  for (auto& [sub, run] : commands) {
+    if (sub->parsed()) return run();
+  }
+  return 2;  // unreachable: require_subcommand(1)
+}
