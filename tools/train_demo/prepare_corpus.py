@@ -9,7 +9,7 @@ same files.
 Sources (licences in models/demo/README.md):
   fortunes-zh   /usr/share/games/fortunes/{tang300,song100,chinese}   GPL-3.0+
   jargon-text   /usr/share/doc/jargon-text/jargon.txt.gz               public domain
-  wordnet-base  /usr/share/wordnet/data.{noun,verb,adj,adv}            WordNet 3.0 licence
+  wordnet-base  /usr/share/wordnet/data.{noun,verb,adj,adv} (glosses)  WordNet 3.0 licence
 
 Outputs:
   OUT/train.jsonl        {"kind": "text"|"chat", "source", "text" | "messages"} per line
@@ -143,7 +143,7 @@ def main():
     ap.add_argument("--out", required=True, help="folder for train.jsonl and sources.json")
     ap.add_argument("--heldout", required=True, help="held-out text file to write")
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--wordnet-docs", type=int, default=40000, help="glosses sampled from WordNet")
+    ap.add_argument("--wordnet-docs", type=int, default=0, help="glosses sampled from WordNet (0: all)")
     ap.add_argument("--heldout-frac", type=float, default=0.05)
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -153,7 +153,7 @@ def main():
     docs += list(jargon_entries())
     wn = list(wordnet_glosses())
     rng.shuffle(wn)
-    docs += wn[: args.wordnet_docs]
+    docs += wn[: args.wordnet_docs] if args.wordnet_docs > 0 else wn
 
     rng.shuffle(docs)
     n_held = int(len(docs) * args.heldout_frac)
@@ -166,8 +166,8 @@ def main():
         for d in train:
             f.write(json.dumps({"kind": "text", "source": d["source"], "text": d["text"]}, ensure_ascii=False) + "\n")
             counts[d["source"]] = counts.get(d["source"], 0) + 1
-            # Chat data: every poem and jargon entry, a third of the glosses.
-            if d["source"] == "chinese" or (d["source"] == "wordnet" and rng.random() > 0.33):
+            # Chat data: every poem and jargon entry, a quarter of the glosses.
+            if d["source"] == "chinese" or (d["source"] == "wordnet" and rng.random() > 0.25):
                 continue
             msgs = chat_examples(d, rng)
             if msgs:
