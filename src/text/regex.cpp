@@ -1,0 +1,55 @@
+#include "text/regex.h"
+
+namespace lmserve::text {
+
+Result<Regex> Regex::compile(std::string_view pattern) {
+  int err = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &offset, nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    return error(StatusCode::kInvalidArgument, "regex '" + std::string(pattern) + "' does not compile at offset " +
+                                                   std::to_string(offset) + ": " + reinterpret_cast<char*>(msg));
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; the interpreter is the fallback
+  Regex r;
+  r.pattern_ = std::string(pattern);
+  r.code_ = std::shared_ptr<pcre2_code>(code, CodeDeleter{});
+  return r;
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> Regex::find_all(std::string_view subject) const {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+      pcre2_match_data_create_from_pattern(code_.get(), nullptr), &pcre2_match_data_free);
+  auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
+  std::size_t pos = 0;
+  while (pos <= subject.size()) {
+    int rc = pcre2_match(code_.get(), s, subject.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: no further matches
+    PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+    std::size_t b = ov[0], e = ov[1];
+    if (e > b) {
+      out.emplace_back(b, e);
+      pos = e;
+    } else {
+      // Empty match: step over one whole character so we never split a UTF-8 sequence.
+      pos = b + 1;
+      while (pos < subject.size() && (static_cast<unsigned char>(subject[pos]) & 0xC0) == 0x80) ++pos;
+    }
+  }
+  return out;
+}
+
+std::string regex_escape(std::string_view literal) {
+  std::string out;
+  for (char c : literal) {
+    if (std::string_view("\\^$.|?*+()[]{}-/").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace lmserve::text

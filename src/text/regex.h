@@ -1,0 +1,41 @@
+// A compiled PCRE2 pattern in UTF + UCP mode (so \p{L}, \p{N}, \s and \w are Unicode-aware, as
+// in the Oniguruma patterns of Hugging Face tokenizers), JIT-compiled where available.
+// Immutable after compile(); find_all may be called from many threads at once.
+#pragma once
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace lmserve::text {
+
+class Regex {
+ public:
+  // InvalidArgument with PCRE2's message and offset if the pattern does not compile.
+  static Result<Regex> compile(std::string_view pattern);
+
+  // Non-overlapping matches, left to right, as [begin, end) byte offsets. Empty matches are
+  // skipped. `subject` must be valid UTF-8 (the tokenizer guarantees it).
+  std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view subject) const;
+
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  struct CodeDeleter {
+    void operator()(pcre2_code* c) const { pcre2_code_free(c); }
+  };
+  std::string pattern_;
+  std::shared_ptr<pcre2_code> code_;
+};
+
+// Escapes `literal` so that it matches itself as a pattern.
+std::string regex_escape(std::string_view literal);
+
+}  // namespace lmserve::text
