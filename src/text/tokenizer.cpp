@@ -22,6 +22,12 @@ struct AddedToken {
   std::string content;
   std::int32_t id = 0;
   bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
+  // What is matched: the content itself, or for `normalized` tokens the content passed through
+  // the normalizer (Llama 2's "<s>" is matched as "▁<s>" in normalized text), as tokenizers does.
+  std::string match;
+  // decode(skip_special_tokens) drops it. tokenizers looks special tokens up by their matched
+  // form, so a normalized token whose form changed is never recognised as special there.
+  bool skippable = false;
 };
 
 // A run of input: either text still to tokenize, or a recognised added token.
@@ -79,18 +85,21 @@ class TokenizerImpl {
 
   void index_added_tokens() {
     for (std::size_t i = 0; i < added.size(); ++i) {
-      const auto& t = added[i];
+      auto& t = added[i];
+      t.match = t.content;
+      if (t.normalized && normalizer) normalizer->normalize(t.match);
+      t.skippable = t.special && t.match == t.content;
       added_by_content[t.content] = i;
       added_by_id[t.id] = i;
-      if (!t.content.empty()) {
-        auto& bucket = (t.normalized ? normalized_index : raw_index)[static_cast<unsigned char>(t.content[0])];
+      if (!t.match.empty()) {
+        auto& bucket = (t.normalized ? normalized_index : raw_index)[static_cast<unsigned char>(t.match[0])];
         bucket.push_back(i);
       }
     }
     for (auto* index : {&raw_index, &normalized_index}) {
       for (auto& bucket : *index) {
         std::stable_sort(bucket.begin(), bucket.end(),
-                         [&](std::size_t a, std::size_t b) { return added[a].content.size() > added[b].content.size(); });
+                         [&](std::size_t a, std::size_t b) { return added[a].match.size() > added[b].match.size(); });
       }
     }
   }
@@ -115,7 +124,7 @@ class TokenizerImpl {
       const AddedToken* hit = nullptr;
       for (std::size_t k : bucket) {
         const auto& t = added[k];
-        if (s.compare(i, t.content.size(), t.content) == 0 && allowed(i, i + t.content.size())) {
+        if (s.compare(i, t.match.size(), t.match) == 0 && allowed(i, i + t.match.size())) {
           hit = &t;
           break;
         }
@@ -124,7 +133,7 @@ class TokenizerImpl {
         ++i;
         continue;
       }
-      std::size_t b = i, e = i + hit->content.size();
+      std::size_t b = i, e = i + hit->match.size();
       if (hit->single_word) {
         std::size_t prev_start;
         bool word_before = b > 0 && is_word_char(code_point_before(s, b, &prev_start));
@@ -370,7 +379,8 @@ std::string Tokenizer::decode(std::span<const std::int32_t> ids, bool skip_speci
   for (std::int32_t id : ids) {
     if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) {
       const AddedToken& t = impl_->added[it->second];
-      if (!(skip_special_tokens && t.special)) tokens.push_back(t.content);
+      // The matched form: tokenizers decodes Llama 2's <s> as "▁<s>", which its decoder turns into " <s>".
+      if (!(skip_special_tokens && t.skippable)) tokens.push_back(t.match);
     } else if (const std::string* tok = impl_->model->id_to_token(id)) {
       tokens.push_back(*tok);
     }
