@@ -1,0 +1,129 @@
+#include "text/detokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "fixture_paths.h"
+#include "text/byte_level.h"
+#include "text/utf8.h"
+
+namespace lmserve::text {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::shared_ptr<const Tokenizer> load(const std::string& folder_ref) {
+  fs::path folder = lmserve::testing::resolve_fixture_path(folder_ref);
+  if (!fs::exists(folder)) return nullptr;
+  auto t = Tokenizer::load(folder);
+  return t ? *t : nullptr;
+}
+
+std::vector<std::string> corpus() {
+  std::ifstream in(lmserve::testing::source_dir() / "tests/fixtures/text/corpus.json");
+  return json::parse(in).get<std::vector<std::string>>();
+}
+
+// Streams `ids` through a detokenizer; checks every delta and returns their concatenation.
+std::string stream(const std::shared_ptr<const Tokenizer>& tok, const std::vector<std::int32_t>& ids, bool skip) {
+  IncrementalDetokenizer d(tok, skip);
+  std::string all;
+  for (auto id : ids) {
+    std::string delta = d.push(id);
+    EXPECT_TRUE(utf8_is_valid(delta)) << "delta is not valid UTF-8";
+    EXPECT_EQ(utf8_complete_prefix(delta), delta.size());
+    all += delta;
+  }
+  all += d.finish();
+  return all;
+}
+
+class DetokenizerOnCorpus : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DetokenizerOnCorpus, DeltasConcatenateToDecode) {
+  auto tok = load(GetParam());
+  if (!tok) GTEST_SKIP() << "tokenizer folder not present: " << GetParam();
+  int checked = 0;
+  for (const auto& text : corpus()) {
+    auto ids = tok->encode(text);
+    for (bool skip : {false, true}) {
+      ASSERT_EQ(stream(tok, ids, skip), tok->decode(ids, skip)) << json(text).dump() << " skip=" << skip;
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 500);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizers, DetokenizerOnCorpus,
+                         ::testing::Values("../shared/data/tokenizers/Llama-2-7b-chat-hf",
+                                           "../shared/data/tokenizers/Mistral-7B-Instruct-v0.2",
+                                           "../shared/data/tokenizers/Llama-3.2-3B-Instruct",
+                                           "../shared/data/tokenizers/Qwen2.5-7B-Instruct-json", "models/demo"),
+                         [](const auto& param_info) {
+                           std::string n = fs::path(param_info.param).filename().string();
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+TEST(Detokenizer, HoldsBytesUntilTheCharacterCompletes) {
+  auto tok = load("models/demo");
+  ASSERT_TRUE(tok);
+  // Byte-level: encode a 4-byte emoji and a 3-byte CJK character one byte-token at a time by
+  // feeding ids whose tokens are single bytes.
+  std::vector<std::int32_t> byte_ids;
+  for (unsigned char b : std::string("🌍中")) {
+    auto id = tok->token_to_id(byte_to_unicode()[b]);  // the byte-level token of that single byte
+    ASSERT_TRUE(id.has_value());
+    byte_ids.push_back(*id);
+  }
+  IncrementalDetokenizer d(tok, false);
+  std::vector<std::string> deltas;
+  for (auto id : byte_ids) deltas.push_back(d.push(id));
+  EXPECT_EQ(deltas, (std::vector<std::string>{"", "", "", "🌍", "", "", "中"}));
+  EXPECT_EQ(d.finish(), "");
+}
+
+TEST(Detokenizer, IncompleteTrailingBytesBecomeReplacementAtFinish) {
+  auto tok = load("models/demo");
+  ASSERT_TRUE(tok);
+  auto lead = tok->token_to_id(byte_to_unicode()[0xE4]);
+  auto a = tok->token_to_id("a");
+  ASSERT_TRUE(lead && a);
+  IncrementalDetokenizer d(tok, false);
+  EXPECT_EQ(d.push(*a), "a");
+  EXPECT_EQ(d.push(*lead), "");
+  EXPECT_EQ(d.finish(), "\xEF\xBF\xBD");
+}
+
+TEST(Detokenizer, SentencePieceKeepsTheSpaceBetweenWords) {
+  auto tok = load("../shared/data/tokenizers/Llama-2-7b-chat-hf");
+  if (!tok) GTEST_SKIP() << "no ../shared tokenizers";
+  auto ids = tok->encode("Hello world", {.add_special_tokens = false});
+  IncrementalDetokenizer d(tok, true);
+  std::string out;
+  std::vector<std::string> deltas;
+  for (auto id : ids) deltas.push_back(d.push(id));
+  deltas.push_back(d.finish());
+  for (const auto& s : deltas) out += s;
+  EXPECT_EQ(out, "Hello world");
+  EXPECT_EQ(deltas.front(), "Hello");  // the first word loses its leading space, as decode() does
+}
+
+TEST(Detokenizer, RandomIdsNeverBreakTheGuarantees) {
+  auto tok = load("models/demo");
+  ASSERT_TRUE(tok);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::int32_t> dist(0, static_cast<std::int32_t>(tok->vocab_size()) + 10);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<std::int32_t> ids(1 + rng() % 40);
+    for (auto& id : ids) id = dist(rng);
+    for (bool skip : {false, true}) ASSERT_EQ(stream(tok, ids, skip), tok->decode(ids, skip));
+  }
+}
+
+}  // namespace
+}  // namespace lmserve::text
