@@ -1,0 +1,91 @@
+// Conformance with transformers.apply_chat_template: tests/fixtures/text/chat_templates/*.json
+// hold, for every template, the rendering jinja2 (configured as transformers does) gives for
+// each conversation, or that it raised. Every rendering must be byte-identical, and every
+// raise must be a raise here too.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fixture_paths.h"
+#include "text/chat_template.h"
+
+namespace lmserve::text {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+ojson read_json(const fs::path& p) {
+  std::ifstream in(p);
+  return ojson::parse(in);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(lmserve::testing::source_dir() / "tests/fixtures/text/chat_templates")) {
+    names.push_back(e.path().stem().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class ChatTemplateConformance : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ChatTemplateConformance, RendersLikeTransformers) {
+  ojson fixture = read_json(lmserve::testing::source_dir() / "tests/fixtures/text/chat_templates" / (GetParam() + ".json"));
+  fs::path source = lmserve::testing::resolve_fixture_path(fixture.at("template_source"));
+  if (!fs::exists(source)) GTEST_SKIP() << "template source not present: " << source;
+  std::string text = source.filename() == "tokenizer_config.json"
+                         ? read_json(source).at("chat_template").get<std::string>()
+                         : read_text(source);
+  // Special tokens come with each case's variables, exactly as the fixture passed them.
+  auto tmpl = ChatTemplate::from_source(text, ojson::object());
+  ASSERT_TRUE(tmpl) << tmpl.error().to_string();
+
+  int mismatches = 0;
+  for (const auto& c : fixture.at("cases")) {
+    ChatRequest req;
+    req.messages = c.at("messages");
+    req.tools = c.contains("tools") ? c["tools"] : ojson();
+    req.add_generation_prompt = c.at("add_generation_prompt");
+    req.variables = c.at("variables");
+    auto out = tmpl->render(req);
+    std::string name = c.at("name");
+    if (c.contains("error")) {
+      if (out) {
+        ++mismatches;
+        ADD_FAILURE() << GetParam() << " / " << name << ": expected an error (" << c["error"].get<std::string>()
+                      << ") but rendered:\n" << out->text;
+      }
+      continue;
+    }
+    if (!out) {
+      ++mismatches;
+      ADD_FAILURE() << GetParam() << " / " << name << ": " << out.error().to_string();
+      continue;
+    }
+    std::string expected = c.at("rendered");
+    if (out->text != expected) {
+      ++mismatches;
+      ADD_FAILURE() << GetParam() << " / " << name << "\n--- expected ---\n" << ojson(expected).dump()
+                    << "\n--- rendered ---\n" << ojson(out->text).dump();
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ChatTemplateConformance, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
+                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace lmserve::text
