@@ -11,5 +11,8 @@ namespace lmserve::cli {
 using Command = std::function<int()>;
 
 Command add_version_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
+Command add_detokenize_command(CLI::App& app);
+Command add_chat_template_command(CLI::App& app);
 
 }  // namespace lmserve::cli

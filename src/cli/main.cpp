@@ -26,9 +26,6 @@ constexpr PendingCommand kPending[] = {
     {"bench", "load generator and offline throughput/latency benchmarks", "#6 and #7"},
     {"plan", "capacity planner", "#7"},
     {"generate", "generate text from a prompt, in process", "#4"},
-    {"tokenize", "print the token ids of a text", "#3"},
-    {"detokenize", "print the text of token ids", "#3"},
-    {"chat-template", "render a model's chat template", "#3"},
     {"model", "model tools (verify)", "#4"},
 };
 
@@ -45,6 +42,12 @@ int main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, lmserve::cli::Command>> commands;
   auto* version = app.add_subcommand("version", "print build and device information");
   commands.emplace_back(version, lmserve::cli::add_version_command(*version));
+  auto* tokenize = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array");
+  commands.emplace_back(tokenize, lmserve::cli::add_tokenize_command(*tokenize));
+  auto* detokenize = app.add_subcommand("detokenize", "print the text of token ids");
+  commands.emplace_back(detokenize, lmserve::cli::add_detokenize_command(*detokenize));
+  auto* chat = app.add_subcommand("chat-template", "print a conversation rendered with the model's chat template");
+  commands.emplace_back(chat, lmserve::cli::add_chat_template_command(*chat));
 
   for (const auto& p : kPending) {
     auto* sub = app.add_subcommand(p.name, std::string(p.description) + " (not yet available)");

@@ -4,6 +4,9 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "test_paths.h"
@@ -47,7 +50,7 @@ TEST(Cli, VersionPrintsBuildAndDevices) {
 
 TEST(Cli, PendingSubcommandsSayNotYetAvailableAndExitTwo) {
   for (const char* sub : {"serve --model models/demo --port 8000", "bench serve --num-prompts 10", "plan",
-                          "tokenize hello", "model verify x"}) {
+                          "generate --model models/demo hi", "model verify x"}) {
     CommandRun r = run(sub);
     EXPECT_EQ(r.exit_code, 2) << sub;
     EXPECT_NE(r.output.find("not yet available"), std::string::npos) << sub << ": " << r.output;
@@ -60,6 +63,72 @@ TEST(Cli, UsageErrorsExitTwo) {
   CommandRun r = run("--log-level loud version");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown log level 'loud'"), std::string::npos) << r.output;
+}
+
+std::string model_dir() { return (lmserve::testing::source_dir() / "models/demo").string(); }
+
+std::string write_temp(const std::string& name, const std::string& content) {
+  auto p = std::filesystem::temp_directory_path() / ("lmserve_cli_test_" + name);
+  std::ofstream(p, std::ios::binary) << content;
+  return p.string();
+}
+
+nlohmann::json read_fixture(const std::string& rel) {
+  std::ifstream in(lmserve::testing::source_dir() / "tests/fixtures/text" / rel);
+  return nlohmann::json::parse(in);
+}
+
+TEST(Cli, TokenizeMatchesHuggingFaceByteForByte) {
+  auto corpus = read_fixture("corpus.json");
+  auto fixture = read_fixture("tokenizers/demo.json");
+  for (std::size_t i = 0; i < corpus.size(); i += 15) {  // a spread of the corpus, through stdin
+    std::string file = write_temp("tok.txt", corpus[i].get<std::string>());
+    CommandRun r = run("tokenize --model " + model_dir() + " - < " + file);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(nlohmann::json::parse(r.output), fixture["cases"][i]["ids"]) << corpus[i];
+    r = run("tokenize --no-special --model " + model_dir() + " - < " + file);
+    EXPECT_EQ(nlohmann::json::parse(r.output), fixture["cases"][i]["ids_no_special"]) << corpus[i];
+  }
+}
+
+TEST(Cli, DetokenizePrintsTheExactText) {
+  auto fixture = read_fixture("tokenizers/demo.json");
+  const auto& c = fixture["cases"][3];
+  std::string args;
+  for (const auto& id : c["ids"]) {
+    args += ' ';
+    args += std::to_string(id.get<int>());
+  }
+  CommandRun r = run("detokenize --model " + model_dir() + args);
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output, c["decoded"].get<std::string>());
+  EXPECT_EQ(run("detokenize --model " + model_dir() + " 12 x").exit_code, 2);
+}
+
+TEST(Cli, ChatTemplatePrintsTheExactPrompt) {
+  auto fixture = read_fixture("chat_templates/demo.json");
+  for (const auto& c : fixture["cases"]) {
+    std::string messages = write_temp("messages.json", c["messages"].dump());
+    std::string cmd = "chat-template --model " + model_dir() + " --messages " + messages;
+    if (c["add_generation_prompt"].get<bool>()) cmd += " --add-generation-prompt";
+    if (c.contains("tools")) cmd += " --tools " + write_temp("tools.json", c["tools"].dump());
+    CommandRun r = run(cmd);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output, c["rendered"].get<std::string>()) << c["name"];
+  }
+}
+
+TEST(Cli, TextCommandsFailClearlyOnBadInput) {
+  CommandRun r = run("tokenize --model /nonexistent hello");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("neither tokenizer.json"), std::string::npos) << r.output;
+  r = run("chat-template --model " + model_dir() + " --messages " + write_temp("bad.json", "{not json"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("not valid JSON"), std::string::npos) << r.output;
+  r = run("chat-template --model " + model_dir() + " --messages " + write_temp("m.json", "[]") + " --template " +
+          write_temp("t.jinja", "{% for m in messages %}"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("line 1"), std::string::npos) << r.output;
 }
 
 }  // namespace
