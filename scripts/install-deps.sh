@@ -21,6 +21,7 @@ packages=(
   libutf8proc-dev
   libgtest-dev libgmock-dev
   libbenchmark-dev
+  clang libclang-rt-14-dev  # libFuzzer targets (scripts/run-fuzz.sh)
 )
 
 if [[ "${1:-}" == "--train" ]]; then

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test of a built preset (make test): CTest, then the end-to-end suite when it
+# Runs every test of a built preset (make test): CTest, the fuzz targets for a bounded time
+# (LMSERVE_FUZZ_SECONDS per target, default 45; 0 skips), then the end-to-end suite when it
 # exists. Prints why skipped tests were skipped (e.g. no GPU) and ends with one line,
 # "tests: N passed, N failed, N skipped". Exits non-zero on any failure.
 set -uo pipefail
@@ -25,6 +26,18 @@ log="$build/Testing/Temporary/LastTest.log"
 if ((skipped > 0)) && [[ -f $log ]]; then
   echo "Skipped tests and why:"
   grep -A1 ": Skipped" "$log" | grep -v -e ": Skipped" -e '^--$' | sort | uniq -c | sed 's/^/  /'
+fi
+
+# Bounded fuzzing of the text layer (tokenizer, detokenizer, template parser/renderer).
+fuzz_seconds=${LMSERVE_FUZZ_SECONDS:-45}
+if ((fuzz_seconds > 0)); then
+  fuzz_out=$(scripts/run-fuzz.sh "$fuzz_seconds")
+  fuzz_rc=$?
+  echo "$fuzz_out"
+  fuzz_pass=$(grep -c "no crash" <<<"$fuzz_out")
+  total=$((total + 2))
+  failed=$((failed + 2 - fuzz_pass))
+  ((fuzz_rc == 0)) || rc=1
 fi
 
 if [[ -x tests/e2e/run.sh ]]; then

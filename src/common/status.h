@@ -1,15 +1,16 @@
 // Status and Result<T>: how every fallible path in lmserve reports failure.
 //
 // A function that can fail on input or I/O returns Status (no value) or Result<T>
-// (= std::expected<T, Status>). Exceptions never cross a module boundary. The code says
+// (= std::expected<T, Status>, see common/expected.h). Exceptions never cross a module boundary. The code says
 // what kind of failure it is; the message says what happened, in words fit for an
 // operator's log. Mapping to HTTP status and OpenAI error JSON happens once, in server/.
 #pragma once
 
-#include <expected>
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include "common/expected.h"
 
 namespace lmserve {
 
@@ -38,7 +39,7 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   // Lets `return error(...)` and LMSERVE_RETURN_IF_ERROR serve functions returning Status too.
-  Status(std::unexpected<Status> failure) : Status(std::move(failure.error())) {}  // NOLINT(implicit)
+  Status(Unexpected<Status> failure) : Status(std::move(failure.error())) {}  // NOLINT(implicit)
 
   static Status ok() { return {}; }
 
@@ -60,13 +61,13 @@ class [[nodiscard]] Status {
 };
 
 template <typename T>
-using Result = std::expected<T, Status>;
+using Result = Expected<T, Status>;
 
 // Builds the error side of a Result: `return error(StatusCode::kNotFound, "no config.json");`
-inline std::unexpected<Status> error(StatusCode code, std::string message) {
-  return std::unexpected<Status>(Status(code, std::move(message)));
+inline Unexpected<Status> error(StatusCode code, std::string message) {
+  return Unexpected<Status>(Status(code, std::move(message)));
 }
-inline std::unexpected<Status> error(Status status) { return std::unexpected<Status>(std::move(status)); }
+inline Unexpected<Status> error(Status status) { return Unexpected<Status>(std::move(status)); }
 
 }  // namespace lmserve
 

@@ -15,6 +15,9 @@ std::string IncrementalDetokenizer::decode_range(std::size_t begin, std::size_t 
 
 std::string IncrementalDetokenizer::push(std::int32_t id) {
   ids_.push_back(id);
+  // A byte-fallback group decodes as a whole (one invalid byte turns all of it into U+FFFD),
+  // so nothing is final until a token that is not a byte token closes the group.
+  if (tokenizer_->is_byte_fallback_token(id)) return {};
   std::string prefix_text = decode_range(prefix_offset_, read_offset_);
   std::string new_text = decode_range(prefix_offset_, ids_.size());
   // Hold back while the text ends in U+FFFD: the last bytes may complete with the next token.
@@ -32,7 +35,13 @@ std::string IncrementalDetokenizer::finish() {
   std::string new_text = decode_range(prefix_offset_, ids_.size());
   prefix_offset_ = read_offset_ = ids_.size();
   if (new_text.starts_with(prefix_text)) return new_text.substr(prefix_text.size());
-  return new_text.size() > prefix_text.size() ? new_text.substr(prefix_text.size()) : std::string();
+  // Not reachable with the decoders lmserve supports (each keeps emitted text stable); if a
+  // decoder ever rewrote earlier text, emit what differs from the common prefix, cut at a
+  // character boundary so the stream stays valid UTF-8.
+  std::size_t common = 0;
+  while (common < prefix_text.size() && common < new_text.size() && prefix_text[common] == new_text[common]) ++common;
+  while (common > 0 && (static_cast<unsigned char>(new_text[common]) & 0xC0) == 0x80) --common;
+  return new_text.substr(common);
 }
 
 }  // namespace lmserve::text

@@ -411,6 +411,13 @@ std::optional<std::string> Tokenizer::id_to_token(std::int32_t id) const {
   return std::nullopt;
 }
 
+bool Tokenizer::is_byte_fallback_token(std::int32_t id) const {
+  if (!impl_->decoder || !impl_->decoder->groups_byte_tokens()) return false;
+  if (impl_->added_by_id.contains(id)) return false;
+  const std::string* t = impl_->model->id_to_token(id);
+  return t != nullptr && t->size() == 6 && t->starts_with("<0x") && t->back() == '>';
+}
+
 bool Tokenizer::is_special(std::int32_t id) const {
   auto it = impl_->added_by_id.find(id);
   return it != impl_->added_by_id.end() && impl_->added[it->second].special;

@@ -70,6 +70,10 @@ class Tokenizer {
   std::optional<std::string> id_to_token(std::int32_t id) const;
   // True for added tokens marked special (BOS, EOS, <|im_end|>, ...).
   bool is_special(std::int32_t id) const;
+  // True when `id` is a <0xXX> byte token that this tokenizer's decoder groups with its
+  // neighbours (ByteFallback): such a group decodes as a whole, so text ending in one may
+  // still change when the next token arrives.
+  bool is_byte_fallback_token(std::int32_t id) const;
 
  private:
   explicit Tokenizer(std::unique_ptr<TokenizerImpl> impl);

@@ -2,6 +2,8 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "text/byte_level.h"
@@ -321,6 +323,7 @@ class ByteLevelDecoder : public Decoder {
 
 class ByteFallbackDecoder : public Decoder {
  public:
+  bool groups_byte_tokens() const override { return true; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<std::string> out;
     std::string pending;
@@ -430,6 +433,9 @@ class SequenceDecoder : public Decoder {
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
+  }
+  bool groups_byte_tokens() const override {
+    return std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->groups_byte_tokens(); });
   }
 
  private:

@@ -53,6 +53,8 @@ class Decoder {
   virtual ~Decoder() = default;
   // Transforms the token strings in place (may merge them), as tokenizers' decode_chain.
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // Whether <0xXX> tokens are decoded together as one byte group (ByteFallback).
+  virtual bool groups_byte_tokens() const { return false; }
 };
 
 class PostProcessor {

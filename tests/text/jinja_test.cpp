@@ -101,6 +101,16 @@ TEST(Jinja, RuntimeErrorsAreErrorsNotCrashes) {
   }
 }
 
+TEST(Jinja, SelfReferencingNamespaceIsBoundedAndFreed) {
+  // Found by template_fuzz: a namespace holding itself recursed without end.
+  auto ok = render("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns.self.self.a }} {{ [ns] }}");
+  ASSERT_TRUE(ok) << ok.error().to_string();
+  EXPECT_EQ(*ok, "1 [<Namespace>]");
+  auto json = render("{% set ns = namespace() %}{% set ns.self = ns %}{{ {'n': [ns.self]} | tojson }}");
+  ASSERT_FALSE(json);
+  EXPECT_NE(json.error().message().find("not JSON serializable"), std::string::npos) << json.error().message();
+}
+
 TEST(Jinja, StrftimeNowUsesTheInjectedClock) {
   setenv("TZ", "UTC", 1);
   tzset();

@@ -737,8 +737,9 @@ void Interpreter::install_globals() {
     }
     return Value::array(std::move(out));
   }));
-  define_global("namespace", Value::callable("namespace", [](CallArgs& a) -> Result<Value> {
+  define_global("namespace", Value::callable("namespace", [this](CallArgs& a) -> Result<Value> {
     Value ns = Value::namespace_object();
+    namespaces_.push_back(ns);
     for (const auto& p : a.positional) {
       if (p.is_object()) {
         for (const auto& [k, v] : p.object_ref().items) ns.object_ref().set(k, v);

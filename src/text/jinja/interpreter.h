@@ -17,6 +17,9 @@ using Frame = std::unordered_map<std::string, Value>;
 class Interpreter {
  public:
   explicit Interpreter(const RenderOptions& options);
+  // Empties every namespace made during rendering: {% set ns.x = ns %} makes a reference
+  // cycle that shared ownership alone would never free.
+  ~Interpreter();
 
   void define_global(const std::string& name, Value v) { (*frames_.front())[name] = std::move(v); }
   Status exec(const Body& body, Str& out);
@@ -51,6 +54,7 @@ class Interpreter {
   std::size_t steps_ = 0;
   std::size_t output_ = 0;
   int call_depth_ = 0;
+  std::vector<Value> namespaces_;
 };
 
 // Shared helpers for builtins.

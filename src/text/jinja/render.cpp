@@ -48,6 +48,11 @@ Interpreter::Interpreter(const RenderOptions& options) : options_(options) {
   frames_.push_back(std::make_shared<Frame>());  // template-level variables
 }
 
+Interpreter::~Interpreter() {
+  for (auto& ns : namespaces_) ns.object_ref().items.clear();
+  for (auto& f : frames_) f->clear();
+}
+
 Status Interpreter::step() {
   if (++steps_ > options_.max_steps) {
     return Status(StatusCode::kResourceExhausted, "template rendering exceeded " + std::to_string(options_.max_steps) + " steps");

@@ -240,6 +240,7 @@ void json_string(const std::string& s, std::string& out) {
 }
 
 Status json_value(const Value& v, int indent, bool sort_keys, int level, std::string& out) {
+  if (level > Value::kMaxNesting) return Status(StatusCode::kInvalidArgument, "Circular reference detected");
   auto newline = [&](int lvl) {
     if (indent >= 0) {
       out += '\n';
@@ -274,6 +275,9 @@ Status json_value(const Value& v, int indent, bool sort_keys, int level, std::st
       return Status::ok();
     }
     case Value::Kind::kObject: {
+      if (v.is_namespace()) {
+        return Status(StatusCode::kInvalidArgument, "Object of type Namespace is not JSON serializable");
+      }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : v.object_ref().items) items.push_back(&kv);
       if (items.empty()) {
@@ -318,19 +322,23 @@ Str Value::to_str() const {
   }
 }
 
-std::string Value::repr() const {
+std::string Value::repr() const { return repr_at(0); }
+
+std::string Value::repr_at(int depth) const {
   switch (kind_) {
     case Kind::kString: return repr_string(s_->text);
     case Kind::kArray: {
+      if (depth > kMaxNesting) return "[...]";
       std::string out = "[";
-      for (std::size_t i = 0; i < a_->size(); ++i) out += (i ? ", " : "") + (*a_)[i].repr();
+      for (std::size_t i = 0; i < a_->size(); ++i) out += (i ? ", " : "") + (*a_)[i].repr_at(depth + 1);
       return out + "]";
     }
     case Kind::kObject: {
       if (namespace_) return "<Namespace>";
+      if (depth > kMaxNesting) return "{...}";
       std::string out = "{";
       for (std::size_t i = 0; i < o_->items.size(); ++i) {
-        out += (i ? ", " : "") + repr_string(o_->items[i].first) + ": " + o_->items[i].second.repr();
+        out += (i ? ", " : "") + repr_string(o_->items[i].first) + ": " + o_->items[i].second.repr_at(depth + 1);
       }
       return out + "}";
     }
@@ -346,13 +354,17 @@ Result<std::string> Value::to_json(int indent, bool sort_keys) const {
   return out;
 }
 
-bool Value::any_taint() const {
+bool Value::any_taint() const { return any_taint_at(0); }
+
+bool Value::any_taint_at(int depth) const {
+  if (depth > kMaxNesting) return true;  // a cycle: assume the worst
   switch (kind_) {
     case Kind::kString: return s_->any_taint();
     case Kind::kArray:
-      return std::any_of(a_->begin(), a_->end(), [](const Value& v) { return v.any_taint(); });
+      return std::any_of(a_->begin(), a_->end(), [depth](const Value& v) { return v.any_taint_at(depth + 1); });
     case Kind::kObject:
-      return std::any_of(o_->items.begin(), o_->items.end(), [](const auto& kv) { return kv.second.any_taint(); });
+      return std::any_of(o_->items.begin(), o_->items.end(),
+                         [depth](const auto& kv) { return kv.second.any_taint_at(depth + 1); });
     default: return false;
   }
 }
@@ -372,8 +384,17 @@ std::string Value::type_name() const {
   return "object";
 }
 
-bool values_equal(const Value& a, const Value& b) {
+namespace {
+bool values_equal_at(const Value& a, const Value& b, int depth);
+}
+
+bool values_equal(const Value& a, const Value& b) { return values_equal_at(a, b, 0); }
+
+namespace {
+
+bool values_equal_at(const Value& a, const Value& b, int depth) {
   using K = Value::Kind;
+  if (depth > Value::kMaxNesting) return false;
   auto numeric = [](const Value& v) { return v.is_number() || v.kind() == K::kBool; };
   if (numeric(a) && numeric(b)) {
     if (a.kind() == K::kFloat || b.kind() == K::kFloat) return a.as_double() == b.as_double();
@@ -388,7 +409,7 @@ bool values_equal(const Value& a, const Value& b) {
       const auto &x = a.array_ref(), &y = b.array_ref();
       if (x.size() != y.size()) return false;
       for (std::size_t i = 0; i < x.size(); ++i) {
-        if (!values_equal(x[i], y[i])) return false;
+        if (!values_equal_at(x[i], y[i], depth + 1)) return false;
       }
       return true;
     }
@@ -398,7 +419,7 @@ bool values_equal(const Value& a, const Value& b) {
       if (x.items.size() != y.items.size()) return false;
       for (const auto& [k, v] : x.items) {
         const Value* o = y.find(k);
-        if (o == nullptr || !values_equal(v, *o)) return false;
+        if (o == nullptr || !values_equal_at(v, *o, depth + 1)) return false;
       }
       return true;
     }
@@ -406,6 +427,8 @@ bool values_equal(const Value& a, const Value& b) {
     default: return false;
   }
 }
+
+}  // namespace
 
 Result<bool> value_less(const Value& a, const Value& b) {
   using K = Value::Kind;

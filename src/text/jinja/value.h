@@ -82,9 +82,16 @@ class Value {
   // object would serialise (indent < 0: None).
   Result<std::string> to_json(int indent, bool sort_keys) const;
   bool any_taint() const;
-  std::string type_name() const;  // Python's type name, for error messages
+  std::string type_name() const;
+
+  // Containers nest at most this deep in repr(), tojson and comparisons; a namespace can
+  // hold itself ({% set ns.x = ns %}), and deeper nesting is treated as such a cycle.
+  static constexpr int kMaxNesting = 256;  // Python's type name, for error messages
 
  private:
+  std::string repr_at(int depth) const;
+  bool any_taint_at(int depth) const;
+
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
   std::int64_t i_ = 0;

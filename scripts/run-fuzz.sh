@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (preset `fuzz`) and runs each for a bounded time
+# from the seeds in tests/fuzz/seeds (copied, so the repository is not modified).
+# Usage: scripts/run-fuzz.sh [SECONDS_PER_TARGET]   (default 45). Exits non-zero on a crash.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-45}
+command -v clang++ >/dev/null || { echo "run-fuzz: clang++ not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
+cmake --preset fuzz > build/fuzz.configure.log 2>&1 || { cat build/fuzz.configure.log; exit 1; }
+cmake --build --preset fuzz -j "$(nproc)" > build/fuzz.build.log 2>&1 || { tail -50 build/fuzz.build.log; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+rc=0
+for target in tokenizer template; do
+  mkdir -p "$work/$target" "$work/$target-artifacts"
+  cp tests/fuzz/seeds/$target/* "$work/$target/"
+  if build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+       -artifact_prefix="$work/$target-artifacts/" -print_final_stats=1 "$work/$target" > "$work/$target.log" 2>&1; then
+    runs=$(sed -nE 's/.*stat::number_of_executed_units: *([0-9]+).*/\1/p' "$work/$target.log")
+    echo "fuzz ${target}_fuzz: ${runs:-?} inputs in ${seconds}s, no crash"
+  else
+    echo "fuzz ${target}_fuzz: FAILED"
+    grep -E "^(==[0-9]+==|SUMMARY|    #[0-9] )" "$work/$target.log" | head -20
+    for f in "$work/$target-artifacts"/*; do [[ -f $f ]] && { echo "input ($f):"; base64 "$f"; }; done
+    rc=1
+  fi
+done
+exit $rc
