@@ -107,3 +107,34 @@ TEST(ChatEncode, LlamaThreeHeadersStayMarkupOnly) {
 
 }  // namespace
 }  // namespace lmserve::text
+
+namespace lmserve::text {
+namespace {
+
+TEST(ChatTemplateLoad, PicksTheDefaultOfNamedTemplatesAndPrefersChatTemplateJinja) {
+  auto dir = std::filesystem::temp_directory_path() / "lmserve_chat_template_load";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"bos_token": {"content": "<s>", "__type": "AddedToken"},
+    "chat_template": [{"name": "tool_use", "template": "TOOLS"}, {"name": "default", "template": "{{ bos_token }}D{{ messages|length }}"}]})";
+  auto t = ChatTemplate::load(dir);
+  ASSERT_TRUE(t) << t.error().to_string();
+  ChatRequest req;
+  req.messages = ojson::array({{{"role", "user"}, {"content", "x"}}});
+  EXPECT_EQ(t->render(req)->text, "<s>D1");
+
+  std::ofstream(dir / "chat_template.jinja") << "J{{ messages[0].content }}\n";
+  t = ChatTemplate::load(dir);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->render(req)->text, "Jx");  // the trailing newline of the file is dropped, as jinja2 does
+
+  std::filesystem::remove(dir / "chat_template.jinja");
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "</s>"})";
+  auto missing = ChatTemplate::load(dir);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().code(), StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lmserve::text
