@@ -1,0 +1,88 @@
+// The device boundary: a Backend runs the model's forward pass over one flattened batch and
+// owns the paged KV cache. Nothing here includes device headers; the CPU backend
+// (backend/cpu) is the reference every other backend is compared with.
+//
+// Batch layout (what the engine's scheduler produced for one step):
+//  - tokens, positions, slot_mapping: one entry per new token, sequences back to back. The
+//    K/V of token i is written to cache slot slot_mapping[i] = block * block_size + offset.
+//  - seqs: for each sequence, where its tokens start in the flattened arrays, how many there
+//    are (1 for a decode, a chunk for prefill), the sequence length once they are added
+//    (context_len, including tokens already in the cache) and its block table.
+//  - logits_indices: flattened token indices whose next-token logits are wanted (usually the
+//    last token of each sequence that will sample).
+// Attention for a token at position p reads positions 0..p of its own sequence from the
+// cache, so chunked prefill and prefix-cache hits need nothing special.
+//
+// Threading: one engine thread calls forward(); a backend is not re-entrant.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "model/weights.h"
+
+namespace lmserve::backend {
+
+enum class KvDtype { kFloat32, kBFloat16, kFloat16, kFp8E5M2, kFp8E4M3 };
+
+// "auto" (the model's dtype; float32 for float32 models), "float32", "bfloat16", "float16",
+// "fp8" / "fp8_e5m2", "fp8_e4m3".
+Result<KvDtype> parse_kv_dtype(std::string_view name, model::DType model_dtype);
+std::string_view kv_dtype_name(KvDtype d);
+int kv_dtype_bytes(KvDtype d);
+
+struct KvCacheConfig {
+  KvDtype dtype = KvDtype::kFloat32;
+  int block_size = 16;
+  std::int64_t num_blocks = 0;
+};
+
+struct SeqBatch {
+  std::int32_t query_start = 0;  // first token in the flattened arrays
+  std::int32_t query_len = 0;    // new tokens this step
+  std::int32_t context_len = 0;  // tokens in the sequence after this step's tokens
+  std::span<const std::int32_t> block_table;
+};
+
+struct Batch {
+  std::span<const std::int32_t> tokens;
+  std::span<const std::int32_t> positions;
+  std::span<const std::int64_t> slot_mapping;
+  std::span<const SeqBatch> seqs;
+  std::span<const std::int32_t> logits_indices;
+};
+
+struct MemoryInfo {
+  std::uint64_t total_bytes = 0;
+  std::uint64_t used_bytes = 0;
+  std::uint64_t kv_cache_bytes = 0;
+  std::uint64_t weight_bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual const model::ModelConfig& config() const = 0;
+  virtual const KvCacheConfig& kv_config() const = 0;
+
+  // Runs the batch; writes logits_indices.size() x vocab_size floats to `logits`.
+  // InvalidArgument for a malformed batch (ids out of range, slots outside the cache,
+  // positions past the cache); the cache is unchanged then.
+  virtual Status forward(const Batch& batch, std::span<float> logits) = 0;
+
+  // Bytes of one KV block across all layers (K and V).
+  virtual std::uint64_t kv_block_bytes() const = 0;
+  virtual MemoryInfo memory() const = 0;
+};
+
+// Bytes one KV block needs for `config` with `dtype` and `block_size` (all layers, K and V).
+std::uint64_t kv_block_bytes(const model::ModelConfig& config, KvDtype dtype, int block_size);
+
+}  // namespace lmserve::backend

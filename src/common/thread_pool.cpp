@@ -1,0 +1,72 @@
+#include "common/thread_pool.h"
+
+#include <algorithm>
+
+namespace lmserve {
+
+ThreadPool::ThreadPool(std::size_t threads) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+namespace {
+std::pair<std::size_t, std::size_t> chunk(std::size_t n, std::size_t parts, std::size_t i) {
+  std::size_t base = n / parts, extra = n % parts;
+  std::size_t b = i * base + std::min(i, extra);
+  return {b, b + base + (i < extra ? 1 : 0)};
+}
+}  // namespace
+
+void ThreadPool::worker(std::size_t index) {
+  std::size_t seen = 0;
+  while (true) {
+    const std::function<void(std::size_t, std::size_t)>* job;
+    std::size_t n;
+    {
+      std::unique_lock lock(mu_);
+      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+      n = n_;
+    }
+    auto [b, e] = chunk(n, size(), index);
+    if (b < e) (*job)(b, e);
+    {
+      std::lock_guard lock(mu_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(std::size_t n, const std::function<void(std::size_t, std::size_t)>& fn) {
+  if (n == 0) return;
+  if (workers_.empty() || n == 1) {
+    fn(0, n);
+    return;
+  }
+  std::lock_guard run(run_mu_);
+  {
+    std::lock_guard lock(mu_);
+    job_ = &fn;
+    n_ = n;
+    pending_ = workers_.size();
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  auto [b, e] = chunk(n, size(), 0);
+  if (b < e) fn(b, e);
+  std::unique_lock lock(mu_);
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+}
+
+}  // namespace lmserve

@@ -1,0 +1,187 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <optional>
+#include <random>
+#include <set>
+
+#include "common/numeric.h"
+
+namespace lmserve::model {
+
+std::int64_t Tensor::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+float Tensor::at(std::int64_t i) const {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(data)[i];
+    case DType::kF16: return f16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kBF16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+  }
+  return 0.0f;
+}
+
+void Tensor::to_float(std::int64_t offset, std::int64_t count, float* out) const {
+  switch (dtype) {
+    case DType::kF32: std::memcpy(out, static_cast<const float*>(data) + offset, static_cast<std::size_t>(count) * 4); return;
+    case DType::kF16: {
+      const auto* p = static_cast<const std::uint16_t*>(data) + offset;
+      for (std::int64_t i = 0; i < count; ++i) out[i] = f16_to_float(p[i]);
+      return;
+    }
+    case DType::kBF16: {
+      const auto* p = static_cast<const std::uint16_t*>(data) + offset;
+      for (std::int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(p[i]);
+      return;
+    }
+  }
+}
+
+namespace {
+
+Result<DType> dtype_of(const std::string& s) {
+  if (s == "F32") return DType::kF32;
+  if (s == "F16") return DType::kF16;
+  if (s == "BF16") return DType::kBF16;
+  return error(StatusCode::kInvalidArgument, "dtype " + s + " is not supported for weights (F32, F16, BF16)");
+}
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+void store(DType d, float v, std::byte* out, std::int64_t i) {
+  switch (d) {
+    case DType::kF32: reinterpret_cast<float*>(out)[i] = v; break;
+    case DType::kF16: reinterpret_cast<std::uint16_t*>(out)[i] = float_to_f16(v); break;
+    case DType::kBF16: reinterpret_cast<std::uint16_t*>(out)[i] = float_to_bf16(v); break;
+  }
+}
+
+}  // namespace
+
+Status ModelWeights::bind(const std::function<Result<Tensor>(const std::string&, std::vector<std::int64_t>)>& get) {
+  const ModelConfig& c = config_;
+  const std::int64_t H = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim;
+  auto take = [&](Tensor& dst, const std::string& name, std::vector<std::int64_t> shape) -> Status {
+    auto t = get(name, std::move(shape));
+    if (!t) return t.error();
+    dst = std::move(*t);
+    bytes_ += static_cast<std::uint64_t>(dst.numel() * dtype_bytes(dst.dtype));
+    return Status::ok();
+  };
+  LMSERVE_RETURN_IF_ERROR(take(embed_, "model.embed_tokens.weight", {c.vocab_size, H}));
+  LMSERVE_RETURN_IF_ERROR(take(norm_, "model.norm.weight", {H}));
+  tied_ = c.tie_word_embeddings;
+  if (!tied_) LMSERVE_RETURN_IF_ERROR(take(lm_head_, "lm_head.weight", {c.vocab_size, H}));
+  layers_.resize(static_cast<std::size_t>(c.num_layers));
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    auto& L = layers_[static_cast<std::size_t>(l)];
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    LMSERVE_RETURN_IF_ERROR(take(L.input_norm, p + "input_layernorm.weight", {H}));
+    LMSERVE_RETURN_IF_ERROR(take(L.post_attention_norm, p + "post_attention_layernorm.weight", {H}));
+    LMSERVE_RETURN_IF_ERROR(take(L.q_proj, p + "self_attn.q_proj.weight", {q, H}));
+    LMSERVE_RETURN_IF_ERROR(take(L.k_proj, p + "self_attn.k_proj.weight", {kv, H}));
+    LMSERVE_RETURN_IF_ERROR(take(L.v_proj, p + "self_attn.v_proj.weight", {kv, H}));
+    LMSERVE_RETURN_IF_ERROR(take(L.o_proj, p + "self_attn.o_proj.weight", {H, q}));
+    if (c.qkv_bias) {
+      LMSERVE_RETURN_IF_ERROR(take(L.q_bias, p + "self_attn.q_proj.bias", {q}));
+      LMSERVE_RETURN_IF_ERROR(take(L.k_bias, p + "self_attn.k_proj.bias", {kv}));
+      LMSERVE_RETURN_IF_ERROR(take(L.v_bias, p + "self_attn.v_proj.bias", {kv}));
+    }
+    if (c.qk_norm) {
+      LMSERVE_RETURN_IF_ERROR(take(L.q_norm, p + "self_attn.q_norm.weight", {c.head_dim}));
+      LMSERVE_RETURN_IF_ERROR(take(L.k_norm, p + "self_attn.k_norm.weight", {c.head_dim}));
+    }
+    LMSERVE_RETURN_IF_ERROR(take(L.gate_proj, p + "mlp.gate_proj.weight", {c.intermediate_size, H}));
+    LMSERVE_RETURN_IF_ERROR(take(L.up_proj, p + "mlp.up_proj.weight", {c.intermediate_size, H}));
+    LMSERVE_RETURN_IF_ERROR(take(L.down_proj, p + "mlp.down_proj.weight", {H, c.intermediate_size}));
+  }
+  return Status::ok();
+}
+
+Result<std::shared_ptr<const ModelWeights>> ModelWeights::from_files(ModelConfig config, WeightFiles files, const std::string& dtype) {
+  auto w = std::shared_ptr<ModelWeights>(new ModelWeights());
+  w->config_ = std::move(config);
+  w->files_ = std::move(files);
+  std::optional<DType> target;
+  if (dtype != "auto") {
+    auto d = parse_dtype(dtype);
+    if (!d) return error(d.error());
+    target = *d;
+  }
+  std::set<std::string> used;
+  Status st = w->bind([&](const std::string& name, std::vector<std::int64_t> shape) -> Result<Tensor> {
+    const TensorView* v = w->files_.find(name);
+    if (v == nullptr) return error(StatusCode::kInvalidArgument, "weights: tensor '" + name + "' is missing");
+    if (v->shape != shape) {
+      return error(StatusCode::kInvalidArgument, "weights: tensor '" + name + "' has shape " + shape_str(v->shape) +
+                                                     ", the architecture needs " + shape_str(shape) + " (in " + v->file + ")");
+    }
+    auto d = dtype_of(v->dtype);
+    if (!d) return error(d.error().with_context("weights: tensor '" + name + "'"));
+    used.insert(name);
+    Tensor t{*d, std::move(shape), v->data, name};
+    if (target && *target != *d) {  // --dtype: convert once at load
+      auto buf = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(t.numel() * dtype_bytes(*target)));
+      for (std::int64_t i = 0; i < t.numel(); ++i) store(*target, t.at(i), buf->data(), i);
+      w->owned_.push_back(buf);
+      t.dtype = *target;
+      t.data = buf->data();
+    }
+    return t;
+  });
+  if (!st.is_ok()) return error(st);
+  for (const auto& [name, v] : w->files_.all()) {
+    // rotary_emb.inv_freq buffers appear in some older checkpoints; they are recomputed.
+    if (!used.contains(name) && name.find("rotary_emb.inv_freq") == std::string::npos &&
+        !(w->config_.tie_word_embeddings && name == "lm_head.weight")) {
+      return error(StatusCode::kInvalidArgument, "weights: unexpected tensor '" + name + "' for " + w->config_.architecture_name);
+    }
+  }
+  w->dtype_ = target ? *target : w->embed_.dtype;
+  return std::shared_ptr<const ModelWeights>(std::move(w));
+}
+
+Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig config, const std::string& dtype, std::uint64_t seed) {
+  auto w = std::shared_ptr<ModelWeights>(new ModelWeights());
+  w->config_ = std::move(config);
+  DType d = w->config_.dtype;
+  if (dtype != "auto") {
+    auto p = parse_dtype(dtype);
+    if (!p) return error(p.error());
+    d = *p;
+  }
+  w->dtype_ = d;
+  std::mt19937_64 rng(seed);
+  Status st = w->bind([&](const std::string& name, std::vector<std::int64_t> shape) -> Result<Tensor> {
+    Tensor t{d, std::move(shape), nullptr, name};
+    auto buf = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(t.numel() * dtype_bytes(d)));
+    bool norm = name.ends_with("norm.weight");
+    // Uniform weights scaled by 1/sqrt(fan_in) keep activations O(1) through the layers.
+    float scale = t.shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(t.shape[1])) : 0.02f;
+    std::uniform_real_distribution<float> u(-scale, scale);
+    for (std::int64_t i = 0; i < t.numel(); ++i) store(d, norm ? 1.0f : u(rng), buf->data(), i);
+    w->owned_.push_back(buf);
+    t.data = buf->data();
+    return t;
+  });
+  if (!st.is_ok()) return error(st);
+  return std::shared_ptr<const ModelWeights>(std::move(w));
+}
+
+Result<std::shared_ptr<const ModelWeights>> ModelWeights::load(const std::filesystem::path& dir, const LoadOptions& options) {
+  auto config = load_config(dir);
+  if (!config) return error(config.error());
+  if (options.format == LoadOptions::Format::kDummy) return dummy(std::move(*config), options.dtype, options.dummy_seed);
+  auto files = WeightFiles::open(dir);
+  if (!files) return error(files.error());
+  return from_files(std::move(*config), std::move(*files), options.dtype);
+}
+
+}  // namespace lmserve::model
