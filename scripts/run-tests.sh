@@ -35,8 +35,9 @@ if ((fuzz_seconds > 0)); then
   fuzz_rc=$?
   echo "$fuzz_out"
   fuzz_pass=$(grep -c "no crash" <<<"$fuzz_out")
-  total=$((total + 2))
-  failed=$((failed + 2 - fuzz_pass))
+  fuzz_targets=$(grep -c "^fuzz " <<<"$fuzz_out")
+  total=$((total + fuzz_targets))
+  failed=$((failed + fuzz_targets - fuzz_pass))
   ((fuzz_rc == 0)) || rc=1
 fi
 
