@@ -1,0 +1,126 @@
+#include "engine/kv/block_pool.h"
+
+#include <openssl/evp.h>
+
+#include <cassert>
+#include <cstring>
+
+namespace lmserve::engine {
+
+BlockHash hash_block(const BlockHash* parent, std::span<const std::int32_t> tokens, std::string_view extra) {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  BlockHash zero{};
+  EVP_DigestUpdate(ctx, parent ? parent->data() : zero.data(), zero.size());
+  for (std::int32_t t : tokens) {
+    std::uint8_t le[4] = {static_cast<std::uint8_t>(t), static_cast<std::uint8_t>(t >> 8), static_cast<std::uint8_t>(t >> 16),
+                          static_cast<std::uint8_t>(t >> 24)};
+    EVP_DigestUpdate(ctx, le, 4);
+  }
+  // Length-prefixed, so that (tokens, extra) pairs cannot collide by shifting bytes.
+  std::uint64_t n = extra.size();
+  EVP_DigestUpdate(ctx, &n, sizeof n);
+  EVP_DigestUpdate(ctx, extra.data(), extra.size());
+  BlockHash out{};
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx, out.data(), &len);
+  EVP_MD_CTX_free(ctx);
+  return out;
+}
+
+BlockPool::BlockPool(std::int64_t num_blocks, bool enable_prefix_caching)
+    : caching_(enable_prefix_caching),
+      ref_(static_cast<std::size_t>(num_blocks), 0),
+      prev_(static_cast<std::size_t>(num_blocks), -1),
+      next_(static_cast<std::size_t>(num_blocks), -1),
+      block_hash_(static_cast<std::size_t>(num_blocks)) {
+  for (BlockId b = 0; b < num_blocks; ++b) push_back(b);
+}
+
+void BlockPool::unlink(BlockId b) {
+  auto i = static_cast<std::size_t>(b);
+  if (prev_[i] >= 0) {
+    next_[static_cast<std::size_t>(prev_[i])] = next_[i];
+  } else {
+    head_ = next_[i];
+  }
+  if (next_[i] >= 0) {
+    prev_[static_cast<std::size_t>(next_[i])] = prev_[i];
+  } else {
+    tail_ = prev_[i];
+  }
+  prev_[i] = next_[i] = -1;
+  --free_count_;
+}
+
+void BlockPool::push_back(BlockId b) {
+  auto i = static_cast<std::size_t>(b);
+  prev_[i] = tail_;
+  next_[i] = -1;
+  if (tail_ >= 0) {
+    next_[static_cast<std::size_t>(tail_)] = b;
+  } else {
+    head_ = b;
+  }
+  tail_ = b;
+  ++free_count_;
+}
+
+std::optional<std::vector<BlockId>> BlockPool::allocate(std::int64_t n) {
+  if (n > free_count_) return std::nullopt;
+  std::vector<BlockId> out;
+  out.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t k = 0; k < n; ++k) {
+    BlockId b = head_;
+    unlink(b);
+    auto i = static_cast<std::size_t>(b);
+    if (block_hash_[i]) {  // evict its cached prefix
+      cached_.erase(*block_hash_[i]);
+      block_hash_[i].reset();
+    }
+    ref_[i] = 1;
+    out.push_back(b);
+  }
+  return out;
+}
+
+void BlockPool::release(std::span<const BlockId> blocks) {
+  for (BlockId b : blocks) {
+    auto i = static_cast<std::size_t>(b);
+    assert(ref_[i] > 0 && "releasing a free block");
+    if (--ref_[i] == 0) push_back(b);
+  }
+}
+
+void BlockPool::acquire(BlockId b) {
+  auto i = static_cast<std::size_t>(b);
+  if (ref_[i]++ == 0) unlink(b);
+}
+
+std::optional<BlockId> BlockPool::lookup(const BlockHash& hash) const {
+  if (!caching_) return std::nullopt;
+  auto it = cached_.find(hash);
+  if (it == cached_.end()) return std::nullopt;
+  return it->second;
+}
+
+void BlockPool::cache(BlockId b, const BlockHash& hash) {
+  if (!caching_) return;
+  auto i = static_cast<std::size_t>(b);
+  if (block_hash_[i] || cached_.contains(hash)) return;
+  block_hash_[i] = hash;
+  cached_.emplace(hash, b);
+}
+
+void BlockPool::reset_prefix_cache() {
+  cached_.clear();
+  for (auto& h : block_hash_) h.reset();
+}
+
+std::vector<BlockId> BlockPool::free_queue() const {
+  std::vector<BlockId> out;
+  for (BlockId b = head_; b >= 0; b = next_[static_cast<std::size_t>(b)]) out.push_back(b);
+  return out;
+}
+
+}  // namespace lmserve::engine

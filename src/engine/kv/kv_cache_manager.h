@@ -1,0 +1,65 @@
+// Per-request KV block tables over a BlockPool, with automatic prefix caching.
+//
+// A request's blocks are append-only: block i holds tokens [i*B, (i+1)*B). When a block is
+// full and computed, commit() records its chained hash (parent hash, its tokens, the
+// request's cache salt) so later requests with the same prefix reuse it. adopt_prefix()
+// finds the longest run of such blocks for a new prompt but never covers the last prompt
+// token: its logits must be computed, so at least one token is always recomputed.
+//
+// Not thread-safe: owned by the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv/block_pool.h"
+
+namespace lmserve::engine {
+
+using RequestId = std::uint64_t;
+
+struct PrefixCacheStats {
+  std::uint64_t queries = 0;  // prompt tokens looked up
+  std::uint64_t hits = 0;     // of those, found in the cache
+};
+
+class KvCacheManager {
+ public:
+  KvCacheManager(std::int64_t num_blocks, int block_size, bool enable_prefix_caching);
+
+  BlockPool& pool() { return pool_; }
+  const BlockPool& pool() const { return pool_; }
+  int block_size() const { return block_size_; }
+
+  // Gives `id` (which must hold no blocks) the cached blocks of its longest cached prompt
+  // prefix; returns how many tokens they cover (a multiple of the block size, < prompt size).
+  std::int64_t adopt_prefix(RequestId id, std::span<const std::int32_t> prompt, std::string_view salt);
+  // The blocks `id` lacks to hold `num_tokens` tokens.
+  std::int64_t blocks_needed(RequestId id, std::int64_t num_tokens) const;
+  // Grows `id`'s table to hold `num_tokens` tokens; false (and no change) if the pool is short.
+  bool allocate(RequestId id, std::int64_t num_tokens);
+  // Records the hashes of `id`'s blocks that are full within tokens [0, num_computed).
+  void commit(RequestId id, std::span<const std::int32_t> tokens, std::int64_t num_computed, std::string_view salt);
+  // Releases all of `id`'s blocks (last first). No-op for unknown ids.
+  void free(RequestId id);
+
+  std::span<const BlockId> block_table(RequestId id) const;
+  std::size_t num_requests() const { return tables_.size(); }
+  const PrefixCacheStats& prefix_stats() const { return stats_; }
+
+ private:
+  struct Table {
+    std::vector<BlockId> blocks;
+    std::vector<BlockHash> hashes;  // of blocks[0..hashes.size()), all full and committed
+  };
+
+  BlockPool pool_;
+  int block_size_;
+  std::unordered_map<RequestId, Table> tables_;
+  PrefixCacheStats stats_;
+};
+
+}  // namespace lmserve::engine

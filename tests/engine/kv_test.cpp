@@ -1,0 +1,118 @@
+// Block pool and prefix cache: exact allocation and eviction order, reference counts, the
+// last-prompt-token rule, salts, counters.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "engine/kv/kv_cache_manager.h"
+
+namespace lmserve::engine {
+namespace {
+
+using V = std::vector<BlockId>;
+
+std::vector<std::int32_t> tokens(int n, int start = 0) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  std::iota(t.begin(), t.end(), start);
+  return t;
+}
+
+TEST(BlockPool, AllocatesFromTheFrontAndFreesToTheBack) {
+  BlockPool pool(6, true);
+  EXPECT_EQ(pool.free_queue(), (V{0, 1, 2, 3, 4, 5}));
+  auto a = pool.allocate(2);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(*a, (V{0, 1}));
+  auto b = pool.allocate(3);
+  EXPECT_EQ(*b, (V{2, 3, 4}));
+  EXPECT_FALSE(pool.allocate(2));  // only block 5 is free: nothing changes
+  EXPECT_EQ(pool.num_free(), 1);
+  pool.release(V{1, 0});  // a sequence frees last-first
+  EXPECT_EQ(pool.free_queue(), (V{5, 1, 0}));
+  EXPECT_DOUBLE_EQ(pool.usage(), 3.0 / 6.0);
+}
+
+TEST(BlockPool, CachedFreeBlocksAreEvictedLeastRecentlyFreedFirst) {
+  BlockPool pool(4, true);
+  auto blocks = *pool.allocate(4);
+  BlockHash h[4];
+  for (int i = 0; i < 4; ++i) {
+    auto t = tokens(4, i * 4);
+    h[i] = hash_block(i ? &h[i - 1] : nullptr, t, "");
+    pool.cache(blocks[static_cast<std::size_t>(i)], h[i]);
+  }
+  pool.release(V{3, 2});
+  pool.release(V{1, 0});
+  EXPECT_EQ(pool.free_queue(), (V{3, 2, 1, 0}));
+  ASSERT_EQ(pool.lookup(h[2]), 2);
+  // A hit on a free block removes it from the middle of the queue.
+  pool.acquire(2);
+  EXPECT_EQ(pool.free_queue(), (V{3, 1, 0}));
+  EXPECT_EQ(pool.ref_count(2), 1);
+  // Allocation evicts from the front: block 3 loses its hash, 1 and 0 keep theirs.
+  auto x = pool.allocate(1);
+  EXPECT_EQ(*x, (V{3}));
+  EXPECT_FALSE(pool.lookup(h[3]));
+  EXPECT_EQ(pool.lookup(h[1]), 1);
+  EXPECT_EQ(pool.lookup(h[0]), 0);
+}
+
+TEST(BlockHash, ChainsParentTokensAndSalt) {
+  auto t = tokens(16);
+  BlockHash a = hash_block(nullptr, t, "");
+  EXPECT_EQ(a, hash_block(nullptr, t, ""));
+  EXPECT_NE(a, hash_block(nullptr, t, "tenant-b"));
+  EXPECT_NE(hash_block(&a, t, ""), hash_block(nullptr, t, ""));
+  auto u = t;
+  u[15] = 99;
+  EXPECT_NE(a, hash_block(nullptr, u, ""));
+}
+
+TEST(KvCacheManager, PrefixHitsNeverCoverTheLastPromptToken) {
+  KvCacheManager kv(16, 4, true);
+  auto prompt = tokens(12);  // 3 full blocks
+  ASSERT_EQ(kv.adopt_prefix(1, prompt, ""), 0);
+  ASSERT_TRUE(kv.allocate(1, 12));
+  kv.commit(1, prompt, 12, "");
+  EXPECT_EQ(kv.block_table(1).size(), 3u);
+
+  // Same 12 tokens: only 2 blocks may be reused; the block with the last token is recomputed.
+  EXPECT_EQ(kv.adopt_prefix(2, prompt, ""), 8);
+  EXPECT_EQ((V{kv.block_table(2).begin(), kv.block_table(2).end()}), (V{0, 1}));
+  EXPECT_EQ(kv.pool().ref_count(0), 2);
+  // A longer prompt with the same start reuses all three.
+  auto longer = tokens(13);
+  EXPECT_EQ(kv.adopt_prefix(3, longer, ""), 12);
+  // A different salt shares nothing.
+  EXPECT_EQ(kv.adopt_prefix(4, longer, "other-tenant"), 0);
+  EXPECT_EQ(kv.prefix_stats().queries, 12u + 12u + 13u + 13u);
+  EXPECT_EQ(kv.prefix_stats().hits, 8u + 12u);
+}
+
+TEST(KvCacheManager, AllocateIsAllOrNothingAndFreeReturnsEverything) {
+  KvCacheManager kv(4, 16, true);
+  ASSERT_TRUE(kv.allocate(1, 40));  // 3 blocks
+  EXPECT_EQ(kv.blocks_needed(1, 48), 0);
+  EXPECT_EQ(kv.blocks_needed(1, 49), 1);
+  EXPECT_FALSE(kv.allocate(2, 20));  // needs 2, 1 free
+  EXPECT_TRUE(kv.block_table(2).empty());
+  EXPECT_EQ(kv.pool().num_free(), 1);
+  kv.free(1);
+  kv.free(2);
+  kv.free(99);  // unknown ids are fine
+  EXPECT_EQ(kv.pool().num_free(), 4);
+  EXPECT_EQ(kv.num_requests(), 0u);
+}
+
+TEST(KvCacheManager, CommitOnlyHashesFullComputedBlocks) {
+  KvCacheManager kv(8, 4, true);
+  auto t = tokens(10);
+  ASSERT_TRUE(kv.allocate(1, 10));
+  kv.commit(1, t, 6, "");  // one full block computed so far
+  EXPECT_EQ(kv.adopt_prefix(2, tokens(9), ""), 4);
+  kv.commit(1, t, 10, "");  // second block now full
+  EXPECT_EQ(kv.adopt_prefix(3, tokens(9), ""), 8);
+}
+
+}  // namespace
+}  // namespace lmserve::engine
