@@ -85,8 +85,10 @@ TEST(KvCacheManager, PrefixHitsNeverCoverTheLastPromptToken) {
   EXPECT_EQ(kv.adopt_prefix(3, longer, ""), 12);
   // A different salt shares nothing.
   EXPECT_EQ(kv.adopt_prefix(4, longer, "other-tenant"), 0);
-  EXPECT_EQ(kv.prefix_stats().queries, 12u + 12u + 13u + 13u);
-  EXPECT_EQ(kv.prefix_stats().hits, 8u + 12u);
+  kv.count_prefix_query(12, 8);
+  kv.count_prefix_query(13, 12);
+  EXPECT_EQ(kv.prefix_stats().queries, 25u);
+  EXPECT_EQ(kv.prefix_stats().hits, 20u);
 }
 
 TEST(KvCacheManager, AllocateIsAllOrNothingAndFreeReturnsEverything) {

@@ -10,7 +10,6 @@ KvCacheManager::KvCacheManager(std::int64_t num_blocks, int block_size, bool ena
 std::int64_t KvCacheManager::adopt_prefix(RequestId id, std::span<const std::int32_t> prompt, std::string_view salt) {
   Table& t = tables_[id];
   if (!pool_.prefix_caching() || prompt.empty()) return 0;
-  stats_.queries += prompt.size();
   // Only blocks whose tokens all precede the last prompt token: that token is always computed.
   const std::int64_t max_blocks = static_cast<std::int64_t>(prompt.size() - 1) / block_size_;
   const BlockHash* parent = nullptr;
@@ -23,9 +22,12 @@ std::int64_t KvCacheManager::adopt_prefix(RequestId id, std::span<const std::int
     t.hashes.push_back(h);
     parent = &t.hashes.back();
   }
-  std::int64_t covered = static_cast<std::int64_t>(t.blocks.size()) * block_size_;
-  stats_.hits += static_cast<std::uint64_t>(covered);
-  return covered;
+  return static_cast<std::int64_t>(t.blocks.size()) * block_size_;
+}
+
+void KvCacheManager::count_prefix_query(std::int64_t queried, std::int64_t hit) {
+  stats_.queries += static_cast<std::uint64_t>(queried);
+  stats_.hits += static_cast<std::uint64_t>(hit);
 }
 
 std::int64_t KvCacheManager::blocks_needed(RequestId id, std::int64_t num_tokens) const {

@@ -37,6 +37,9 @@ class KvCacheManager {
   // Gives `id` (which must hold no blocks) the cached blocks of its longest cached prompt
   // prefix; returns how many tokens they cover (a multiple of the block size, < prompt size).
   std::int64_t adopt_prefix(RequestId id, std::span<const std::int32_t> prompt, std::string_view salt);
+  // Counts one lookup of `queried` prompt tokens of which `hit` were cached (the scheduler
+  // calls it once per admitted request, so retries while blocked do not count).
+  void count_prefix_query(std::int64_t queried, std::int64_t hit);
   // The blocks `id` lacks to hold `num_tokens` tokens.
   std::int64_t blocks_needed(RequestId id, std::int64_t num_tokens) const;
   // Grows `id`'s table to hold `num_tokens` tokens; false (and no change) if the pool is short.

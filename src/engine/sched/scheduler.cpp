@@ -1,0 +1,260 @@
+#include "engine/sched/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace lmserve::engine {
+
+std::string_view rejection_name(Rejection r) {
+  switch (r) {
+    case Rejection::kNone: return "none";
+    case Rejection::kQueueFull: return "queue_full";
+    case Rejection::kPromptTooLong: return "prompt_too_long";
+    case Rejection::kExceedsMaxModelLen: return "exceeds_max_model_len";
+    case Rejection::kKvWatermark: return "kv_watermark";
+    case Rejection::kDeviceMemory: return "device_memory";
+    case Rejection::kShuttingDown: return "shutting_down";
+  }
+  return "?";
+}
+
+std::string_view admission_block_name(AdmissionBlock b) {
+  switch (b) {
+    case AdmissionBlock::kNone: return "none";
+    case AdmissionBlock::kKvWatermark: return "kv_watermark";
+    case AdmissionBlock::kDeviceMemory: return "device_memory";
+    case AdmissionBlock::kKvBlocks: return "kv_blocks";
+    case AdmissionBlock::kSeqSlots: return "seq_slots";
+    case AdmissionBlock::kTokenBudget: return "token_budget";
+  }
+  return "?";
+}
+
+Status SchedulerOptions::validate() const {
+  auto bad = [](const std::string& m) { return Status(StatusCode::kInvalidArgument, m); };
+  if (max_num_batched_tokens < 1) return bad("max_num_batched_tokens must be at least 1");
+  if (max_num_seqs < 1) return bad("max_num_seqs must be at least 1");
+  if (max_model_len < 2) return bad("max_model_len must be at least 2");
+  if (!(kv_watermark > 0 && kv_watermark <= 1)) return bad("kv_watermark must be in (0, 1]");
+  if (lanes.empty()) return bad("at least one lane is needed");
+  double kv = 0, seq = 0;
+  for (std::size_t i = 0; i < lanes.size(); ++i) {
+    const auto& l = lanes[i];
+    if (l.name.empty()) return bad("lane names must not be empty");
+    for (std::size_t j = 0; j < i; ++j) {
+      if (lanes[j].name == l.name) return bad("lane '" + l.name + "' is listed twice");
+    }
+    if (!(l.kv_reserve >= 0 && l.kv_reserve < 1) || !(l.seq_reserve >= 0 && l.seq_reserve < 1)) {
+      return bad("lane '" + l.name + "' reserves must be in [0, 1)");
+    }
+    if (l.max_queued < 0) return bad("lane '" + l.name + "' max_queued must be >= 0");
+    kv += l.kv_reserve;
+    seq += l.seq_reserve;
+  }
+  if (kv >= 1 || seq >= 1) return bad("lane reserves must add up to less than 1");
+  return Status::ok();
+}
+
+Scheduler::Scheduler(SchedulerOptions options, KvCacheManager& kv)
+    : options_(std::move(options)), kv_(kv), waiting_(options_.lanes.size()) {}
+
+int Scheduler::lane_index(std::string_view name) const {
+  for (std::size_t i = 0; i < options_.lanes.size(); ++i) {
+    if (options_.lanes[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool Scheduler::ranks_before(const Request* a, const Request* b) const {
+  if (a->lane != b->lane) return a->lane < b->lane;
+  if (options_.policy == SchedulerOptions::Policy::kPriority && a->priority != b->priority) return a->priority < b->priority;
+  return a->arrival < b->arrival;
+}
+
+Rejection Scheduler::add(Request* r) {
+  const auto prompt = static_cast<std::int64_t>(r->prompt.size());
+  const std::int64_t total_blocks = kv_.pool().num_blocks();
+  const std::int64_t prompt_blocks = (r->num_tokens() + kv_.block_size() - 1) / kv_.block_size();
+  if (prompt >= options_.max_model_len) return Rejection::kPromptTooLong;
+  if (prompt + r->params.max_tokens > options_.max_model_len) return Rejection::kExceedsMaxModelLen;
+  const double limit = std::min(1.0, options_.kv_watermark + options_.lanes[r->lane].kv_reserve);
+  if (prompt_blocks > total_blocks) return Rejection::kPromptTooLong;
+  if (static_cast<double>(prompt_blocks) > limit * static_cast<double>(total_blocks)) return Rejection::kKvWatermark;
+  auto& q = waiting_[r->lane];
+  if (static_cast<std::int64_t>(q.size()) >= options_.lanes[r->lane].max_queued) return Rejection::kQueueFull;
+  r->status = RequestStatus::kWaiting;
+  auto pos = std::upper_bound(q.begin(), q.end(), r, [&](const Request* a, const Request* b) { return ranks_before(a, b); });
+  q.insert(pos, r);
+  return Rejection::kNone;
+}
+
+Request* Scheduler::remove(RequestId id) {
+  Request* found = nullptr;
+  if (auto it = std::find_if(running_.begin(), running_.end(), [&](Request* r) { return r->id == id; }); it != running_.end()) {
+    found = *it;
+    running_.erase(it);
+  }
+  for (auto& q : waiting_) {
+    if (auto it = std::find_if(q.begin(), q.end(), [&](Request* r) { return r->id == id; }); it != q.end()) {
+      found = *it;
+      q.erase(it);
+    }
+  }
+  kv_.free(id);
+  return found;
+}
+
+std::int64_t Scheduler::lane_blocks(std::size_t lane) const {
+  std::int64_t n = 0;
+  for (const Request* r : running_) {
+    if (r->lane == lane) n += static_cast<std::int64_t>(kv_.block_table(r->id).size());
+  }
+  return n;
+}
+
+std::int64_t Scheduler::lane_seqs(std::size_t lane) const {
+  return std::count_if(running_.begin(), running_.end(), [&](const Request* r) { return r->lane == lane; });
+}
+
+std::int64_t Scheduler::reserved_blocks_elsewhere(std::size_t lane) const {
+  std::int64_t n = 0;
+  const auto total = static_cast<double>(kv_.pool().num_blocks());
+  for (std::size_t l = 0; l < options_.lanes.size(); ++l) {
+    if (l == lane || options_.lanes[l].kv_reserve == 0) continue;
+    auto reserve = static_cast<std::int64_t>(std::floor(options_.lanes[l].kv_reserve * total));
+    n += std::max<std::int64_t>(0, reserve - lane_blocks(l));
+  }
+  return n;
+}
+
+std::int64_t Scheduler::reserved_seqs_elsewhere(std::size_t lane) const {
+  std::int64_t n = 0;
+  for (std::size_t l = 0; l < options_.lanes.size(); ++l) {
+    if (l == lane || options_.lanes[l].seq_reserve == 0) continue;
+    auto reserve = static_cast<std::int64_t>(std::floor(options_.lanes[l].seq_reserve * static_cast<double>(options_.max_num_seqs)));
+    n += std::max<std::int64_t>(0, reserve - lane_seqs(l));
+  }
+  return n;
+}
+
+bool Scheduler::can_allocate(const Request* r, std::int64_t num_tokens) const {
+  const std::int64_t need = kv_.blocks_needed(r->id, num_tokens);
+  return kv_.pool().num_free() - need >= reserved_blocks_elsewhere(r->lane);
+}
+
+void Scheduler::preempt(Request* r, SchedulerOutput& out) {
+  kv_.free(r->id);
+  r->num_computed = 0;
+  r->num_preemptions++;
+  ++preemptions_;
+  running_.erase(std::find(running_.begin(), running_.end(), r));
+  auto& q = waiting_[r->lane];
+  r->status = RequestStatus::kWaiting;
+  q.insert(std::upper_bound(q.begin(), q.end(), r, [&](const Request* a, const Request* b) { return ranks_before(a, b); }), r);
+  out.preempted.push_back(r->id);
+  if (auto it = std::find_if(out.scheduled.begin(), out.scheduled.end(), [&](const ScheduledRequest& s) { return s.request == r; });
+      it != out.scheduled.end()) {
+    out.num_tokens -= it->num_new_tokens;
+    out.scheduled.erase(it);
+  }
+}
+
+SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
+  SchedulerOutput out;
+  std::stable_sort(running_.begin(), running_.end(), [&](const Request* a, const Request* b) { return ranks_before(a, b); });
+  // Decodes (one token) first, then unfinished prefills, each group in rank order.
+  std::vector<Request*> order = running_;
+  std::stable_partition(order.begin(), order.end(), [](const Request* r) { return r->num_tokens() - r->num_computed <= 1; });
+  for (Request* r : order) {
+    if (r->status != RequestStatus::kRunning) continue;  // preempted earlier in this step
+    const std::int64_t budget = options_.max_num_batched_tokens - out.num_tokens;
+    const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget);
+    if (n <= 0) continue;
+    while (!(can_allocate(r, r->num_computed + n) && kv_.allocate(r->id, r->num_computed + n))) {
+      Request* victim = *std::max_element(running_.begin(), running_.end(),
+                                          [&](const Request* a, const Request* b) { return ranks_before(a, b); });
+      preempt(victim, out);
+      if (victim == r) break;
+    }
+    if (r->status != RequestStatus::kRunning) continue;
+    out.scheduled.push_back({r, n});
+    out.num_tokens += n;
+  }
+
+  if (!out.preempted.empty()) {
+    out.blocked = AdmissionBlock::kKvBlocks;  // no admissions in a step that had to preempt
+    return out;
+  }
+  const auto total = static_cast<double>(kv_.pool().num_blocks());
+  for (std::size_t lane = 0; lane < waiting_.size(); ++lane) {
+    auto& q = waiting_[lane];
+    while (!q.empty()) {
+      AdmissionBlock why = AdmissionBlock::kNone;
+      const std::int64_t budget = options_.max_num_batched_tokens - out.num_tokens;
+      if (!device_memory_ok) {
+        why = AdmissionBlock::kDeviceMemory;
+      } else if (budget <= 0) {
+        why = AdmissionBlock::kTokenBudget;
+      } else if (num_running() >= options_.max_num_seqs ||
+                 lane_seqs(lane) + 1 > options_.max_num_seqs - reserved_seqs_elsewhere(lane)) {
+        why = AdmissionBlock::kSeqSlots;
+      }
+      if (why != AdmissionBlock::kNone) {
+        if (out.blocked == AdmissionBlock::kNone) out.blocked = why;
+        break;
+      }
+      Request* r = q.front();
+      const auto tokens = r->all_tokens();
+      const std::int64_t cached = kv_.adopt_prefix(r->id, tokens, r->cache_salt);
+      r->num_computed = cached;
+      const double limit = std::min(1.0, options_.kv_watermark + options_.lanes[lane].kv_reserve);
+      const std::int64_t after = kv_.pool().num_used() + kv_.blocks_needed(r->id, r->num_tokens());
+      const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget);
+      if (static_cast<double>(after) > limit * total) {
+        why = AdmissionBlock::kKvWatermark;
+      } else if (!(can_allocate(r, r->num_computed + n) && kv_.allocate(r->id, r->num_computed + n))) {
+        why = AdmissionBlock::kKvBlocks;
+      }
+      if (why != AdmissionBlock::kNone) {
+        kv_.free(r->id);
+        r->num_computed = 0;
+        if (out.blocked == AdmissionBlock::kNone) out.blocked = why;
+        break;
+      }
+      if (r->num_preemptions == 0) {
+        r->num_cached_prompt = cached;
+        kv_.count_prefix_query(static_cast<std::int64_t>(r->prompt.size()), cached);
+      }
+      q.pop_front();
+      r->status = RequestStatus::kRunning;
+      running_.push_back(r);
+      out.scheduled.push_back({r, n});
+      out.num_tokens += n;
+    }
+  }
+  return out;
+}
+
+void Scheduler::commit_step(const SchedulerOutput& out) {
+  for (const auto& s : out.scheduled) {
+    Request* r = s.request;
+    r->num_computed += s.num_new_tokens;
+    if (kv_.pool().prefix_caching()) kv_.commit(r->id, r->all_tokens(), r->num_computed, r->cache_salt);
+  }
+}
+
+bool Scheduler::has_work() const {
+  if (!running_.empty()) return true;
+  return std::any_of(waiting_.begin(), waiting_.end(), [](const auto& q) { return !q.empty(); });
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.running = num_running();
+  for (const auto& q : waiting_) s.waiting_per_lane.push_back(static_cast<std::int64_t>(q.size()));
+  s.preemptions_total = preemptions_;
+  s.kv_usage = kv_.pool().usage();
+  return s;
+}
+
+}  // namespace lmserve::engine

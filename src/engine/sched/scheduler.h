@@ -1,0 +1,122 @@
+// The step scheduler. One rule (vLLM V1's): every request has num_computed catching up with
+// num_tokens. Each step hands out a token budget: running decodes first (one token each),
+// then unfinished prefills (a chunk each), each in lane order then priority then arrival; then
+// waiting requests are admitted, lane by lane, while budget, sequence slots and KV blocks
+// allow. Preemption (by recompute) frees a running request's blocks when another running
+// request of higher rank cannot grow.
+//
+// Lanes: each lane has a bounded waiting queue and may reserve a share of the KV blocks and
+// of the sequence slots that no other lane can take. Lanes are scheduled in the order given
+// (the first is the most urgent), so a request of an earlier lane never waits on a later
+// lane's request: it is scheduled first, may use its reserve, and preemption victims come
+// from the latest lane first.
+//
+// Admission watermark: a waiting request starts only if, once its whole prompt has blocks,
+// KV usage stays <= kv_watermark (a lane with a reserve may go above by its reserved share);
+// nothing new starts while the device-memory signal is over its hard limit.
+//
+// Works on ids and counts only; not thread-safe (the engine thread owns it).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/kv/kv_cache_manager.h"
+#include "engine/request.h"
+
+namespace lmserve::engine {
+
+struct LaneOptions {
+  std::string name;
+  double kv_reserve = 0.0;    // share of KV blocks only this lane may use
+  double seq_reserve = 0.0;   // share of max_num_seqs only this lane may use
+  std::int64_t max_queued = 1024;
+};
+
+struct SchedulerOptions {
+  enum class Policy { kFcfs, kPriority };
+  Policy policy = Policy::kFcfs;
+  std::int64_t max_num_batched_tokens = 2048;
+  std::int64_t max_num_seqs = 64;
+  std::int64_t max_model_len = 2048;
+  double kv_watermark = 0.85;
+  std::vector<LaneOptions> lanes = {{"high", 0.2, 0.2, 1024}, {"low", 0.0, 0.0, 1024}};
+
+  // InvalidArgument naming the field.
+  Status validate() const;
+};
+
+// Why a request was refused at submit (the server maps these to HTTP 400/429/503).
+enum class Rejection { kNone, kQueueFull, kPromptTooLong, kExceedsMaxModelLen, kKvWatermark, kDeviceMemory, kShuttingDown };
+std::string_view rejection_name(Rejection r);
+
+// Why waiting requests were left waiting in a step.
+enum class AdmissionBlock { kNone, kKvWatermark, kDeviceMemory, kKvBlocks, kSeqSlots, kTokenBudget };
+std::string_view admission_block_name(AdmissionBlock b);
+
+struct ScheduledRequest {
+  Request* request;
+  std::int64_t num_new_tokens;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledRequest> scheduled;  // in execution order
+  std::vector<RequestId> preempted;
+  std::int64_t num_tokens = 0;
+  AdmissionBlock blocked = AdmissionBlock::kNone;  // why the first waiting request stayed
+};
+
+struct SchedulerStats {
+  std::int64_t running = 0;
+  std::vector<std::int64_t> waiting_per_lane;
+  std::int64_t preemptions_total = 0;
+  double kv_usage = 0.0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(SchedulerOptions options, KvCacheManager& kv);
+
+  const SchedulerOptions& options() const { return options_; }
+  // Index of a lane by name, or -1.
+  int lane_index(std::string_view name) const;
+
+  // Queues `r` (status waiting). A typed rejection leaves it untouched.
+  Rejection add(Request* r);
+  // Removes `id` from wherever it is and frees its blocks. Returns the request or nullptr.
+  Request* remove(RequestId id);
+
+  // Plans one step. `device_memory_ok` is the backend's hard-limit signal.
+  SchedulerOutput schedule(bool device_memory_ok = true);
+  // After the step ran: scheduled requests advance by what they were given, and their newly
+  // full blocks enter the prefix cache.
+  void commit_step(const SchedulerOutput& out);
+
+  bool has_work() const;
+  SchedulerStats stats() const;
+  std::int64_t num_running() const { return static_cast<std::int64_t>(running_.size()); }
+  std::int64_t num_waiting(std::size_t lane) const { return static_cast<std::int64_t>(waiting_[lane].size()); }
+
+ private:
+  bool ranks_before(const Request* a, const Request* b) const;
+  std::int64_t lane_blocks(std::size_t lane) const;
+  std::int64_t lane_seqs(std::size_t lane) const;
+  // Blocks / slots that lanes other than `lane` have reserved and not yet used.
+  std::int64_t reserved_blocks_elsewhere(std::size_t lane) const;
+  std::int64_t reserved_seqs_elsewhere(std::size_t lane) const;
+  bool can_allocate(const Request* r, std::int64_t num_tokens) const;
+  void preempt(Request* r, SchedulerOutput& out);
+
+  SchedulerOptions options_;
+  KvCacheManager& kv_;
+  std::vector<std::deque<Request*>> waiting_;  // per lane
+  std::vector<Request*> running_;
+  std::int64_t preemptions_ = 0;
+};
+
+}  // namespace lmserve::engine
