@@ -24,6 +24,9 @@ struct Request {
   std::int32_t priority = 0;  // lower runs first (policy "priority")
   std::uint64_t arrival = 0;  // submission order
   std::string cache_salt;
+  // For the 2nd..nth choice of a request with n > 1: not admitted until this sibling's
+  // prompt is computed, so that the prompt's full blocks come from the prefix cache.
+  const Request* wait_for = nullptr;
 
   RequestStatus status = RequestStatus::kWaiting;
   std::int64_t num_computed = 0;   // tokens whose K/V are in the cache

@@ -114,6 +114,26 @@ TEST_F(SchedulerTest, LaneReserveIsNeverUsedByOtherLanes) {
   EXPECT_EQ(l3->status, RequestStatus::kWaiting);
 }
 
+TEST_F(SchedulerTest, ALaterLaneNeverOvertakesABlockedEarlierLane) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.lanes = {{"high", 0, 0, 100}, {"low", 0, 0, 100}};
+  make(6, 4, o);
+  Request* filler = req(12, 1);  // 3 blocks
+  sched_->add(filler);
+  step();
+  Request* big_high = req(16, 0);  // 4 blocks: does not fit in the 3 free
+  Request* small_low = req(4, 1);  // 1 block: would fit
+  sched_->add(big_high);
+  sched_->add(small_low);
+  SchedulerOutput out = step();
+  EXPECT_EQ(plan(out), (Plan{{filler->id, 1}}));
+  EXPECT_EQ(out.blocked, AdmissionBlock::kKvBlocks);
+  EXPECT_EQ(small_low->status, RequestStatus::kWaiting);
+  sched_->remove(filler->id);
+  EXPECT_EQ(plan(step()), (Plan{{big_high->id, 16}, {small_low->id, 4}}));
+}
+
 TEST_F(SchedulerTest, PreemptsLowestLaneThenLatestArrival) {
   SchedulerOptions o;
   o.kv_watermark = 1.0;

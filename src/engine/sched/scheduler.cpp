@@ -188,7 +188,8 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
   const auto total = static_cast<double>(kv_.pool().num_blocks());
   for (std::size_t lane = 0; lane < waiting_.size(); ++lane) {
     auto& q = waiting_[lane];
-    while (!q.empty()) {
+    std::size_t i = 0;
+    while (i < q.size()) {
       AdmissionBlock why = AdmissionBlock::kNone;
       const std::int64_t budget = options_.max_num_batched_tokens - out.num_tokens;
       if (!device_memory_ok) {
@@ -201,9 +202,14 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
       }
       if (why != AdmissionBlock::kNone) {
         if (out.blocked == AdmissionBlock::kNone) out.blocked = why;
-        break;
+        return out;  // nothing further this step, and no later lane overtakes this one
       }
-      Request* r = q.front();
+      Request* r = q[i];
+      if (const Request* w = r->wait_for;
+          w != nullptr && !(w->status == RequestStatus::kRunning && w->num_computed >= static_cast<std::int64_t>(w->prompt.size()))) {
+        ++i;  // its sibling has not computed the shared prompt yet
+        continue;
+      }
       const auto tokens = r->all_tokens();
       const std::int64_t cached = kv_.adopt_prefix(r->id, tokens, r->cache_salt);
       r->num_computed = cached;
@@ -219,13 +225,14 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
         kv_.free(r->id);
         r->num_computed = 0;
         if (out.blocked == AdmissionBlock::kNone) out.blocked = why;
-        break;
+        // A later lane must not take what this lane's first request is waiting for.
+        return out;
       }
       if (r->num_preemptions == 0) {
         r->num_cached_prompt = cached;
         kv_.count_prefix_query(static_cast<std::int64_t>(r->prompt.size()), cached);
       }
-      q.pop_front();
+      q.erase(q.begin() + static_cast<std::ptrdiff_t>(i));
       r->status = RequestStatus::kRunning;
       running_.push_back(r);
       out.scheduled.push_back({r, n});

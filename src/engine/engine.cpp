@@ -1,0 +1,365 @@
+#include "engine/engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "engine/output/output_processor.h"
+
+namespace lmserve::engine {
+
+// ---- RequestStream ---------------------------------------------------------------------
+
+bool RequestStream::next(StreamEvent* out, std::chrono::milliseconds timeout, bool* timed_out) {
+  std::unique_lock lock(mu_);
+  auto ready = [&] { return !events_.empty() || open_choices_ == 0; };
+  if (timed_out) *timed_out = false;
+  if (timeout == std::chrono::milliseconds::max()) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_for(lock, timeout, ready)) {
+    if (timed_out) *timed_out = true;
+    return false;
+  }
+  if (events_.empty()) return false;
+  *out = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void RequestStream::set_notify(std::function<void()> fn) {
+  std::lock_guard lock(mu_);
+  notify_ = std::move(fn);
+}
+
+void RequestStream::push(StreamEvent e, bool last_of_choice) {
+  std::function<void()> notify;
+  {
+    std::lock_guard lock(mu_);
+    events_.push_back(std::move(e));
+    if (last_of_choice && open_choices_ > 0) --open_choices_;
+    notify = notify_;
+  }
+  cv_.notify_all();
+  if (notify) notify();
+}
+
+RequestStream::Times RequestStream::times() const {
+  std::lock_guard lock(mu_);
+  return times_;
+}
+
+void RequestStream::set_times(const Times& t) {
+  std::lock_guard lock(mu_);
+  times_ = t;
+}
+
+// ---- Engine ------------------------------------------------------------------------------
+
+struct Engine::Live {
+  std::unique_ptr<Request> req;
+  std::shared_ptr<RequestStream> stream;
+  std::unique_ptr<OutputProcessor> out;
+  std::mt19937_64 rng;
+  std::int32_t index = 0;
+  RequestId group = 0;
+  RequestStream::Times times;
+  bool prompt_counted = false;
+};
+
+Engine::Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options)
+    : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), options_(std::move(options)) {
+  eos_ids_ = backend_->config().eos_token_ids;
+  const auto& kvc = backend_->kv_config();
+  kv_ = std::make_unique<KvCacheManager>(kvc.num_blocks, kvc.block_size, options_.enable_prefix_caching);
+  scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
+  rejections_.assign(7, 0);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() { shutdown(std::chrono::milliseconds(0)); }
+
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend> backend,
+                                               std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options) {
+  if (!backend) return error(StatusCode::kInvalidArgument, "engine: no backend");
+  LMSERVE_RETURN_IF_ERROR(options.scheduler.validate());
+  const auto& c = backend->config();
+  if (options.scheduler.max_model_len > c.max_position_embeddings) {
+    return error(StatusCode::kInvalidArgument, "max_model_len " + std::to_string(options.scheduler.max_model_len) +
+                                                   " exceeds the model's max_position_embeddings " +
+                                                   std::to_string(c.max_position_embeddings));
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(tokenizer), std::move(options)));
+}
+
+Expected<Submitted, SubmitError> Engine::submit(GenerateRequest g) {
+  auto reject = [&](Rejection r, StatusCode code, const std::string& msg, AdmissionBlock cause = AdmissionBlock::kNone) {
+    ++rejections_[static_cast<std::size_t>(r)];
+    return Unexpected<SubmitError>(SubmitError{Status(code, msg), r, cause});
+  };
+  auto invalid = [](const std::string& msg) {
+    return Unexpected<SubmitError>(SubmitError{Status(StatusCode::kInvalidArgument, msg)});
+  };
+  const std::int64_t vocab = backend_->config().vocab_size;
+  if (g.prompt.empty()) return invalid("prompt must contain at least one token");
+  for (auto t : g.prompt) {
+    if (t < 0 || t >= vocab) return invalid("prompt token id " + std::to_string(t) + " is outside the vocabulary");
+  }
+  if (Status s = g.params.validate(vocab, options_.max_n); !s.is_ok()) return invalid(s.message());
+
+  std::lock_guard lock(mu_);
+  if (!accepting_ || dead_) return reject(Rejection::kShuttingDown, StatusCode::kUnavailable, "the engine is shutting down");
+  int lane = g.lane.empty() ? static_cast<int>(options_.scheduler.lanes.size()) - 1 : scheduler_->lane_index(g.lane);
+  if (lane < 0) return invalid("unknown lane '" + g.lane + "'");
+
+  const RequestId first = next_id_;
+  auto stream = std::make_shared<RequestStream>(g.params.n);
+  std::vector<std::unique_ptr<Live>> lives;
+  for (std::int32_t i = 0; i < g.params.n; ++i) {
+    auto L = std::make_unique<Live>();
+    L->req = std::make_unique<Request>();
+    Request& r = *L->req;
+    r.id = first + static_cast<RequestId>(i);
+    r.prompt = g.prompt;
+    r.params = g.params;
+    r.lane = static_cast<std::size_t>(lane);
+    r.priority = g.priority;
+    r.arrival = arrivals_++;
+    r.cache_salt = g.cache_salt;
+    if (i > 0 && options_.enable_prefix_caching) r.wait_for = lives.front()->req.get();
+    L->stream = stream;
+    L->out = std::make_unique<OutputProcessor>(tokenizer_, r.params, eos_ids_);
+    std::uint64_t seed = g.params.seed ? *g.params.seed + static_cast<std::uint64_t>(i) : options_.seed ^ (r.id * 0x9E3779B97F4A7C15ull);
+    L->rng.seed(seed);
+    L->index = i;
+    L->group = first;
+    L->times.arrival = Clock::now();
+    lives.push_back(std::move(L));
+  }
+  for (std::size_t i = 0; i < lives.size(); ++i) {
+    Rejection rej = scheduler_->add(lives[i]->req.get());
+    if (rej != Rejection::kNone) {
+      for (std::size_t j = 0; j < i; ++j) scheduler_->remove(lives[j]->req->id);
+      switch (rej) {
+        case Rejection::kQueueFull: {
+          auto s = scheduler_->stats();
+          return reject(rej, StatusCode::kResourceExhausted,
+                        "the '" + options_.scheduler.lanes[static_cast<std::size_t>(lane)].name + "' queue is full",
+                        kv_->pool().usage() > options_.scheduler.kv_watermark ? AdmissionBlock::kKvWatermark : AdmissionBlock::kNone);
+        }
+        case Rejection::kPromptTooLong:
+          return reject(rej, StatusCode::kInvalidArgument, "the prompt (" + std::to_string(g.prompt.size()) +
+                                                               " tokens) is longer than this server can hold");
+        case Rejection::kExceedsMaxModelLen:
+          return reject(rej, StatusCode::kInvalidArgument,
+                        "this model's maximum context length is " + std::to_string(options_.scheduler.max_model_len) +
+                            " tokens; the request asks for " + std::to_string(g.prompt.size()) + " prompt + " +
+                            std::to_string(g.params.max_tokens) + " completion tokens");
+        case Rejection::kKvWatermark:
+          return reject(rej, StatusCode::kInvalidArgument, "the prompt needs more KV cache than the admission watermark allows");
+        default:
+          return reject(rej, StatusCode::kResourceExhausted, std::string(rejection_name(rej)));
+      }
+    }
+  }
+  for (auto& L : lives) live_.emplace(L->req->id, std::move(L));
+  next_id_ += static_cast<RequestId>(g.params.n);
+  work_cv_.notify_one();
+  return Submitted{first, stream};
+}
+
+void Engine::abort(RequestId id) {
+  std::lock_guard lock(mu_);
+  to_abort_.push_back(id);
+  work_cv_.notify_one();
+}
+
+bool Engine::alive() const {
+  std::lock_guard lock(mu_);
+  return !dead_;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mu_);
+  EngineStats s;
+  auto ss = scheduler_->stats();
+  s.running = ss.running;
+  for (std::size_t i = 0; i < ss.waiting_per_lane.size(); ++i) {
+    s.waiting_per_lane.emplace_back(options_.scheduler.lanes[i].name, ss.waiting_per_lane[i]);
+  }
+  s.kv_usage = ss.kv_usage;
+  s.kv_blocks_total = kv_->pool().num_blocks();
+  s.preemptions_total = ss.preemptions_total;
+  s.prefix_queries = kv_->prefix_stats().queries;
+  s.prefix_hits = kv_->prefix_stats().hits;
+  s.prompt_tokens_total = prompt_tokens_;
+  s.generation_tokens_total = generation_tokens_;
+  s.steps_total = steps_;
+  for (std::size_t r = 1; r < rejections_.size(); ++r) {
+    s.rejections.emplace_back(std::string(rejection_name(static_cast<Rejection>(r))), rejections_[r]);
+  }
+  s.requests_finished = finished_;
+  s.alive = !dead_;
+  return s;
+}
+
+void Engine::finish(Request* r, FinishReason reason, const std::string& text, const std::string& stop_reason,
+                    const std::string& err, const SampleResult* last) {
+  auto it = live_.find(r->id);
+  Live& L = *it->second;
+  StreamEvent e;
+  e.index = L.index;
+  if (last != nullptr) {
+    e.token_ids = {last->token};
+    if (r->params.logprobs) e.logprobs.push_back(*last);
+  }
+  e.text = text;
+  e.finish = reason;
+  e.stop_reason = stop_reason;
+  e.error = err;
+  e.prompt_tokens = static_cast<std::int64_t>(r->prompt.size());
+  e.completion_tokens = static_cast<std::int64_t>(r->output.size());
+  e.cached_prompt_tokens = r->num_cached_prompt;
+  e.time = Clock::now();
+  scheduler_->remove(r->id);
+  for (auto& [id, other] : live_) {  // siblings waiting on this choice's prompt may go now
+    if (other->req->wait_for == r) other->req->wait_for = nullptr;
+  }
+  L.stream->set_times(L.times);
+  L.stream->push(std::move(e), true);
+  ++finished_;
+  live_.erase(it);
+}
+
+Status Engine::step() {
+  // Called with mu_ held (through the unique_lock in loop()).
+  SchedulerOutput out = scheduler_->schedule(true);
+  if (out.scheduled.empty()) return Status::ok();
+
+  const int bs = backend_->kv_config().block_size;
+  std::vector<std::int32_t> tokens, positions, logits_rows;
+  std::vector<std::int64_t> slots;
+  std::vector<std::vector<std::int32_t>> tables;
+  std::vector<backend::SeqBatch> seqs;
+  std::vector<Request*> sampled;
+  tables.reserve(out.scheduled.size());
+  const auto now = Clock::now();
+  for (const auto& s : out.scheduled) {
+    Request* r = s.request;
+    Live& L = *live_.at(r->id);
+    if (L.times.first_scheduled == Clock::time_point{}) L.times.first_scheduled = now;
+    const auto start = static_cast<std::int32_t>(tokens.size());
+    auto table = kv_->block_table(r->id);
+    tables.emplace_back(table.begin(), table.end());
+    for (std::int64_t p = r->num_computed; p < r->num_computed + s.num_new_tokens; ++p) {
+      tokens.push_back(p < static_cast<std::int64_t>(r->prompt.size()) ? r->prompt[static_cast<std::size_t>(p)]
+                                                                       : r->output[static_cast<std::size_t>(p) - r->prompt.size()]);
+      positions.push_back(static_cast<std::int32_t>(p));
+      slots.push_back(static_cast<std::int64_t>(table[static_cast<std::size_t>(p / bs)]) * bs + p % bs);
+    }
+    const auto ctx = static_cast<std::int32_t>(r->num_computed + s.num_new_tokens);
+    seqs.push_back({start, static_cast<std::int32_t>(s.num_new_tokens), ctx, tables.back()});
+    if (ctx == r->num_tokens()) {
+      logits_rows.push_back(start + static_cast<std::int32_t>(s.num_new_tokens) - 1);
+      sampled.push_back(r);
+    }
+  }
+  const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
+  std::vector<float> logits(logits_rows.size() * vocab);
+  backend::Batch batch{tokens, positions, slots, seqs, logits_rows};
+
+  mu_.unlock();  // the device works without the lock: submit/abort stay responsive
+  Status st = backend_->forward(batch, logits);
+  mu_.lock();
+  if (!st.is_ok()) return st;
+  scheduler_->commit_step(out);
+  ++steps_;
+
+  for (std::size_t i = 0; i < sampled.size(); ++i) {
+    Request* r = sampled[i];
+    Live& L = *live_.at(r->id);
+    if (!L.prompt_counted) {
+      prompt_tokens_ += r->prompt.size();
+      L.prompt_counted = true;
+    }
+    std::span<float> row(logits.data() + i * vocab, vocab);
+    SampleResult res = sample_token(row, r->params, r->prompt, r->output, eos_ids_, L.rng);
+    r->output.push_back(res.token);
+    ++generation_tokens_;
+    if (L.times.first_token == Clock::time_point{}) L.times.first_token = Clock::now();
+    auto update = L.out->add_token(res.token, static_cast<std::int64_t>(r->output.size()));
+    // Not even max_model_len may be passed.
+    if (update.finish == FinishReason::kNone && r->num_tokens() >= options_.scheduler.max_model_len) {
+      update.text += L.out->flush();
+      update.finish = FinishReason::kLength;
+    }
+    if (update.finish != FinishReason::kNone) {
+      finish(r, update.finish, update.text, update.stop_reason, "", &res);
+      continue;
+    }
+    StreamEvent e;
+    e.index = L.index;
+    e.token_ids = {res.token};
+    e.text = std::move(update.text);
+    if (r->params.logprobs) e.logprobs.push_back(std::move(res));
+    e.prompt_tokens = static_cast<std::int64_t>(r->prompt.size());
+    e.completion_tokens = static_cast<std::int64_t>(r->output.size());
+    e.cached_prompt_tokens = r->num_cached_prompt;
+    e.time = Clock::now();
+    L.stream->push(std::move(e), false);
+  }
+  return Status::ok();
+}
+
+void Engine::loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    work_cv_.wait(lock, [&] { return stop_ || !to_abort_.empty() || scheduler_->has_work(); });
+    for (RequestId id : std::exchange(to_abort_, {})) {
+      std::vector<Request*> group;
+      for (auto& [rid, L] : live_) {
+        if (L->group == id) group.push_back(L->req.get());
+      }
+      for (Request* r : group) finish(r, FinishReason::kAbort, live_.at(r->id)->out->flush(), "");
+    }
+    if (stop_) break;
+    if (!scheduler_->has_work()) {
+      idle_cv_.notify_all();
+      continue;
+    }
+    const auto before = steps_;
+    Status st = step();
+    if (!st.is_ok()) {
+      spdlog::error("engine: backend failed, finishing all requests: {}", st.to_string());
+      dead_ = true;
+      std::vector<Request*> all;
+      for (auto& [id, L] : live_) all.push_back(L->req.get());
+      for (Request* r : all) finish(r, FinishReason::kError, live_.at(r->id)->out->flush(), "", st.message());
+      break;
+    }
+    if (steps_ == before) {
+      // Nothing could be scheduled (e.g. a device-memory stop): wait briefly, not spin.
+      work_cv_.wait_for(lock, std::chrono::milliseconds(5));
+    }
+    if (!scheduler_->has_work()) idle_cv_.notify_all();
+  }
+  idle_cv_.notify_all();
+}
+
+void Engine::shutdown(std::chrono::milliseconds grace) {
+  std::unique_lock lock(mu_);
+  if (!thread_.joinable()) return;
+  accepting_ = false;
+  idle_cv_.wait_for(lock, grace, [&] { return dead_ || !scheduler_->has_work(); });
+  for (auto& [id, L] : live_) to_abort_.push_back(L->group);
+  lock.unlock();
+  work_cv_.notify_one();
+  // Let the loop process the aborts, then stop it.
+  lock.lock();
+  idle_cv_.wait_for(lock, std::chrono::seconds(30), [&] { return dead_ || live_.empty(); });
+  stop_ = true;
+  lock.unlock();
+  work_cv_.notify_one();
+  thread_.join();
+}
+
+}  // namespace lmserve::engine

@@ -1,0 +1,174 @@
+// lmserve's engine: the contract between everything above (server, CLI, benchmarks) and the
+// model on its device. Read this file to know the whole behaviour.
+//
+//   auto engine = Engine::create(backend, tokenizer, options);   // starts the loop thread
+//   auto sub = engine->submit({.prompt = ids, .params = p, .lane = "high"});
+//   if (!sub) -> sub.error(): InvalidArgument (bad params: 400), or a Rejection (429/400/503)
+//   while (sub->stream->next(&event)) { ... event.text ... event.finish ... }
+//   engine->abort(sub->id);                                       // client went away
+//
+// Threading: submit, abort, stats and shutdown may be called from any thread at any time.
+// The loop thread owns the scheduler, KV blocks and backend: schedule -> forward -> sample ->
+// update -> emit. Each request's events arrive in order on its RequestStream; the last one
+// has finish != kNone, after which next() returns false.
+//
+// Guarantees: an aborted request (or one whose stream was dropped) is finished with kAbort
+// and its KV blocks are freed within one step. shutdown() stops admissions (new submits are
+// rejected kShuttingDown), lets running requests finish until the deadline, aborts the rest
+// and joins the loop. A backend failure finishes every in-flight request with kError and
+// marks the engine dead (alive() == false).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "common/status.h"
+#include "engine/request.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sched/scheduler.h"
+#include "text/tokenizer.h"
+
+namespace lmserve::engine {
+
+using Clock = std::chrono::steady_clock;
+
+struct StreamEvent {
+  std::int32_t index = 0;                 // which of the request's n choices
+  std::vector<std::int32_t> token_ids;    // tokens generated since the previous event
+  std::string text;                       // text that became final since the previous event
+  std::vector<SampleResult> logprobs;     // per token, when params.logprobs is set
+  FinishReason finish = FinishReason::kNone;
+  std::string stop_reason;                // matched stop string / token id
+  std::string error;                      // for kError
+  // Usage so far (final on the finishing event).
+  std::int64_t prompt_tokens = 0;
+  std::int64_t completion_tokens = 0;
+  std::int64_t cached_prompt_tokens = 0;
+  Clock::time_point time;                 // when the event was emitted
+};
+
+// Events of one request, in order. Thread-safe.
+class RequestStream {
+ public:
+  // Waits for the next event; false once every choice has finished and all events were read,
+  // or when the timeout passes (then *timed_out is set).
+  bool next(StreamEvent* out, std::chrono::milliseconds timeout = std::chrono::milliseconds::max(), bool* timed_out = nullptr);
+  // Called (from the engine thread) after each push; must not block. For async servers.
+  void set_notify(std::function<void()> fn);
+
+  // Engine side.
+  void push(StreamEvent e, bool last_of_choice);
+  explicit RequestStream(std::int32_t choices) : open_choices_(choices) {}
+
+  struct Times {
+    Clock::time_point arrival, first_scheduled, first_token;
+  };
+  Times times() const;
+  void set_times(const Times& t);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<StreamEvent> events_;
+  std::int32_t open_choices_;
+  std::function<void()> notify_;
+  Times times_;
+};
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  bool enable_prefix_caching = true;
+  std::int32_t max_n = 16;
+  std::uint64_t seed = 0;  // for requests without a seed
+};
+
+struct GenerateRequest {
+  std::vector<std::int32_t> prompt;
+  SamplingParams params;
+  std::string lane;           // empty: the last lane
+  std::int32_t priority = 0;
+  std::string cache_salt;
+};
+
+struct Submitted {
+  RequestId id;  // of the first choice; abort(id) aborts all choices
+  std::shared_ptr<RequestStream> stream;
+};
+
+struct SubmitError {
+  Status status;                           // InvalidArgument for bad input, ResourceExhausted/Unavailable for rejections
+  Rejection rejection = Rejection::kNone;
+  AdmissionBlock cause = AdmissionBlock::kNone;  // for kQueueFull: what keeps the queue from draining
+};
+
+struct EngineStats {
+  std::int64_t running = 0;
+  std::vector<std::pair<std::string, std::int64_t>> waiting_per_lane;
+  double kv_usage = 0.0;
+  std::int64_t kv_blocks_total = 0;
+  std::int64_t preemptions_total = 0;
+  std::uint64_t prefix_queries = 0, prefix_hits = 0;
+  std::uint64_t prompt_tokens_total = 0, generation_tokens_total = 0;
+  std::uint64_t steps_total = 0;
+  std::vector<std::pair<std::string, std::uint64_t>> rejections;  // by reason
+  std::uint64_t requests_finished = 0;
+  bool alive = true;
+};
+
+class Engine {
+ public:
+  ~Engine();  // shutdown(0)
+
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<backend::Backend> backend,
+                                                std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options);
+
+  Expected<Submitted, SubmitError> submit(GenerateRequest request);
+  void abort(RequestId id);
+  EngineStats stats() const;
+  bool alive() const;
+  const model::ModelConfig& model_config() const { return backend_->config(); }
+  const EngineOptions& options() const { return options_; }
+
+  // Stops admissions, waits up to `grace` for running work, aborts the rest, joins the loop.
+  void shutdown(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
+
+ private:
+  Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options);
+  void loop();
+  Status step();
+  // Ends `r`: its last event carries `text` and, when given, the token that ended it.
+  void finish(Request* r, FinishReason reason, const std::string& text, const std::string& stop_reason,
+              const std::string& err = "", const SampleResult* last = nullptr);
+
+  struct Live;  // per-request engine state (stream, output processor, rng)
+
+  std::unique_ptr<backend::Backend> backend_;
+  std::shared_ptr<const text::Tokenizer> tokenizer_;
+  EngineOptions options_;
+  std::vector<std::int32_t> eos_ids_;
+
+  mutable std::mutex mu_;  // guards everything below; the loop drops it around forward()
+  std::condition_variable work_cv_, idle_cv_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unordered_map<RequestId, std::unique_ptr<Live>> live_;
+  std::vector<RequestId> to_abort_;
+  RequestId next_id_ = 1;
+  std::uint64_t arrivals_ = 0;
+  bool accepting_ = true, stop_ = false, dead_ = false;
+  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0;
+  std::vector<std::uint64_t> rejections_;
+  std::thread thread_;
+};
+
+}  // namespace lmserve::engine

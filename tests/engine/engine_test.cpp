@@ -1,0 +1,303 @@
+// The engine end to end on the CPU backend: greedy output equals transformers', batch
+// invariance under chunked prefill, prefix hits and preemption, seeds, stop strings, aborts,
+// rejections and a randomized stress test that ends with every block free.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "backend/cpu/cpu_backend.h"
+#include "test_paths.h"
+
+namespace lmserve::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Loaded {
+  std::shared_ptr<const model::ModelWeights> weights;
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+};
+
+const Loaded& demo() {
+  static Loaded l = [] {
+    fs::path dir = lmserve::testing::source_dir() / "models/demo";
+    return Loaded{*model::ModelWeights::load(dir, {}), *text::Tokenizer::load(dir)};
+  }();
+  return l;
+}
+
+std::unique_ptr<Engine> make_engine(const Loaded& m, std::int64_t blocks, EngineOptions o = {}, int block_size = 16,
+                                    backend::KvDtype kv = backend::KvDtype::kFloat32) {
+  auto b = backend::make_cpu_backend(m.weights, {.kv = {kv, block_size, blocks}, .threads = 2});
+  EXPECT_TRUE(b) << b.error().to_string();
+  if (o.scheduler.max_model_len == 2048) o.scheduler.max_model_len = 1024;
+  auto e = Engine::create(std::move(*b), m.tokenizer, o);
+  EXPECT_TRUE(e) << e.error().to_string();
+  return std::move(*e);
+}
+
+struct Result {
+  std::vector<std::int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  int finish_events = 0;
+};
+
+Result collect(const std::shared_ptr<RequestStream>& s) {
+  Result r;
+  StreamEvent e;
+  while (s->next(&e)) {
+    r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+    r.text += e.text;
+    if (e.finish != FinishReason::kNone) {
+      r.finish = e.finish;
+      ++r.finish_events;
+    }
+  }
+  return r;
+}
+
+SamplingParams greedy(std::int64_t max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+TEST(Engine, GreedyMatchesTransformers) {
+  std::ifstream in(lmserve::testing::source_dir() / "tests/fixtures/reference/demo.json");
+  json ref = json::parse(in);
+  auto engine = make_engine(demo(), 64);
+  for (const auto& c : ref["cases"]) {
+    auto sub = engine->submit({.prompt = c["prompt_ids"].get<std::vector<std::int32_t>>(), .params = greedy(32)});
+    ASSERT_TRUE(sub) << sub.error().status.to_string();
+    Result r = collect(sub->stream);
+    EXPECT_EQ(r.tokens, c["greedy_ids"].get<std::vector<std::int32_t>>()) << c["name"];
+    EXPECT_EQ(r.finish, FinishReason::kLength);
+    EXPECT_EQ(r.finish_events, 1);
+    EXPECT_EQ(r.text, demo().tokenizer->decode(r.tokens, true));
+  }
+}
+
+std::vector<std::vector<std::int32_t>> mixed_prompts(int n) {
+  std::ifstream in(lmserve::testing::source_dir() / "tests/fixtures/demo_heldout.txt");
+  std::string all((std::istreambuf_iterator<char>(in)), {});
+  std::vector<std::vector<std::int32_t>> out;
+  std::size_t pos = 0;
+  const std::string shared = "What does the following mean? ";  // a common prefix for prefix-cache hits
+  for (int i = 0; i < n; ++i) {
+    std::size_t end = all.find("\n\n", pos);
+    std::string doc = all.substr(pos, end - pos).substr(0, 40 + (i * 37) % 300);
+    pos = end + 2;
+    auto ids = demo().tokenizer->encode((i % 3 == 0 ? shared + shared + shared : "") + doc, {.add_special_tokens = false});
+    if (ids.empty()) ids.push_back(1);
+    out.push_back(ids);
+  }
+  return out;
+}
+
+TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
+  auto prompts = mixed_prompts(32);
+  // Each alone, with a roomy pool.
+  std::vector<std::vector<std::int32_t>> alone;
+  {
+    auto engine = make_engine(demo(), 256);
+    for (const auto& p : prompts) {
+      auto sub = engine->submit({.prompt = p, .params = greedy(12 + static_cast<std::int64_t>(p.size() % 9))});
+      ASSERT_TRUE(sub);
+      alone.push_back(collect(sub->stream).tokens);
+    }
+  }
+  // All at once: tiny token budget (chunked prefill), a pool too small for everyone (preemption).
+  EngineOptions o;
+  o.scheduler.max_num_batched_tokens = 48;
+  o.scheduler.max_num_seqs = 32;
+  o.scheduler.kv_watermark = 1.0;
+  o.scheduler.lanes = {{"only", 0, 0, 100}};
+  auto engine = make_engine(demo(), 40, o, 8);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& p : prompts) {
+    auto sub = engine->submit({.prompt = p, .params = greedy(12 + static_cast<std::int64_t>(p.size() % 9))});
+    ASSERT_TRUE(sub) << sub.error().status.to_string();
+    streams.push_back(sub->stream);
+  }
+  for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(streams[i]).tokens, alone[i]) << "request " << i;
+  auto s = engine->stats();
+  EXPECT_GT(s.preemptions_total, 0) << "the pool was meant to force preemption";
+  EXPECT_GT(s.prefix_hits, 0u) << "the shared prefixes were meant to hit";
+  EXPECT_EQ(s.running, 0);
+  EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
+}
+
+TEST(Engine, SeededSamplingIgnoresTheRestOfTheBatch) {
+  auto engine = make_engine(demo(), 128);
+  auto prompt = demo().tokenizer->encode("The hacker", {.add_special_tokens = false});
+  SamplingParams p;
+  p.temperature = 0.9;
+  p.top_p = 0.95;
+  p.top_k = 50;
+  p.seed = 1234;
+  p.max_tokens = 24;
+  p.ignore_eos = true;
+  auto first = collect(engine->submit({.prompt = prompt, .params = p})->stream).tokens;
+  // Same request among noisy neighbours.
+  std::vector<std::shared_ptr<RequestStream>> noise;
+  for (int i = 0; i < 5; ++i) {
+    SamplingParams q = p;
+    q.seed.reset();
+    noise.push_back(engine->submit({.prompt = prompt, .params = q})->stream);
+  }
+  auto again = engine->submit({.prompt = prompt, .params = p});
+  EXPECT_EQ(collect(again->stream).tokens, first);
+  for (auto& s : noise) collect(s);
+}
+
+TEST(Engine, StopStringsAreNeverStreamedAndThenRetracted) {
+  auto engine = make_engine(demo(), 64);
+  auto prompt = demo().tokenizer->encode("<|im_start|>user\nWhat does \"kernel\" mean?<|im_end|>\n<|im_start|>assistant\n");
+  auto full = collect(engine->submit({.prompt = prompt, .params = greedy(30)})->stream).text;
+  ASSERT_GT(full.size(), 12u);
+  std::string stop = full.substr(6, 5);  // somewhere inside the greedy text
+  SamplingParams p = greedy(30);
+  p.stop = {stop};
+  auto sub = engine->submit({.prompt = prompt, .params = p});
+  std::string streamed;
+  StreamEvent e;
+  FinishReason fin = FinishReason::kNone;
+  while (sub->stream->next(&e)) {
+    streamed += e.text;
+    EXPECT_EQ(streamed.find(stop), std::string::npos) << "stop text was streamed";
+    if (e.finish != FinishReason::kNone) {
+      fin = e.finish;
+      EXPECT_EQ(e.stop_reason, stop);
+    }
+  }
+  EXPECT_EQ(fin, FinishReason::kStop);
+  EXPECT_EQ(streamed, full.substr(0, full.find(stop)));
+}
+
+TEST(Engine, AbortFinishesOnceAndFreesBlocks) {
+  auto engine = make_engine(demo(), 64);
+  auto prompt = demo().tokenizer->encode("The hacker", {.add_special_tokens = false});
+  auto sub = engine->submit({.prompt = prompt, .params = greedy(900)});
+  ASSERT_TRUE(sub);
+  StreamEvent e;
+  ASSERT_TRUE(sub->stream->next(&e));  // it is running
+  engine->abort(sub->id);
+  Result r = collect(sub->stream);
+  EXPECT_EQ(r.finish, FinishReason::kAbort);
+  EXPECT_EQ(r.finish_events, 1);
+  auto s = engine->stats();
+  EXPECT_EQ(s.running, 0);
+  EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
+}
+
+TEST(Engine, BadRequestsAreRejectedWithReasons) {
+  EngineOptions o;
+  o.scheduler.lanes = {{"high", 0.2, 0.2, 1}, {"low", 0, 0, 1}};
+  auto engine = make_engine(demo(), 64, o);
+  SamplingParams p = greedy(4);
+  auto bad = engine->submit({.prompt = {}, .params = p});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().status.code(), StatusCode::kInvalidArgument);
+  bad = engine->submit({.prompt = {999999}, .params = p});
+  EXPECT_FALSE(bad);
+  SamplingParams nan = p;
+  nan.temperature = std::nan("");
+  bad = engine->submit({.prompt = {1, 2}, .params = nan});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().status.message().find("temperature"), std::string::npos);
+  bad = engine->submit({.prompt = {1, 2}, .params = p, .lane = "vip"});
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().status.message().find("unknown lane"), std::string::npos);
+  SamplingParams huge = p;
+  huge.max_tokens = 5000;
+  bad = engine->submit({.prompt = {1, 2}, .params = huge});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().rejection, Rejection::kExceedsMaxModelLen);
+}
+
+TEST(Engine, ShutdownRejectsNewWorkAndAbortsTheRest) {
+  auto engine = make_engine(demo(), 64);
+  auto sub = engine->submit({.prompt = {1, 2, 3}, .params = greedy(900)});
+  ASSERT_TRUE(sub);
+  engine->shutdown(std::chrono::milliseconds(20));
+  Result r = collect(sub->stream);
+  EXPECT_EQ(r.finish_events, 1);
+  auto late = engine->submit({.prompt = {1, 2, 3}, .params = greedy(4)});
+  ASSERT_FALSE(late);
+  EXPECT_EQ(late.error().rejection, Rejection::kShuttingDown);
+}
+
+// Thousands of requests on a tiny model: random lengths, lanes, priorities and aborts, a
+// tiny pool. Every request finishes exactly once, every block comes back, and a high-lane
+// request is never left waiting while a low-lane one is admitted after it.
+TEST(Engine, RandomizedStress) {
+  fs::path dir = lmserve::testing::source_dir() / "tests/fixtures/models/tiny-llama3";
+  Loaded tiny{*model::ModelWeights::load(dir, {}), demo().tokenizer};
+  EngineOptions o;
+  o.scheduler.policy = SchedulerOptions::Policy::kPriority;
+  o.scheduler.max_num_batched_tokens = 64;
+  o.scheduler.max_num_seqs = 16;
+  o.scheduler.max_model_len = 256;
+  o.scheduler.lanes = {{"high", 0.2, 0.2, 4000}, {"low", 0, 0, 4000}};
+  auto engine = make_engine(tiny, 24, o, 8);
+  std::mt19937 rng(99);
+  const int kRequests = 2000;
+  std::vector<Submitted> subs;
+  std::vector<bool> high;
+  for (int i = 0; i < kRequests; ++i) {
+    std::vector<std::int32_t> prompt(1 + rng() % 40);
+    for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % 512);
+    SamplingParams p;
+    p.temperature = (rng() % 2) ? 0.0 : 1.0;
+    p.max_tokens = 1 + rng() % 24;
+    p.ignore_eos = true;
+    bool h = rng() % 4 == 0;
+    auto sub = engine->submit({.prompt = prompt, .params = p, .lane = h ? "high" : "low", .priority = static_cast<std::int32_t>(rng() % 3)});
+    ASSERT_TRUE(sub) << sub.error().status.to_string();
+    subs.push_back(*sub);
+    high.push_back(h);
+    if (rng() % 10 == 0) engine->abort(subs[rng() % subs.size()].id);
+  }
+  int finished = 0;
+  for (std::size_t i = 0; i < subs.size(); ++i) {
+    Result r = collect(subs[i].stream);
+    EXPECT_EQ(r.finish_events, 1) << "request " << i;
+    finished += r.finish_events;
+  }
+  EXPECT_EQ(finished, kRequests);
+  auto s = engine->stats();
+  EXPECT_EQ(s.running, 0);
+  EXPECT_EQ(s.kv_usage, 0.0);
+  EXPECT_EQ(s.requests_finished, static_cast<std::uint64_t>(kRequests));
+  // Lane order: a low request never starts while a high request submitted before it waits.
+  std::vector<std::pair<Clock::time_point, int>> starts;
+  for (std::size_t i = 0; i < subs.size(); ++i) {
+    auto t = subs[i].stream->times();
+    if (t.first_scheduled != Clock::time_point{}) starts.emplace_back(t.first_scheduled, static_cast<int>(i));
+  }
+  std::sort(starts.begin(), starts.end());
+  for (std::size_t a = 0; a < starts.size(); ++a) {
+    int i = starts[a].second;
+    if (high[static_cast<std::size_t>(i)]) continue;
+    // A low request i started; every high request submitted before i must have started no later.
+    for (int j = 0; j < i; ++j) {
+      if (!high[static_cast<std::size_t>(j)]) continue;
+      auto tj = subs[static_cast<std::size_t>(j)].stream->times().first_scheduled;
+      if (tj == Clock::time_point{}) continue;  // aborted while waiting
+      ASSERT_LE(tj, starts[a].first) << "high request " << j << " waited on low request " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lmserve::engine
