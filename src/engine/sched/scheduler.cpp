@@ -216,7 +216,9 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
       const double limit = std::min(1.0, options_.kv_watermark + options_.lanes[lane].kv_reserve);
       const std::int64_t after = kv_.pool().num_used() + kv_.blocks_needed(r->id, r->num_tokens());
       const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget);
-      if (static_cast<double>(after) > limit * total) {
+      if (static_cast<double>(after) > total) {
+        why = AdmissionBlock::kKvBlocks;
+      } else if (static_cast<double>(after) > limit * total) {
         why = AdmissionBlock::kKvWatermark;
       } else if (!(can_allocate(r, r->num_computed + n) && kv_.allocate(r->id, r->num_computed + n))) {
         why = AdmissionBlock::kKvBlocks;
