@@ -14,5 +14,7 @@ Command add_version_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
 Command add_detokenize_command(CLI::App& app);
 Command add_chat_template_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
+Command add_perplexity_command(CLI::App& app);
 
 }  // namespace lmserve::cli

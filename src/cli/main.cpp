@@ -25,7 +25,6 @@ constexpr PendingCommand kPending[] = {
     {"gateway", "enterprise gateway in front of serve replicas", "the gateway issue"},
     {"bench", "load generator and offline throughput/latency benchmarks", "#6 and #7"},
     {"plan", "capacity planner", "#7"},
-    {"generate", "generate text from a prompt, in process", "#4"},
     {"model", "model tools (verify)", "#4"},
 };
 
@@ -48,6 +47,10 @@ int main(int argc, char** argv) {
   commands.emplace_back(detokenize, lmserve::cli::add_detokenize_command(*detokenize));
   auto* chat = app.add_subcommand("chat-template", "print a conversation rendered with the model's chat template");
   commands.emplace_back(chat, lmserve::cli::add_chat_template_command(*chat));
+  auto* generate = app.add_subcommand("generate", "generate a completion in process and print its text");
+  commands.emplace_back(generate, lmserve::cli::add_generate_command(*generate));
+  auto* ppl = app.add_subcommand("perplexity", "score a text file; prints the perplexity last");
+  commands.emplace_back(ppl, lmserve::cli::add_perplexity_command(*ppl));
 
   for (const auto& p : kPending) {
     auto* sub = app.add_subcommand(p.name, std::string(p.description) + " (not yet available)");

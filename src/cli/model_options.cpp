@@ -1,0 +1,52 @@
+#include "cli/model_options.h"
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/devices.h"
+
+namespace lmserve::cli {
+
+void ModelOptions::add_to(CLI::App& app) {
+  app.add_option("--model", model, "model folder (config.json, safetensors, tokenizer)")->required();
+  app.add_option("--dtype", dtype, "weight dtype: auto, float32, bfloat16, float16")->capture_default_str();
+  app.add_option("--load-format", load_format, "auto, safetensors, or dummy (random weights, config.json only)")
+      ->capture_default_str();
+  app.add_option("--kv-cache-dtype", kv_cache_dtype, "auto, float32, bfloat16, float16, fp8_e5m2, fp8_e4m3")->capture_default_str();
+  app.add_option("--device", device, "auto, cpu or cuda")->capture_default_str();
+  app.add_option("--block-size", block_size, "KV block size in tokens")->capture_default_str();
+  app.add_option("--num-kv-blocks", num_kv_blocks, "KV blocks to allocate (0: sized for the request)");
+  app.add_option("--threads", threads, "CPU threads (0: all cores)");
+}
+
+Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) const {
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    return error(StatusCode::kInvalidArgument, "--device must be auto, cpu or cuda");
+  }
+  if (device == "cuda") {
+    return error(StatusCode::kUnimplemented, "--device cuda: the CUDA backend is not yet available in this build (issue #6)");
+  }
+  if (block_size < 1 || block_size > 1024) return error(StatusCode::kInvalidArgument, "--block-size must be in [1, 1024]");
+  model::LoadOptions lo;
+  lo.dtype = dtype;
+  if (load_format == "dummy") {
+    lo.format = model::LoadOptions::Format::kDummy;
+  } else if (load_format != "auto" && load_format != "safetensors") {
+    return error(StatusCode::kInvalidArgument, "--load-format must be auto, safetensors or dummy");
+  }
+  Loaded out;
+  auto w = model::ModelWeights::load(model, lo);
+  if (!w) return error(w.error());
+  out.weights = std::move(*w);
+  auto t = text::Tokenizer::load(model);
+  if (!t) return error(t.error());
+  out.tokenizer = std::move(*t);
+  auto kv = backend::parse_kv_dtype(kv_cache_dtype, out.weights->config().dtype == model::DType::kF32 ? model::DType::kF32
+                                                                                                     : out.weights->dtype());
+  if (!kv) return error(kv.error());
+  std::int64_t blocks = num_kv_blocks > 0 ? num_kv_blocks : (default_kv_tokens + block_size - 1) / block_size;
+  auto b = backend::make_cpu_backend(out.weights, {.kv = {*kv, block_size, blocks}, .threads = threads});
+  if (!b) return error(b.error());
+  out.backend = std::move(*b);
+  return out;
+}
+
+}  // namespace lmserve::cli

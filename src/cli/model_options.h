@@ -1,0 +1,38 @@
+// The model-loading flags shared by generate, perplexity (and later serve and bench), named
+// as vllm serve names them, and the code that turns them into weights, tokenizer and backend.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "common/status.h"
+#include "model/weights.h"
+#include "text/tokenizer.h"
+
+namespace lmserve::cli {
+
+struct ModelOptions {
+  std::string model;
+  std::string dtype = "auto";
+  std::string load_format = "auto";
+  std::string kv_cache_dtype = "auto";
+  std::string device = "auto";
+  int block_size = 16;
+  std::int64_t num_kv_blocks = 0;  // 0: enough for `default_kv_tokens`
+  int threads = 0;
+
+  void add_to(CLI::App& app);
+
+  struct Loaded {
+    std::shared_ptr<const model::ModelWeights> weights;
+    std::shared_ptr<const text::Tokenizer> tokenizer;
+    std::unique_ptr<backend::Backend> backend;
+  };
+  // Loads everything; the KV cache gets num_kv_blocks, or enough for `default_kv_tokens`.
+  Result<Loaded> load(std::int64_t default_kv_tokens) const;
+};
+
+}  // namespace lmserve::cli
