@@ -102,3 +102,57 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CpuMatchesTransformers,
 
 }  // namespace
 }  // namespace lmserve::backend
+
+namespace lmserve::backend {
+namespace {
+
+TEST(CpuBackend, NarrowKvDtypesStayCloseToFloat32) {
+  auto weights = model::ModelWeights::load(lmserve::testing::source_dir() / "models/demo", {});
+  ASSERT_TRUE(weights);
+  const std::int64_t V = (*weights)->config().vocab_size;
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back((i * 37 + 11) % 5000);
+  auto last_logits = [&](KvDtype d) {
+    auto b = make_cpu_backend(*weights, {.kv = {d, 16, 16}, .threads = 2});
+    EXPECT_TRUE(b) << b.error().to_string();
+    SingleSequence seq(**b);
+    return seq.step(prompt, {static_cast<std::int32_t>(prompt.size() - 1)});
+  };
+  auto ref = last_logits(KvDtype::kFloat32);
+  for (auto [d, bound] : {std::pair{KvDtype::kBFloat16, 0.02}, {KvDtype::kFloat16, 0.005}, {KvDtype::kFp8E4M3, 0.1},
+                          {KvDtype::kFp8E5M2, 0.15}}) {
+    auto got = last_logits(d);
+    double num = 0, den = 0;
+    for (std::int64_t i = 0; i < V; ++i) {
+      num += (got[i] - ref[i]) * (got[i] - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), bound) << kv_dtype_name(d);
+    EXPECT_GT(std::sqrt(num / den), 0.0) << kv_dtype_name(d) << " should differ from float32 at all";
+  }
+}
+
+TEST(CpuBackend, MalformedBatchesAreRejected) {
+  auto weights = model::ModelWeights::load(lmserve::testing::source_dir() / "tests/fixtures/models/tiny-mistral", {});
+  ASSERT_TRUE(weights);
+  auto b = make_cpu_backend(*weights, {.kv = {KvDtype::kFloat32, 4, 4}, .threads = 1});
+  ASSERT_TRUE(b);
+  std::vector<std::int32_t> table = {0, 1};
+  auto run = [&](std::vector<std::int32_t> tokens, std::vector<std::int32_t> pos, std::vector<std::int64_t> slots,
+                 std::int32_t ctx, std::vector<std::int32_t> rows) {
+    SeqBatch s{0, static_cast<std::int32_t>(tokens.size()), ctx, table};
+    std::vector<float> logits(rows.size() * 512);
+    return (*b)->forward({tokens, pos, slots, std::span<const SeqBatch>(&s, 1), rows}, logits);
+  };
+  EXPECT_TRUE(run({1, 2}, {0, 1}, {0, 1}, 2, {1}).is_ok());
+  EXPECT_FALSE(run({1, 9999}, {0, 1}, {0, 1}, 2, {1}).is_ok());    // token id
+  EXPECT_FALSE(run({1, 2}, {0, 1}, {0, 99}, 2, {1}).is_ok());      // slot outside the cache
+  EXPECT_FALSE(run({1, 2}, {0, 5}, {0, 1}, 2, {1}).is_ok());       // position past the context
+  EXPECT_FALSE(run({1, 2}, {0, 1}, {0, 1}, 9, {1}).is_ok());       // context beyond the block table
+  EXPECT_FALSE(run({1, 2}, {0, 1}, {0, 1}, 2, {7}).is_ok());       // logits row
+  EXPECT_FALSE(make_cpu_backend(*weights, {.kv = {KvDtype::kFloat32, 0, 4}}));
+  EXPECT_FALSE(make_cpu_backend(*weights, {.kv = {KvDtype::kFp8E4M3, 4, 4}, .k_scales = {1.0f}, .v_scales = {1.0f}}));
+}
+
+}  // namespace
+}  // namespace lmserve::backend

@@ -160,6 +160,34 @@ TEST(Engine, SeededSamplingIgnoresTheRestOfTheBatch) {
   for (auto& s : noise) collect(s);
 }
 
+TEST(Engine, SeveralChoicesShareThePromptBlocks) {
+  auto engine = make_engine(demo(), 128);
+  auto prompt = demo().tokenizer->encode(std::string(200, 'a') + " is the start", {.add_special_tokens = false});
+  SamplingParams p;
+  p.n = 3;
+  p.seed = 11;
+  p.max_tokens = 8;
+  p.ignore_eos = true;
+  auto sub = engine->submit({.prompt = prompt, .params = p});
+  ASSERT_TRUE(sub);
+  std::map<std::int32_t, std::vector<std::int32_t>> by_choice;
+  std::map<std::int32_t, int> finishes;
+  StreamEvent e;
+  while (sub->stream->next(&e)) {
+    by_choice[e.index].insert(by_choice[e.index].end(), e.token_ids.begin(), e.token_ids.end());
+    if (e.finish != FinishReason::kNone) finishes[e.index]++;
+  }
+  ASSERT_EQ(by_choice.size(), 3u);
+  for (auto& [i, toks] : by_choice) {
+    EXPECT_EQ(toks.size(), 8u);
+    EXPECT_EQ(finishes[i], 1);
+  }
+  auto s = engine->stats();
+  // Choices 2 and 3 found every full prompt block of choice 1 in the prefix cache.
+  const std::uint64_t full_blocks = (prompt.size() - 1) / 16 * 16;
+  EXPECT_EQ(s.prefix_hits, 2 * full_blocks);
+}
+
 TEST(Engine, StopStringsAreNeverStreamedAndThenRetracted) {
   auto engine = make_engine(demo(), 64);
   auto prompt = demo().tokenizer->encode("<|im_start|>user\nWhat does \"kernel\" mean?<|im_end|>\n<|im_start|>assistant\n");
