@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "common/file.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -19,12 +20,6 @@ namespace {
 int fail(const char* command, const std::string& message, int code = 1) {
   std::fprintf(stderr, "lmserve %s: %s\n", command, message.c_str());
   return code;
-}
-
-Result<std::string> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return error(StatusCode::kNotFound, "cannot read " + path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 Result<nlohmann::ordered_json> read_json_file(const std::string& path) {

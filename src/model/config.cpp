@@ -1,9 +1,9 @@
 #include "model/config.h"
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "common/file.h"
 
 namespace lmserve::model {
 
@@ -194,15 +194,16 @@ Result<ModelConfig> parse_config(std::string_view config_json, std::string_view 
 }
 
 Result<ModelConfig> load_config(const std::filesystem::path& dir) {
-  auto read = [](const std::filesystem::path& p) -> std::string {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
   if (!std::filesystem::exists(dir / "config.json")) return error(StatusCode::kNotFound, "no config.json in " + dir.string());
-  std::string gen = std::filesystem::exists(dir / "generation_config.json") ? read(dir / "generation_config.json") : "";
-  return parse_config(read(dir / "config.json"), gen);
+  auto config = read_file(dir / "config.json");
+  if (!config) return error(config.error());
+  std::string gen;
+  if (std::filesystem::exists(dir / "generation_config.json")) {
+    auto g = read_file(dir / "generation_config.json");
+    if (!g) return error(g.error());
+    gen = std::move(*g);
+  }
+  return parse_config(*config, gen);
 }
 
 }  // namespace lmserve::model

@@ -6,10 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
-#include <sstream>
+
+#include "common/file.h"
 
 namespace lmserve::model {
 
@@ -145,10 +144,9 @@ Result<WeightFiles> WeightFiles::open(const std::filesystem::path& dir) {
   WeightFiles w;
   auto index_path = dir / "model.safetensors.index.json";
   if (std::filesystem::exists(index_path)) {
-    std::ifstream in(index_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    json idx = json::parse(ss.str(), nullptr, false);
+    auto text = read_file(index_path);
+    if (!text) return error(text.error());
+    json idx = json::parse(*text, nullptr, false);
     if (idx.is_discarded() || !idx.is_object() || !idx.contains("weight_map") || !idx["weight_map"].is_object()) {
       return error(StatusCode::kInvalidArgument, index_path.string() + ": no weight_map object");
     }

@@ -1,21 +1,12 @@
 #include "text/chat_template.h"
 
-#include <fstream>
-#include <sstream>
+#include "common/file.h"
 
 namespace lmserve::text {
 
 using ojson = nlohmann::ordered_json;
 
 namespace {
-
-Result<std::string> read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return error(StatusCode::kNotFound, "cannot read " + p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // tokenizer_config.json writes special tokens as strings or as {"content": ..., ...}.
 ojson token_text(const ojson& t) {

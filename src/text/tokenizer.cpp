@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/file.h"
 #include "text/bpe.h"
 #include "text/tokenizer_parts.h"
 #include "text/utf8.h"
@@ -57,14 +58,6 @@ char32_t code_point_before(std::string_view s, std::size_t pos, std::size_t* sta
   utf8_decode(s, p, &cp);
   *start = p;
   return cp;
-}
-
-Result<std::string> read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) return error(StatusCode::kNotFound, "cannot read " + p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "test_paths.h"
+#include "test_util.h"
 
 namespace lmserve::backend {
 namespace {
@@ -94,11 +95,7 @@ TEST_P(CpuMatchesTransformers, LogitsAndGreedy) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CpuMatchesTransformers,
                          ::testing::Values("demo", "tiny-llama3", "tiny-llama-linear", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"),
-                         [](const auto& param_info) {
-                           std::string n = param_info.param;
-                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+                         lmserve::testing::ParamName());
 
 }  // namespace
 }  // namespace lmserve::backend

@@ -50,7 +50,7 @@ TEST(Cli, VersionPrintsBuildAndDevices) {
 
 TEST(Cli, PendingSubcommandsSayNotYetAvailableAndExitTwo) {
   for (const char* sub : {"serve --model models/demo --port 8000", "bench serve --num-prompts 10", "plan",
-                          "generate --model models/demo hi", "model verify x"}) {
+                          "gateway --port 9000", "model verify x"}) {
     CommandRun r = run(sub);
     EXPECT_EQ(r.exit_code, 2) << sub;
     EXPECT_NE(r.output.find("not yet available"), std::string::npos) << sub << ": " << r.output;
@@ -116,6 +116,35 @@ TEST(Cli, ChatTemplatePrintsTheExactPrompt) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(r.output, c["rendered"].get<std::string>()) << c["name"];
   }
+}
+
+TEST(Cli, GeneratePrintsTheGreedyCompletion) {
+  std::ifstream in(lmserve::testing::source_dir() / "tests/fixtures/reference/demo.json");
+  auto ref = nlohmann::json::parse(in);
+  const auto& c = ref["cases"][0];  // "The hacker"
+  CommandRun r = run("generate --model " + model_dir() + " --prompt '" + c["text"].get<std::string>() +
+                     "' --temperature 0 --max-tokens 32 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string expected = c["greedy_text"];  // decoded with special tokens; generate leaves them out
+  for (const std::string special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    for (auto p = expected.find(special); p != std::string::npos; p = expected.find(special)) expected.erase(p, special.size());
+  }
+  EXPECT_EQ(r.output, expected);
+  EXPECT_GT(r.output.size(), 10u);
+  EXPECT_EQ(run("generate --model " + model_dir() + " --prompt hi --top-p 7").exit_code, 2);
+  EXPECT_EQ(run("generate --model " + model_dir() + " --prompt hi --device cuda").exit_code, 1);
+}
+
+TEST(Cli, PerplexityPrintsItLast) {
+  std::string file = write_temp("ppl.txt", "The quick brown fox jumps over the lazy dog. 床前明月光，疑是地上霜。");
+  CommandRun r = run("perplexity --model " + model_dir() + " --file " + file + " --context 16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto pos = r.output.rfind("perplexity ");
+  ASSERT_NE(pos, std::string::npos) << r.output;
+  double ppl = std::stod(r.output.substr(pos + 11));
+  EXPECT_GT(ppl, 1.0);
+  EXPECT_LT(ppl, 6000.0);
+  EXPECT_NE(run("perplexity --model " + model_dir() + " --file /nonexistent").exit_code, 0);
 }
 
 TEST(Cli, TextCommandsFailClearlyOnBadInput) {

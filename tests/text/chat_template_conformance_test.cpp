@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fixture_paths.h"
+#include "test_util.h"
 #include "text/chat_template.h"
 
 namespace lmserve::text {
@@ -15,25 +16,15 @@ namespace {
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
+auto read_json(const fs::path& p) { return lmserve::testing::read_json<ojson>(p); }
 
-ojson read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return ojson::parse(in);
-}
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(lmserve::testing::source_dir() / "tests/fixtures/text/chat_templates")) {
-    names.push_back(e.path().stem().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> fixture_names() { return lmserve::testing::stems_in(lmserve::testing::source_dir() / "tests/fixtures/text/chat_templates"); }
 
 class ChatTemplateConformance : public ::testing::TestWithParam<std::string> {};
 
@@ -81,11 +72,7 @@ TEST_P(ChatTemplateConformance, RendersLikeTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ChatTemplateConformance, ::testing::ValuesIn(fixture_names()),
-                         [](const auto& param_info) {
-                           std::string n = param_info.param;
-                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+                         lmserve::testing::ParamName());
 
 }  // namespace
 }  // namespace lmserve::text

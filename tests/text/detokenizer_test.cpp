@@ -7,6 +7,7 @@
 #include <random>
 
 #include "fixture_paths.h"
+#include "test_util.h"
 #include "text/byte_level.h"
 #include "text/utf8.h"
 
@@ -63,11 +64,7 @@ INSTANTIATE_TEST_SUITE_P(Tokenizers, DetokenizerOnCorpus,
                                            "../shared/data/tokenizers/Mistral-7B-Instruct-v0.2",
                                            "../shared/data/tokenizers/Llama-3.2-3B-Instruct",
                                            "../shared/data/tokenizers/Qwen2.5-7B-Instruct-json", "models/demo"),
-                         [](const auto& param_info) {
-                           std::string n = fs::path(param_info.param).filename().string();
-                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+                         lmserve::testing::ParamName());
 
 TEST(Detokenizer, HoldsBytesUntilTheCharacterCompletes) {
   auto tok = load("models/demo");
@@ -147,11 +144,7 @@ TEST_P(DetokenizerRandomIds, NeverBreakTheGuarantees) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, DetokenizerRandomIds,
                          ::testing::Values("models/demo", "../shared/data/tokenizers/Llama-2-7b-chat-hf"),
-                         [](const auto& param_info) {
-                           std::string n = fs::path(param_info.param).filename().string();
-                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+                         lmserve::testing::ParamName());
 
 }  // namespace
 }  // namespace lmserve::text

@@ -8,27 +8,18 @@
 #include <nlohmann/json.hpp>
 
 #include "fixture_paths.h"
+#include "test_util.h"
 #include "text/tokenizer.h"
 
 namespace lmserve::text {
 namespace {
 
 namespace fs = std::filesystem;
+using lmserve::testing::read_json;
 using nlohmann::json;
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return json::parse(in);
-}
 
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(lmserve::testing::source_dir() / "tests/fixtures/text/tokenizers")) {
-    names.push_back(e.path().stem().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> fixture_names() { return lmserve::testing::stems_in(lmserve::testing::source_dir() / "tests/fixtures/text/tokenizers"); }
 
 class TokenizerConformance : public ::testing::TestWithParam<std::string> {};
 
@@ -69,11 +60,7 @@ TEST_P(TokenizerConformance, IdsAndDecodingsMatchHuggingFace) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerConformance, ::testing::ValuesIn(fixture_names()),
-                         [](const auto& param_info) {
-                           std::string n = param_info.param;
-                           for (char& ch : n) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
-                           return n;
-                         });
+                         lmserve::testing::ParamName());
 
 }  // namespace
 }  // namespace lmserve::text
