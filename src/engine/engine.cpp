@@ -73,6 +73,7 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const 
   kv_ = std::make_unique<KvCacheManager>(kvc.num_blocks, kvc.block_size, options_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
   rejections_.assign(7, 0);
+  limit_episodes_.assign(6, 0);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -197,6 +198,9 @@ EngineStats Engine::stats() const {
   for (std::size_t r = 1; r < rejections_.size(); ++r) {
     s.rejections.emplace_back(std::string(rejection_name(static_cast<Rejection>(r))), rejections_[r]);
   }
+  for (std::size_t b = 1; b < limit_episodes_.size(); ++b) {
+    s.admission_limits.emplace_back(std::string(admission_block_name(static_cast<AdmissionBlock>(b))), limit_episodes_[b]);
+  }
   s.requests_finished = finished_;
   s.alive = !dead_;
   return s;
@@ -233,6 +237,17 @@ void Engine::finish(Request* r, FinishReason reason, const std::string& text, co
 Status Engine::step() {
   // Called with mu_ held (through the unique_lock in loop()).
   SchedulerOutput out = scheduler_->schedule(true);
+  // Memory limits are logged once per episode, not every step.
+  if (out.blocked != last_block_) {
+    if (out.blocked == AdmissionBlock::kKvWatermark || out.blocked == AdmissionBlock::kDeviceMemory ||
+        out.blocked == AdmissionBlock::kKvBlocks) {
+      ++limit_episodes_[static_cast<std::size_t>(out.blocked)];
+      spdlog::warn("[LIMIT] {} kv={:.2f} watermark={:.2f} queue_depth={} lane={}", admission_block_name(out.blocked),
+                   kv_->pool().usage(), options_.scheduler.kv_watermark, scheduler_->num_waiting(out.blocked_lane),
+                   options_.scheduler.lanes[out.blocked_lane].name);
+    }
+    last_block_ = out.blocked;
+  }
   if (out.scheduled.empty()) return Status::ok();
 
   const int bs = backend_->kv_config().block_size;

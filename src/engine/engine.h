@@ -121,6 +121,8 @@ struct EngineStats {
   std::uint64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   std::uint64_t steps_total = 0;
   std::vector<std::pair<std::string, std::uint64_t>> rejections;  // by reason
+  // Admission-limit episodes (consecutive steps blocked for the same reason count once).
+  std::vector<std::pair<std::string, std::uint64_t>> admission_limits;
   std::uint64_t requests_finished = 0;
   bool alive = true;
 };
@@ -168,6 +170,8 @@ class Engine {
   bool accepting_ = true, stop_ = false, dead_ = false;
   std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0;
   std::vector<std::uint64_t> rejections_;
+  std::vector<std::uint64_t> limit_episodes_;
+  AdmissionBlock last_block_ = AdmissionBlock::kNone;
   std::thread thread_;
 };
 

@@ -132,6 +132,9 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(streams[i]).tokens, alone[i]) << "request " << i;
   auto s = engine->stats();
   EXPECT_GT(s.preemptions_total, 0) << "the pool was meant to force preemption";
+  std::uint64_t limited = 0;
+  for (const auto& [reason, n] : s.admission_limits) limited += n;
+  EXPECT_GT(limited, 0u) << "admissions were meant to hit the KV limit";
   EXPECT_GT(s.prefix_hits, 0u) << "the shared prefixes were meant to hit";
   EXPECT_EQ(s.running, 0);
   EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);

@@ -201,7 +201,10 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
         why = AdmissionBlock::kSeqSlots;
       }
       if (why != AdmissionBlock::kNone) {
-        if (out.blocked == AdmissionBlock::kNone) out.blocked = why;
+        if (out.blocked == AdmissionBlock::kNone) {
+          out.blocked = why;
+          out.blocked_lane = lane;
+        }
         return out;  // nothing further this step, and no later lane overtakes this one
       }
       Request* r = q[i];
@@ -226,7 +229,10 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
       if (why != AdmissionBlock::kNone) {
         kv_.free(r->id);
         r->num_computed = 0;
-        if (out.blocked == AdmissionBlock::kNone) out.blocked = why;
+        if (out.blocked == AdmissionBlock::kNone) {
+          out.blocked = why;
+          out.blocked_lane = lane;
+        }
         // A later lane must not take what this lane's first request is waiting for.
         return out;
       }

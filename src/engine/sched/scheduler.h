@@ -69,6 +69,7 @@ struct SchedulerOutput {
   std::vector<RequestId> preempted;
   std::int64_t num_tokens = 0;
   AdmissionBlock blocked = AdmissionBlock::kNone;  // why the first waiting request stayed
+  std::size_t blocked_lane = 0;                     // its lane
 };
 
 struct SchedulerStats {
