@@ -16,5 +16,6 @@ Command add_detokenize_command(CLI::App& app);
 Command add_chat_template_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_perplexity_command(CLI::App& app);
+Command add_serve_command(CLI::App& app);
 
 }  // namespace lmserve::cli

@@ -21,7 +21,6 @@ struct PendingCommand {
 };
 
 constexpr PendingCommand kPending[] = {
-    {"serve", "OpenAI-compatible inference server", "#5"},
     {"gateway", "enterprise gateway in front of serve replicas", "the gateway issue"},
     {"bench", "load generator and offline throughput/latency benchmarks", "#6 and #7"},
     {"plan", "capacity planner", "#7"},
@@ -47,6 +46,8 @@ int main(int argc, char** argv) {
   commands.emplace_back(detokenize, lmserve::cli::add_detokenize_command(*detokenize));
   auto* chat = app.add_subcommand("chat-template", "print a conversation rendered with the model's chat template");
   commands.emplace_back(chat, lmserve::cli::add_chat_template_command(*chat));
+  auto* serve = app.add_subcommand("serve", "OpenAI-compatible inference server");
+  commands.emplace_back(serve, lmserve::cli::add_serve_command(*serve));
   auto* generate = app.add_subcommand("generate", "generate a completion in process and print its text");
   commands.emplace_back(generate, lmserve::cli::add_generate_command(*generate));
   auto* ppl = app.add_subcommand("perplexity", "score a text file; prints the perplexity last");

@@ -1,6 +1,15 @@
 // Runs the lmserve binary as a user would and checks exit codes and output.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <future>
+#include <thread>
 
 #include <array>
 #include <cstdio>
@@ -49,7 +58,7 @@ TEST(Cli, VersionPrintsBuildAndDevices) {
 }
 
 TEST(Cli, PendingSubcommandsSayNotYetAvailableAndExitTwo) {
-  for (const char* sub : {"serve --model models/demo --port 8000", "bench serve --num-prompts 10", "plan",
+  for (const char* sub : {"bench serve --num-prompts 10", "plan",
                           "gateway --port 9000", "model verify x"}) {
     CommandRun r = run(sub);
     EXPECT_EQ(r.exit_code, 2) << sub;
@@ -145,6 +154,70 @@ TEST(Cli, PerplexityPrintsItLast) {
   EXPECT_GT(ppl, 1.0);
   EXPECT_LT(ppl, 6000.0);
   EXPECT_NE(run("perplexity --model " + model_dir() + " --file /nonexistent").exit_code, 0);
+}
+
+// A raw HTTP exchange with Connection: close; returns the whole response ("" if refused).
+std::string http_exchange(int port, const std::string& request) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return "";
+  }
+  (void)!write(fd, request.data(), request.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  close(fd);
+  return out;
+}
+
+std::string post_request(const std::string& path, const std::string& body) {
+  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+TEST(Cli, ServeDrainsOnSigtermAndExitsZero) {
+  std::string log = write_temp("serve.log", "");
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_TRUNC);
+    dup2(fd, 2);
+    dup2(fd, 1);
+    execl(lmserve::testing::lmserve_binary().c_str(), "lmserve", "serve", "--model", model_dir().c_str(), "--port", "0",
+          "--shutdown-timeout", "20", "--max-model-len", "1024", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 200 && port == 0; ++i) {
+    std::ifstream in(log);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    auto at = text.find("on http://127.0.0.1:");
+    if (at != std::string::npos) port = std::atoi(text.c_str() + at + 20);
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(port, 0) << "the server did not start";
+  EXPECT_NE(http_exchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").find(" 200 "), std::string::npos);
+  auto stream = std::async(std::launch::async, [port] {
+    return http_exchange(port, post_request("/v1/completions", R"({"prompt":"The hacker","max_tokens":300,"ignore_eos":true,"stream":true})"));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  kill(pid, SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::string late = http_exchange(port, post_request("/v1/completions", R"({"prompt":"x","max_tokens":1})"));
+  if (!late.empty()) {
+    EXPECT_NE(late.find(" 503 "), std::string::npos) << late;
+  }
+  std::string body = stream.get();
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << body.substr(0, 300);
+  EXPECT_NE(body.find("\"finish_reason\":\"length\""), std::string::npos);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(Cli, TextCommandsFailClearlyOnBadInput) {

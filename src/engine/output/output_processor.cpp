@@ -54,8 +54,9 @@ OutputProcessor::Update OutputProcessor::add_token(std::int32_t token, std::int6
   const bool eos = !params_.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
   const bool stop_token = std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(), token) != params_.stop_token_ids.end();
   if ((eos || stop_token) && num_output > params_.min_tokens - 1) {
-    // The stop token's own text is not part of the output.
-    return finish_with(FinishReason::kStop, std::to_string(token));
+    // The stop token's own text is not part of the output. stop_reason names a stop token
+    // the request asked for; a plain end-of-sequence has none (as in vLLM).
+    return finish_with(FinishReason::kStop, stop_token ? std::to_string(token) : "");
   }
   held_ += detok_.push(token);
   for (const auto& s : params_.stop) {  // a stop string can only start inside held_ text

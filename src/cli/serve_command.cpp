@@ -1,0 +1,161 @@
+// lmserve serve: flags as `vllm serve` names them where the meaning is the same.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "engine/engine.h"
+#include "server/server.h"
+#include "text/chat_template.h"
+
+namespace lmserve::cli {
+namespace {
+
+// "--lanes high:0.2,low" -> lanes with KV and slot reserves.
+Result<std::vector<engine::LaneOptions>> parse_lanes(const std::string& spec, std::int64_t max_queued) {
+  std::vector<engine::LaneOptions> lanes;
+  std::size_t pos = 0;
+  while (pos <= spec.size()) {
+    std::size_t comma = spec.find(',', pos);
+    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    engine::LaneOptions l;
+    std::size_t colon = item.find(':');
+    l.name = item.substr(0, colon);
+    if (colon != std::string::npos) {
+      char* end = nullptr;
+      double share = std::strtod(item.c_str() + colon + 1, &end);
+      if (*end != '\0') return error(StatusCode::kInvalidArgument, "--lanes: '" + item + "' is not NAME or NAME:SHARE");
+      l.kv_reserve = l.seq_reserve = share;
+    }
+    l.max_queued = max_queued;
+    lanes.push_back(l);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return lanes;
+}
+
+}  // namespace
+
+Command add_serve_command(CLI::App& app) {
+  struct Opts {
+    ModelOptions model;
+    std::string positional_model;
+    server::ServerOptions server;
+    std::int64_t max_model_len = 0;
+    std::int64_t max_num_seqs = 64;
+    std::int64_t max_num_batched_tokens = 2048;
+    std::int64_t max_num_queued_reqs = 256;
+    double gpu_memory_utilization = 0.9;
+    double kv_watermark = 0.85;
+    double device_memory_limit = 0.95;
+    double swap_space = 0;
+    int tensor_parallel_size = 1;
+    bool enable_prefix_caching = true;
+    bool no_prefix_caching = false;
+    bool enforce_eager = false;
+    std::uint64_t seed = 0;
+    std::string chat_template;
+    std::string scheduling_policy = "fcfs";
+    std::string lanes = "high:0.2,low";
+    int shutdown_timeout = 30;
+  };
+  auto o = std::make_shared<Opts>();
+  o->model.model = "models/demo";
+  app.add_option("model_tag", o->positional_model, "model folder (same as --model)");
+  app.add_option("--model", o->model.model, "model folder")->capture_default_str();
+  app.add_option("--dtype", o->model.dtype, "weight dtype: auto, float32, bfloat16, float16")->capture_default_str();
+  app.add_option("--load-format", o->model.load_format, "auto, safetensors or dummy")->capture_default_str();
+  app.add_option("--kv-cache-dtype", o->model.kv_cache_dtype, "auto, float32, bfloat16, float16, fp8_e5m2, fp8_e4m3")->capture_default_str();
+  app.add_option("--device", o->model.device, "auto, cpu or cuda")->capture_default_str();
+  app.add_option("--block-size", o->model.block_size, "KV block size in tokens")->capture_default_str();
+  app.add_option("--num-kv-blocks", o->model.num_kv_blocks, "KV blocks (0: from max-num-seqs x max-model-len, at most 65536)");
+  app.add_option("--threads", o->model.threads, "CPU backend threads (0: all cores)")->capture_default_str();
+  app.add_option("--served-model-name", o->server.served_model_name, "model name in the API")->capture_default_str();
+  app.add_option("--host", o->server.host, "address to listen on")->capture_default_str();
+  app.add_option("--port", o->server.port, "port (0: any free port)")->capture_default_str();
+  app.add_option("--api-key", o->server.api_key, "require 'Authorization: Bearer KEY' (all routes but /health and /metrics)");
+  app.add_flag("--metrics-require-key", o->server.metrics_require_key, "also require the key on /metrics");
+  app.add_option("--max-model-len", o->max_model_len, "context length (0: the model's)")->capture_default_str();
+  app.add_option("--max-num-seqs", o->max_num_seqs, "sequences in a batch at most")->capture_default_str();
+  app.add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "tokens per engine step at most")->capture_default_str();
+  app.add_option("--max-num-queued-reqs", o->max_num_queued_reqs, "waiting requests per lane before 429")->capture_default_str();
+  app.add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
+  app.add_option("--kv-watermark", o->kv_watermark, "admit new requests only while KV usage stays below this")->capture_default_str();
+  app.add_option("--device-memory-limit", o->device_memory_limit, "admit nothing while device memory use is above this share")
+      ->capture_default_str();
+  app.add_option("--lanes", o->lanes, "priority lanes, first most urgent, NAME[:RESERVED_SHARE],...")->capture_default_str();
+  app.add_option("--scheduling-policy", o->scheduling_policy, "fcfs or priority")->capture_default_str();
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching, "automatic prefix caching")
+      ->capture_default_str();
+  app.add_flag("--enforce-eager", o->enforce_eager, "no CUDA graphs (CUDA backend)");
+  app.add_option("--seed", o->seed, "seed for requests without one")->capture_default_str();
+  app.add_option("--chat-template", o->chat_template, "a .jinja file instead of the model's chat template");
+  app.add_option("--tensor-parallel-size", o->tensor_parallel_size, "GPUs per replica (1 until tensor parallelism exists)")
+      ->capture_default_str();
+  app.add_option("--swap-space", o->swap_space, "accepted for compatibility; has no effect");
+  app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
+  app.add_flag("--log-prompts", o->server.log_prompts, "include prompt text in request logs");
+  return [o]() -> int {
+    auto fail = [](const Status& s) {
+      std::fprintf(stderr, "lmserve serve: %s\n", s.message().c_str());
+      return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+    };
+    if (!o->positional_model.empty()) o->model.model = o->positional_model;
+    if (o->tensor_parallel_size != 1) {
+      return fail(Status(StatusCode::kInvalidArgument, "--tensor-parallel-size must be 1: tensor parallelism is not available yet"));
+    }
+    if (o->swap_space != 0) spdlog::warn("--swap-space has no effect in lmserve (preemption recomputes)");
+    engine::EngineOptions eo;
+    eo.seed = o->seed;
+    eo.enable_prefix_caching = o->enable_prefix_caching;
+    auto& so = eo.scheduler;
+    so.max_num_seqs = o->max_num_seqs;
+    so.max_num_batched_tokens = o->max_num_batched_tokens;
+    so.kv_watermark = o->kv_watermark;
+    if (o->scheduling_policy == "priority") {
+      so.policy = engine::SchedulerOptions::Policy::kPriority;
+    } else if (o->scheduling_policy != "fcfs") {
+      return fail(Status(StatusCode::kInvalidArgument, "--scheduling-policy must be fcfs or priority"));
+    }
+    auto lanes = parse_lanes(o->lanes, o->max_num_queued_reqs);
+    if (!lanes) return fail(lanes.error());
+    so.lanes = *lanes;
+
+    auto config = model::load_config(o->model.model);
+    if (!config) return fail(config.error());
+    so.max_model_len = o->max_model_len > 0 ? o->max_model_len : config->max_position_embeddings;
+    const std::int64_t kv_tokens = std::min<std::int64_t>(so.max_model_len * std::min<std::int64_t>(so.max_num_seqs, 16), 65536 * 16);
+    auto m = o->model.load(kv_tokens);
+    if (!m) return fail(m.error());
+    if (Status s = so.validate(); !s.is_ok()) return fail(s);
+    std::optional<text::ChatTemplate> tmpl;
+    std::optional<std::filesystem::path> tfile;
+    if (!o->chat_template.empty()) tfile = o->chat_template;
+    if (auto t = text::ChatTemplate::load(o->model.model, tfile)) {
+      tmpl = std::move(*t);
+    } else if (tfile || t.error().code() != StatusCode::kNotFound) {
+      return fail(t.error());
+    }
+    const auto mem = m->backend->memory();
+    spdlog::info("memory plan ({}): weights {:.1f} MiB, KV cache {:.1f} MiB ({} blocks of {} tokens, {}), max_model_len {}",
+                 m->backend->name(), mem.weight_bytes / 1048576.0, mem.kv_cache_bytes / 1048576.0, m->backend->kv_config().num_blocks,
+                 m->backend->kv_config().block_size, backend::kv_dtype_name(m->backend->kv_config().dtype), so.max_model_len);
+    o->server.kv_dtype_name = std::string(backend::kv_dtype_name(m->backend->kv_config().dtype));
+    o->server.shutdown_timeout = std::chrono::seconds(o->shutdown_timeout);
+    auto eng = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
+    if (!eng) return fail(eng.error());
+    server::Server srv(o->server, std::move(*eng), m->tokenizer, std::move(tmpl));
+    if (Status s = srv.start(); !s.is_ok()) return fail(s);
+    spdlog::info("lmserve serve: {} on http://{}:{}", o->server.served_model_name, o->server.host, srv.port());
+    std::fflush(stdout);
+    srv.run(true);
+    spdlog::info("lmserve serve: stopped");
+    return 0;
+  };
+}
+
+}  // namespace lmserve::cli

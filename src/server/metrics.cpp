@@ -1,0 +1,163 @@
+#include "server/metrics.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace lmserve::server {
+
+namespace {
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string escape(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+void header(std::string& out, const std::string& name, const char* type, const char* help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+std::vector<double> latency_buckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+}
+std::vector<double> token_buckets() { return {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000}; }
+
+}  // namespace
+
+void Histogram::observe(double v) {
+  std::size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  std::uint64_t cum = 0;
+  for (std::size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += name + "_bucket{" + labels + ",le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
+  }
+  cum += counts_.back();
+  out += name + "_bucket{" + labels + ",le=\"+Inf\"} " + std::to_string(cum) + "\n";
+  out += name + "_sum{" + labels + "} " + num(sum_) + "\n";
+  out += name + "_count{" + labels + "} " + std::to_string(count_) + "\n";
+}
+
+ServerMetrics::ServerMetrics()
+    : ttft_(latency_buckets()), itl_(latency_buckets()), e2e_(latency_buckets()), queue_(latency_buckets()),
+      prompt_tokens_(token_buckets()), generation_tokens_(token_buckets()) {}
+
+void ServerMetrics::record_request(const RequestRecord& r) {
+  std::lock_guard lock(mu_);
+  queue_.observe(r.queue_s);
+  if (r.generation_tokens > 0) ttft_.observe(r.ttft_s);
+  for (double x : r.itl_s) itl_.observe(x);
+  e2e_.observe(r.e2e_s);
+  prompt_tokens_.observe(static_cast<double>(r.prompt_tokens));
+  generation_tokens_.observe(static_cast<double>(r.generation_tokens));
+  ++finished_[r.finish_reason];
+}
+
+void ServerMetrics::record_http(const std::string& route, int status) {
+  std::lock_guard lock(mu_);
+  ++http_[{route, status}];
+}
+
+void ServerMetrics::record_rejection(const std::string& reason, const std::string& lane) {
+  std::lock_guard lock(mu_);
+  ++rejected_[{reason, lane}];
+}
+
+std::string ServerMetrics::render(const engine::EngineStats& s, const std::string& model, double watermark, int block_size,
+                                  const std::string& kv_dtype) const {
+  std::lock_guard lock(mu_);
+  const std::string m = "model_name=\"" + escape(model) + "\"";
+  std::string out;
+  auto gauge = [&](const std::string& name, const char* help, double v) {
+    header(out, name, "gauge", help);
+    out += name + "{" + m + "} " + num(v) + "\n";
+  };
+  auto counter = [&](const std::string& name, const char* help, double v) {
+    header(out, name, "counter", help);
+    out += name + "{" + m + "} " + num(v) + "\n";
+  };
+  std::int64_t waiting = 0;
+  for (const auto& [lane, n] : s.waiting_per_lane) waiting += n;
+  gauge("vllm:num_requests_running", "Number of requests in model execution batches.", static_cast<double>(s.running));
+  gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", static_cast<double>(waiting));
+  gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage);
+  gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (older name of vllm:kv_cache_usage_perc).", s.kv_usage);
+  counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens_total));
+  counter("vllm:generation_tokens_total", "Number of generation tokens processed.", static_cast<double>(s.generation_tokens_total));
+  counter("vllm:num_preemptions_total", "Cumulative number of preemptions.", static_cast<double>(s.preemptions_total));
+  counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
+          static_cast<double>(s.prefix_queries));
+  counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", static_cast<double>(s.prefix_hits));
+  header(out, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    auto it = finished_.find(reason);
+    out += "vllm:request_success_total{" + m + ",finished_reason=\"" + reason + "\"} " +
+           std::to_string(it == finished_.end() ? 0 : it->second) + "\n";
+  }
+  auto hist = [&](const std::string& name, const char* help, const Histogram& h) {
+    header(out, name, "histogram", help);
+    h.render(out, name, m);
+  };
+  hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttft_);
+  hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itl_);
+  hist("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", e2e_);
+  hist("vllm:request_queue_time_seconds", "Histogram of time spent waiting in the queue in seconds.", queue_);
+  hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", prompt_tokens_);
+  hist("vllm:request_generation_tokens", "Number of generation tokens processed.", generation_tokens_);
+  header(out, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig.");
+  out += "vllm:cache_config_info{" + m + ",block_size=\"" + std::to_string(block_size) + "\",cache_dtype=\"" + escape(kv_dtype) +
+         "\",num_gpu_blocks=\"" + std::to_string(s.kv_blocks_total) + "\"} 1\n";
+
+  header(out, "lmserve:num_requests_waiting_lane", "gauge", "Requests waiting, per lane.");
+  for (const auto& [lane, n] : s.waiting_per_lane) {
+    out += "lmserve:num_requests_waiting_lane{" + m + ",lane=\"" + escape(lane) + "\"} " + std::to_string(n) + "\n";
+  }
+  header(out, "lmserve:admission_rejections_total", "counter", "Requests refused at submission, by reason and lane.");
+  for (const auto& [key, n] : rejected_) {
+    out += "lmserve:admission_rejections_total{" + m + ",reason=\"" + escape(key.first) + "\",lane=\"" + escape(key.second) + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  header(out, "lmserve:admission_limit_episodes_total", "counter", "Episodes of admission stopped by a memory limit.");
+  for (const auto& [reason, n] : s.admission_limits) {
+    out += "lmserve:admission_limit_episodes_total{" + m + ",reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
+  }
+  gauge("lmserve:kv_watermark", "Admission watermark on KV-cache usage.", watermark);
+  gauge("lmserve:engine_alive", "1 while the engine loop runs.", s.alive ? 1.0 : 0.0);
+  gauge("lmserve:process_resident_memory_bytes", "Resident memory of the server process.", static_cast<double>(process_resident_bytes()));
+  header(out, "lmserve:http_requests_total", "counter", "HTTP requests by route and status.");
+  for (const auto& [key, n] : http_) {
+    out += "lmserve:http_requests_total{" + m + ",route=\"" + escape(key.first) + "\",status=\"" + std::to_string(key.second) +
+           "\"} " + std::to_string(n) + "\n";
+  }
+  return out;
+}
+
+std::uint64_t process_resident_bytes() {
+  std::ifstream in("/proc/self/statm");
+  std::uint64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return resident * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace lmserve::server

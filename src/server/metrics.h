@@ -1,0 +1,57 @@
+// Prometheus text exposition of the server's metrics: vLLM's names (so dashboards and the
+// Gateway API Inference Extension work unchanged) plus lmserve's own under "lmserve:".
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace lmserve::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double v);
+  // Lines of the _bucket/_sum/_count series (caller holds the registry lock).
+  void render(std::string& out, const std::string& name, const std::string& labels) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<std::uint64_t> counts_;
+  double sum_ = 0;
+  std::uint64_t count_ = 0;
+};
+
+struct RequestRecord {
+  double queue_s = 0, ttft_s = 0, e2e_s = 0;
+  std::vector<double> itl_s;
+  std::int64_t prompt_tokens = 0, generation_tokens = 0;
+  std::string finish_reason;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  void record_request(const RequestRecord& r);
+  void record_http(const std::string& route, int status);
+  void record_rejection(const std::string& reason, const std::string& lane);
+  std::string render(const engine::EngineStats& s, const std::string& model_name, double kv_watermark, int block_size,
+                     const std::string& kv_dtype) const;
+
+ private:
+  mutable std::mutex mu_;
+  Histogram ttft_, itl_, e2e_, queue_, prompt_tokens_, generation_tokens_;
+  std::map<std::string, std::uint64_t> finished_;                       // finished_reason -> count
+  std::map<std::pair<std::string, int>, std::uint64_t> http_;           // (route, status)
+  std::map<std::pair<std::string, std::string>, std::uint64_t> rejected_;  // (reason, lane)
+};
+
+// Resident set size of this process in bytes (0 if unknown).
+std::uint64_t process_resident_bytes();
+
+}  // namespace lmserve::server

@@ -1,0 +1,349 @@
+#include "server/openai.h"
+
+#include <cmath>
+
+#include "common/build_info.h"
+
+namespace lmserve::server {
+
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+using Err = Unexpected<ApiError>;
+
+Err type_error(const std::string& field, const char* what) {
+  return Err(ApiError::bad_request("'" + field + "' must be " + what + ".", "invalid_type", field));
+}
+Err range_error(const std::string& field, const std::string& what) {
+  return Err(ApiError::bad_request("'" + field + "' " + what + ".", "invalid_value", field));
+}
+
+// Reads optional typed fields; a present field of the wrong type is an error.
+struct Reader {
+  const ojson& j;
+
+  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  std::optional<Err> number(const char* k, double* out) const {
+    if (!has(k)) return std::nullopt;
+    if (!j[k].is_number()) return type_error(k, "a number");
+    double v = j[k].get<double>();
+    if (!std::isfinite(v)) return range_error(k, "must be finite");
+    *out = v;
+    return std::nullopt;
+  }
+  template <typename Int>
+  std::optional<Err> integer(const char* k, Int* out, std::int64_t lo, std::int64_t hi) const {
+    if (!has(k)) return std::nullopt;
+    if (!j[k].is_number_integer()) return type_error(k, "an integer");
+    if (j[k].is_number_unsigned() && j[k].get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) {
+      return range_error(k, "must be at most " + std::to_string(hi));
+    }
+    std::int64_t v = j[k].get<std::int64_t>();
+    if (v < lo || v > hi) return range_error(k, "must be between " + std::to_string(lo) + " and " + std::to_string(hi));
+    *out = static_cast<Int>(v);
+    return std::nullopt;
+  }
+  std::optional<Err> boolean(const char* k, bool* out) const {
+    if (!has(k)) return std::nullopt;
+    if (!j[k].is_boolean()) return type_error(k, "a boolean");
+    *out = j[k].get<bool>();
+    return std::nullopt;
+  }
+  std::optional<Err> string(const char* k, std::string* out, std::size_t max_len = 1 << 16) const {
+    if (!has(k)) return std::nullopt;
+    if (!j[k].is_string()) return type_error(k, "a string");
+    *out = j[k].get<std::string>();
+    if (out->size() > max_len) return range_error(k, "is too long");
+    return std::nullopt;
+  }
+};
+
+#define LMSERVE_CHECK(expr)                        \
+  do {                                             \
+    if (auto lmserve_err_ = (expr)) return *lmserve_err_; \
+  } while (false)
+
+std::optional<Err> parse_common(const Reader& r, ParsedRequest& p) {
+  auto& s = p.params;
+  LMSERVE_CHECK(r.string("model", &p.model, 512));
+  LMSERVE_CHECK(r.number("temperature", &s.temperature));
+  if (s.temperature < 0 || s.temperature > 100) return range_error("temperature", "must be between 0 and 100");
+  LMSERVE_CHECK(r.number("top_p", &s.top_p));
+  LMSERVE_CHECK(r.integer("top_k", &s.top_k, -1, 1 << 30));
+  LMSERVE_CHECK(r.number("min_p", &s.min_p));
+  LMSERVE_CHECK(r.number("presence_penalty", &s.presence_penalty));
+  LMSERVE_CHECK(r.number("frequency_penalty", &s.frequency_penalty));
+  LMSERVE_CHECK(r.number("repetition_penalty", &s.repetition_penalty));
+  LMSERVE_CHECK(r.integer("n", &s.n, 1, 128));
+  std::int64_t seed = 0;
+  if (r.has("seed")) {
+    LMSERVE_CHECK(r.integer("seed", &seed, std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max()));
+    s.seed = static_cast<std::uint64_t>(seed);
+  }
+  LMSERVE_CHECK(r.boolean("stream", &p.stream));
+  LMSERVE_CHECK(r.boolean("ignore_eos", &s.ignore_eos));
+  LMSERVE_CHECK(r.integer("min_tokens", &s.min_tokens, 0, 1 << 30));
+  LMSERVE_CHECK(r.boolean("skip_special_tokens", &s.skip_special_tokens));
+  LMSERVE_CHECK(r.boolean("include_stop_str_in_output", &s.include_stop_str_in_output));
+  LMSERVE_CHECK(r.integer("priority", &p.priority, -1000000, 1000000));
+  LMSERVE_CHECK(r.string("cache_salt", &p.cache_salt, 1024));
+  LMSERVE_CHECK(r.string("lane", &p.lane, 64));
+  if (r.has("stop")) {
+    const ojson& st = r.j["stop"];
+    if (st.is_string()) {
+      s.stop = {st.get<std::string>()};
+    } else if (st.is_array()) {
+      for (const auto& x : st) {
+        if (!x.is_string()) return type_error("stop", "a string or a list of strings");
+        s.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return type_error("stop", "a string or a list of strings");
+    }
+  }
+  if (r.has("stop_token_ids")) {
+    if (!r.j["stop_token_ids"].is_array()) return type_error("stop_token_ids", "a list of integers");
+    for (const auto& x : r.j["stop_token_ids"]) {
+      if (!x.is_number_integer()) return type_error("stop_token_ids", "a list of integers");
+      std::int64_t v = x.get<std::int64_t>();
+      if (v < 0 || v > (1 << 30)) return range_error("stop_token_ids", "holds an id outside the vocabulary");
+      s.stop_token_ids.push_back(static_cast<std::int32_t>(v));
+    }
+  }
+  if (r.has("logit_bias")) {
+    if (!r.j["logit_bias"].is_object()) return type_error("logit_bias", "an object mapping token ids to numbers");
+    for (const auto& [k, v] : r.j["logit_bias"].items()) {
+      char* end = nullptr;
+      long id = std::strtol(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || id < 0 || id > (1 << 30)) return range_error("logit_bias", "keys must be token ids");
+      if (!v.is_number()) return type_error("logit_bias", "an object mapping token ids to numbers");
+      s.logit_bias.emplace_back(static_cast<std::int32_t>(id), v.get<float>());
+    }
+  }
+  if (r.has("stream_options")) {
+    const ojson& so = r.j["stream_options"];
+    if (!so.is_object()) return type_error("stream_options", "an object");
+    if (so.contains("include_usage") && !so["include_usage"].is_null()) {
+      if (!so["include_usage"].is_boolean()) return type_error("stream_options.include_usage", "a boolean");
+      p.include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+Expected<ParsedRequest, ApiError> parse_request(const ojson& body, bool chat) {
+  if (!body.is_object()) return Err(ApiError::bad_request("The request body must be a JSON object.", "invalid_body"));
+  ParsedRequest p;
+  p.chat = chat;
+  Reader r{body};
+  if (auto e = parse_common(r, p)) return *e;
+  auto& s = p.params;
+  s.max_tokens = 0;
+  for (const char* k : {"max_tokens", "max_completion_tokens"}) {
+    if (r.has(k)) {
+      if (auto e = r.integer(k, &s.max_tokens, 1, 1 << 30)) return *e;
+      p.max_tokens_given = true;
+    }
+  }
+  if (chat) {
+    if (!body.contains("messages") || !body["messages"].is_array()) return type_error("messages", "a list of messages");
+    if (body["messages"].empty()) return range_error("messages", "must not be empty");
+    ojson messages = ojson::array();
+    for (const auto& m : body["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        return type_error("messages", "a list of objects with a string 'role'");
+      }
+      ojson msg = m;
+      if (m.contains("content") && m["content"].is_array()) {
+        std::string text;  // text parts are joined; other part types are not supported
+        for (const auto& part : m["content"]) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+            return Err(ApiError::bad_request("Only text content parts are supported.", "not_supported", "messages"));
+          }
+          text += part["text"].get<std::string>();
+        }
+        msg["content"] = text;
+      } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
+        return type_error("messages.content", "a string or a list of text parts");
+      }
+      messages.push_back(std::move(msg));
+    }
+    p.chat_request.messages = std::move(messages);
+    if (r.has("tools")) {
+      if (!body["tools"].is_array()) return type_error("tools", "a list");
+      p.chat_request.tools = body["tools"];
+    }
+    if (r.has("tool_choice")) {
+      const ojson& tc = body["tool_choice"];
+      if (!(tc.is_string() && (tc == "none" || tc == "auto"))) {
+        return Err(ApiError::bad_request("Only tool_choice 'none' and 'auto' are supported.", "not_supported", "tool_choice"));
+      }
+      if (tc == "none") p.chat_request.tools = nullptr;
+    }
+    if (r.has("response_format")) {
+      const ojson& rf = body["response_format"];
+      if (!rf.is_object() || rf.value("type", "") != "text") {
+        return Err(ApiError::bad_request("Only response_format type 'text' is supported.", "not_supported", "response_format"));
+      }
+    }
+    bool lp = false;
+    if (auto e = r.boolean("logprobs", &lp)) return *e;
+    std::int32_t top = 0;
+    if (auto e = r.integer("top_logprobs", &top, 0, 20)) return *e;
+    if (lp) s.logprobs = top;
+    p.logprobs = lp;
+    bool agp = true;
+    if (auto e = r.boolean("add_generation_prompt", &agp)) return *e;
+    p.chat_request.add_generation_prompt = agp;
+    if (r.has("continue_final_message") && body["continue_final_message"] == true) {
+      return Err(ApiError::bad_request("continue_final_message is not supported.", "not_supported", "continue_final_message"));
+    }
+    if (r.has("chat_template_kwargs")) {
+      if (!body["chat_template_kwargs"].is_object()) return type_error("chat_template_kwargs", "an object");
+      p.chat_request.variables = body["chat_template_kwargs"];
+    }
+  } else {
+    if (!body.contains("prompt")) return type_error("prompt", "a string or a list of token ids");
+    const ojson& pr = body["prompt"];
+    if (pr.is_string()) {
+      if (pr.get_ref<const std::string&>().empty()) return range_error("prompt", "must not be empty");
+      p.prompt_text = pr.get<std::string>();
+    } else if (pr.is_array() && !pr.empty() && pr[0].is_number_integer()) {
+      for (const auto& t : pr) {
+        if (!t.is_number_integer()) return type_error("prompt", "a string or a list of token ids");
+        std::int64_t v = t.get<std::int64_t>();
+        if (v < 0 || v > (1 << 30)) return range_error("prompt", "holds a token id outside the vocabulary");
+        p.prompt_ids.push_back(static_cast<std::int32_t>(v));
+      }
+    } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
+      p.prompt_text = pr[0].get<std::string>();
+      if (p.prompt_text->empty()) return range_error("prompt", "must not be empty");
+    } else if (pr.is_array() && pr.empty()) {
+      return range_error("prompt", "must not be empty");
+    } else {
+      return Err(ApiError::bad_request("Only one prompt per request is supported: a string or a list of token ids.",
+                                       "not_supported", "prompt"));
+    }
+    if (r.has("logprobs")) {
+      std::int32_t n = 0;
+      if (auto e = r.integer("logprobs", &n, 0, 20)) return *e;
+      s.logprobs = n;
+      p.logprobs = true;
+    }
+    if (r.has("echo") && body["echo"] == true) return Err(ApiError::bad_request("echo is not supported.", "not_supported", "echo"));
+    if (r.has("suffix")) return Err(ApiError::bad_request("suffix is not supported.", "not_supported", "suffix"));
+    if (r.has("best_of")) {
+      std::int32_t b = 1;
+      if (auto e = r.integer("best_of", &b, 1, 1)) return *e;
+    }
+  }
+  return p;
+}
+
+std::string finish_reason_name(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kStop: return "stop";
+    case engine::FinishReason::kLength: return "length";
+    case engine::FinishReason::kAbort: return "abort";
+    case engine::FinishReason::kError: return "error";
+    default: return "";
+  }
+}
+
+ojson ResponseWriter::base(const char* object) const {
+  return ojson{{"id", id_}, {"object", object}, {"created", created_}, {"model", model_},
+               {"system_fingerprint", "lmserve-" + std::string(build_info().version)}};
+}
+
+ojson ResponseWriter::usage_json(const Usage& u) {
+  ojson j{{"prompt_tokens", u.prompt_tokens}, {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  if (u.cached_tokens > 0) j["prompt_tokens_details"] = {{"cached_tokens", u.cached_tokens}};
+  return j;
+}
+
+ojson ResponseWriter::logprobs_json(const std::vector<engine::SampleResult>& lps) const {
+  auto token_text = [&](std::int32_t id) { return tok_ ? tok_->decode(std::vector<std::int32_t>{id}, false) : std::to_string(id); };
+  auto bytes = [](const std::string& s) {
+    ojson b = ojson::array();
+    for (unsigned char c : s) b.push_back(c);
+    return b;
+  };
+  if (chat_) {
+    ojson content = ojson::array();
+    for (const auto& r : lps) {
+      std::string t = token_text(r.token);
+      ojson top = ojson::array();
+      for (const auto& x : r.top) {
+        std::string tt = token_text(x.token);
+        top.push_back({{"token", tt}, {"logprob", x.logprob}, {"bytes", bytes(tt)}});
+      }
+      content.push_back({{"token", t}, {"logprob", r.logprob}, {"bytes", bytes(t)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  ojson tokens = ojson::array(), token_lps = ojson::array(), tops = ojson::array();
+  for (const auto& r : lps) {
+    tokens.push_back(token_text(r.token));
+    token_lps.push_back(r.logprob);
+    ojson top = ojson::object();
+    for (const auto& x : r.top) top[token_text(x.token)] = x.logprob;
+    tops.push_back(top);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}};
+}
+
+std::string ResponseWriter::full(const std::vector<ChoiceResult>& choices, const Usage& usage, bool want_logprobs) const {
+  ojson j = base(chat_ ? "chat.completion" : "text_completion");
+  ojson cs = ojson::array();
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    const auto& c = choices[i];
+    ojson choice{{"index", i}};
+    if (chat_) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+    } else {
+      choice["text"] = c.text;
+    }
+    choice["logprobs"] = want_logprobs ? logprobs_json(c.logprobs) : ojson();
+    choice["finish_reason"] = finish_reason_name(c.finish);
+    if (!c.stop_reason.empty()) choice["stop_reason"] = c.stop_reason;
+    cs.push_back(std::move(choice));
+  }
+  j["choices"] = std::move(cs);
+  j["usage"] = usage_json(usage);
+  return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+std::string ResponseWriter::role_chunk(std::int32_t index) const {
+  ojson j = base("chat.completion.chunk");
+  j["choices"] = ojson::array({{{"index", index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+                                {"finish_reason", nullptr}}});
+  return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
+}
+
+std::string ResponseWriter::delta_chunk(std::int32_t index, const std::string& text, const std::vector<engine::SampleResult>& lps,
+                                        engine::FinishReason finish, bool want_logprobs) const {
+  ojson j = base(chat_ ? "chat.completion.chunk" : "text_completion");
+  ojson choice{{"index", index}};
+  if (chat_) {
+    choice["delta"] = text.empty() && finish != engine::FinishReason::kNone ? ojson::object() : ojson{{"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  choice["logprobs"] = want_logprobs && !lps.empty() ? logprobs_json(lps) : ojson();
+  choice["finish_reason"] = finish == engine::FinishReason::kNone ? ojson() : ojson(finish_reason_name(finish));
+  j["choices"] = ojson::array({choice});
+  return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
+}
+
+std::string ResponseWriter::usage_chunk(const Usage& usage) const {
+  ojson j = base(chat_ ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = ojson::array();
+  j["usage"] = usage_json(usage);
+  return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
+}
+
+}  // namespace lmserve::server

@@ -1,0 +1,397 @@
+// The HTTP server end to end: a real Server on port 0 over the demo model, driven through
+// sockets. Endpoints, streaming, the bad-input table (exact status and error code each, and
+// the server still healthy after), API keys, client disconnects, overload and drain.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <future>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "backend/cpu/cpu_backend.h"
+#include "test_paths.h"
+
+namespace lmserve::server {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using ojson = nlohmann::ordered_json;
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  http::response<http::string_body> res;
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void start(ServerOptions o = {}, engine::EngineOptions eo = {}, std::int64_t blocks = 512) {
+    auto dir = lmserve::testing::source_dir() / "models/demo";
+    auto w = model::ModelWeights::load(dir, {});
+    auto tok = text::Tokenizer::load(dir);
+    auto tmpl = text::ChatTemplate::load(dir);
+    ASSERT_TRUE(w && tok && tmpl);
+    auto b = backend::make_cpu_backend(*w, {.kv = {backend::KvDtype::kFloat32, 16, blocks}, .threads = 2});
+    ASSERT_TRUE(b);
+    if (eo.scheduler.max_model_len == 2048) eo.scheduler.max_model_len = 1024;
+    auto e = engine::Engine::create(std::move(*b), *tok, eo);
+    ASSERT_TRUE(e) << e.error().to_string();
+    o.port = 0;
+    o.request_timeout = std::chrono::seconds(2);
+    o.idle_timeout = std::chrono::seconds(5);
+    o.shutdown_timeout = std::chrono::seconds(2);
+    server_ = std::make_unique<Server>(o, std::move(*e), *tok, std::move(*tmpl));
+    ASSERT_TRUE(server_->start().is_ok());
+    port_ = server_->port();
+    thread_ = std::thread([this] { server_->run(false); });
+  }
+
+  void TearDown() override {
+    if (server_) {
+      server_->shutdown();
+      thread_.join();
+    }
+  }
+
+  // Sends raw bytes; reads one response (any framing) or "" if the server closed first.
+  Reply raw(const std::string& bytes, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
+    net::io_context ioc;
+    beast::tcp_stream s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
+    s.expires_after(timeout);
+    net::write(s, net::buffer(bytes));
+    beast::flat_buffer buf;
+    Reply r;
+    beast::error_code ec;
+    http::read(s, buf, r.res, ec);
+    if (ec) return r;
+    r.status = static_cast<int>(r.res.result_int());
+    r.body = r.res.body();
+    return r;
+  }
+
+  Reply request(http::verb method, const std::string& target, const std::string& body = "",
+                std::vector<std::pair<std::string, std::string>> headers = {}) {
+    std::string req = std::string(http::to_string(method)) + " " + target + " HTTP/1.1\r\nHost: localhost\r\n";
+    for (const auto& [k, v] : headers) req += k + ": " + v + "\r\n";
+    if (!body.empty() || method == http::verb::post) {
+      req += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+    }
+    req += "Connection: close\r\n\r\n" + body;
+    return raw(req);
+  }
+  Reply post(const std::string& target, const std::string& body, std::vector<std::pair<std::string, std::string>> h = {}) {
+    return request(http::verb::post, target, body, std::move(h));
+  }
+  Reply get(const std::string& target) { return request(http::verb::get, target); }
+
+  bool healthy() { return get("/health").status == 200; }
+
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+std::string chat_body(const std::string& content, const std::string& extra = "") {
+  return R"({"model":"demo","messages":[{"role":"user","content":)" + ojson(content).dump() + "}]" + extra + "}";
+}
+
+TEST_F(ServerTest, EveryEndpointAnswers) {
+  start();
+  EXPECT_EQ(get("/health").status, 200);
+  EXPECT_EQ(get("/ready").status, 200);
+  auto v = get("/version");
+  EXPECT_EQ(v.status, 200);
+  EXPECT_EQ(ojson::parse(v.body)["version"], "0.1.0");
+  auto m = get("/v1/models");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(ojson::parse(m.body)["data"][0]["id"], "demo");
+  auto t = post("/tokenize", R"({"prompt":"床前明月光"})");
+  ASSERT_EQ(t.status, 200);
+  auto ids = ojson::parse(t.body)["tokens"];
+  auto d = post("/detokenize", ojson{{"tokens", ids}}.dump());
+  ASSERT_EQ(d.status, 200);
+  EXPECT_EQ(ojson::parse(d.body)["prompt"], "床前明月光");
+  auto tc = post("/tokenize", chat_body("hi"));
+  ASSERT_EQ(tc.status, 200);
+  EXPECT_GT(ojson::parse(tc.body)["count"].get<int>(), 5);
+  auto metrics = get("/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  for (const char* name : {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
+                           "vllm:request_success_total", "vllm:cache_config_info", "lmserve:kv_watermark"}) {
+    EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
+  }
+}
+
+TEST_F(ServerTest, ChatAndCompletionsStreamingAndNot) {
+  start();
+  auto full = post("/v1/chat/completions", chat_body("What does \"kernel\" mean?", R"(,"temperature":0,"max_tokens":20)"));
+  ASSERT_EQ(full.status, 200) << full.body;
+  auto j = ojson::parse(full.body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_TRUE(std::regex_match(j["id"].get<std::string>(), std::regex("chatcmpl-[0-9a-f]{24}")));
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+
+  auto streamed = post("/v1/chat/completions",
+                       chat_body("What does \"kernel\" mean?", R"(,"temperature":0,"max_tokens":20,"stream":true,"stream_options":{"include_usage":true})"));
+  ASSERT_EQ(streamed.status, 200);
+  EXPECT_EQ(streamed.res[http::field::content_type], "text/event-stream; charset=utf-8");
+  std::vector<ojson> events;
+  std::string body = streamed.body;
+  ASSERT_TRUE(body.ends_with("data: [DONE]\n\n"));
+  for (std::size_t pos = 0; (pos = body.find("data: {", pos)) != std::string::npos;) {
+    std::size_t end = body.find("\n\n", pos);
+    events.push_back(ojson::parse(body.substr(pos + 6, end - pos - 6)));
+    pos = end;
+  }
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string joined;
+  for (const auto& e : events) {
+    if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content")) joined += e["choices"][0]["delta"]["content"];
+  }
+  EXPECT_EQ(joined, content);
+  EXPECT_TRUE(events.back()["choices"].empty());
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], j["usage"]["completion_tokens"]);
+  EXPECT_EQ(events.back()["usage"]["prompt_tokens"], j["usage"]["prompt_tokens"]);
+  // The second identical prompt was served from the prefix cache.
+  EXPECT_EQ(events.back()["usage"]["prompt_tokens_details"]["cached_tokens"], 16);
+
+  auto cmpl = post("/v1/completions", R"({"model":"demo","prompt":"The hacker","max_tokens":5,"temperature":0,"n":2,"logprobs":2})");
+  ASSERT_EQ(cmpl.status, 200) << cmpl.body;
+  auto cj = ojson::parse(cmpl.body);
+  EXPECT_EQ(cj["object"], "text_completion");
+  ASSERT_EQ(cj["choices"].size(), 2u);
+  EXPECT_EQ(cj["choices"][0]["text"], cj["choices"][1]["text"]);  // greedy: the same
+  EXPECT_EQ(cj["choices"][0]["logprobs"]["tokens"].size(), 5u);
+  EXPECT_EQ(cj["usage"]["completion_tokens"], 10);
+}
+
+struct BadCase {
+  std::string name;
+  std::string target;
+  std::string body;
+  int status;
+  std::string code;
+};
+
+TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
+  start();
+  const std::string c = "/v1/chat/completions", p = "/v1/completions";
+  const std::string msg = R"("messages":[{"role":"user","content":"hi"}])";
+  std::vector<BadCase> cases = {
+      {"not json", c, "{not json", 400, "invalid_json"},
+      {"truncated json", c, R"({"messages":[)", 400, "invalid_json"},
+      {"json array", c, "[1,2]", 400, "invalid_body"},
+      {"json string", c, R"("hello")", 400, "invalid_body"},
+      {"json null", c, "null", 400, "invalid_body"},
+      {"empty body", c, "", 400, "invalid_json"},
+      {"invalid utf-8", c, "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}", 400, "invalid_json"},
+      {"lone surrogate", c, R"({"messages":[{"role":"user","content":"\ud800"}]})", 400, "invalid_json"},
+      {"NaN literal", c, "{" + msg + R"(,"temperature":NaN})", 400, "invalid_json"},
+      {"unknown model", c, R"({"model":"gpt-9",)" + msg + "}", 404, "not_found"},
+      {"model not a string", c, R"({"model":5,)" + msg + "}", 400, "invalid_type"},
+      {"no messages", c, R"({"model":"demo"})", 400, "invalid_type"},
+      {"empty messages", c, R"({"messages":[]})", 400, "invalid_value"},
+      {"messages not a list", c, R"({"messages":"hi"})", 400, "invalid_type"},
+      {"message without role", c, R"({"messages":[{"content":"hi"}]})", 400, "invalid_type"},
+      {"content wrong type", c, R"({"messages":[{"role":"user","content":5}]})", 400, "invalid_type"},
+      {"image part", c, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", 400, "not_supported"},
+      {"temperature string", c, "{" + msg + R"(,"temperature":"hot"})", 400, "invalid_type"},
+      {"temperature negative", c, "{" + msg + R"(,"temperature":-1})", 400, "invalid_value"},
+      {"temperature huge", c, "{" + msg + R"(,"temperature":1e308})", 400, "invalid_value"},
+      {"temperature overflow", c, "{" + msg + R"(,"temperature":1e999})", 400, "invalid_json"},
+      {"top_p zero", c, "{" + msg + R"(,"top_p":0})", 400, "invalid_request"},
+      {"top_p above one", c, "{" + msg + R"(,"top_p":1.5})", 400, "invalid_request"},
+      {"top_p string", c, "{" + msg + R"(,"top_p":"all"})", 400, "invalid_type"},
+      {"top_k below -1", c, "{" + msg + R"(,"top_k":-5})", 400, "invalid_value"},
+      {"top_k float", c, "{" + msg + R"(,"top_k":2.5})", 400, "invalid_type"},
+      {"min_p above one", c, "{" + msg + R"(,"min_p":2})", 400, "invalid_request"},
+      {"max_tokens zero", c, "{" + msg + R"(,"max_tokens":0})", 400, "invalid_value"},
+      {"max_tokens negative", c, "{" + msg + R"(,"max_tokens":-3})", 400, "invalid_value"},
+      {"max_tokens string", c, "{" + msg + R"(,"max_tokens":"10"})", 400, "invalid_type"},
+      {"max_tokens huge", c, "{" + msg + R"(,"max_tokens":99999999999999})", 400, "invalid_value"},
+      {"max_tokens over context", c, "{" + msg + R"(,"max_tokens":100000})", 400, "context_length_exceeded"},
+      {"max_completion_tokens over context", c, "{" + msg + R"(,"max_completion_tokens":5000})", 400, "context_length_exceeded"},
+      {"n zero", c, "{" + msg + R"(,"n":0})", 400, "invalid_value"},
+      {"n too many", c, "{" + msg + R"(,"n":1000})", 400, "invalid_value"},
+      {"n above engine max", c, "{" + msg + R"(,"n":17})", 400, "invalid_request"},
+      {"seed string", c, "{" + msg + R"(,"seed":"x"})", 400, "invalid_type"},
+      {"stream string", c, "{" + msg + R"(,"stream":"yes"})", 400, "invalid_type"},
+      {"stop number", c, "{" + msg + R"(,"stop":5})", 400, "invalid_type"},
+      {"stop list of numbers", c, "{" + msg + R"(,"stop":[1,2]})", 400, "invalid_type"},
+      {"stop empty string", c, "{" + msg + R"(,"stop":[""]})", 400, "invalid_request"},
+      {"stop_token_ids strings", c, "{" + msg + R"(,"stop_token_ids":["a"]})", 400, "invalid_type"},
+      {"stop_token_ids out of vocab", c, "{" + msg + R"(,"stop_token_ids":[999999]})", 400, "invalid_request"},
+      {"logit_bias not object", c, "{" + msg + R"(,"logit_bias":[1]})", 400, "invalid_type"},
+      {"logit_bias bad key", c, "{" + msg + R"(,"logit_bias":{"abc":1}})", 400, "invalid_value"},
+      {"logit_bias out of range", c, "{" + msg + R"(,"logit_bias":{"5":1000}})", 400, "invalid_request"},
+      {"logit_bias token out of vocab", c, "{" + msg + R"(,"logit_bias":{"999999":1}})", 400, "invalid_request"},
+      {"presence_penalty high", c, "{" + msg + R"(,"presence_penalty":3})", 400, "invalid_request"},
+      {"frequency_penalty low", c, "{" + msg + R"(,"frequency_penalty":-3})", 400, "invalid_request"},
+      {"repetition_penalty zero", c, "{" + msg + R"(,"repetition_penalty":0})", 400, "invalid_request"},
+      {"top_logprobs too many", c, "{" + msg + R"(,"logprobs":true,"top_logprobs":25})", 400, "invalid_value"},
+      {"logprobs string", c, "{" + msg + R"(,"logprobs":"yes"})", 400, "invalid_type"},
+      {"min_tokens above max", c, "{" + msg + R"(,"min_tokens":50,"max_tokens":10})", 400, "invalid_request"},
+      {"ignore_eos number", c, "{" + msg + R"(,"ignore_eos":1})", 400, "invalid_type"},
+      {"priority string", c, "{" + msg + R"(,"priority":"high"})", 400, "invalid_type"},
+      {"unknown lane", c, "{" + msg + R"(,"lane":"vip"})", 400, "invalid_request"},
+      {"response_format json", c, "{" + msg + R"(,"response_format":{"type":"json_object"}})", 400, "not_supported"},
+      {"tool_choice required", c, "{" + msg + R"(,"tool_choice":"required"})", 400, "not_supported"},
+      {"tools not a list", c, "{" + msg + R"(,"tools":{}})", 400, "invalid_type"},
+      {"stream_options not object", c, "{" + msg + R"(,"stream_options":true})", 400, "invalid_type"},
+      {"chat_template_kwargs list", c, "{" + msg + R"(,"chat_template_kwargs":[]})", 400, "invalid_type"},
+      {"continue_final_message", c, "{" + msg + R"(,"continue_final_message":true})", 400, "not_supported"},
+      {"completion no prompt", p, R"({"model":"demo"})", 400, "invalid_type"},
+      {"completion empty prompt", p, R"({"prompt":""})", 400, "invalid_value"},
+      {"completion empty list", p, R"({"prompt":[]})", 400, "invalid_value"},
+      {"completion prompt number", p, R"({"prompt":5})", 400, "not_supported"},
+      {"completion many prompts", p, R"({"prompt":["a","b"]})", 400, "not_supported"},
+      {"completion token ids out of vocab", p, R"({"prompt":[1,2,99999]})", 400, "invalid_value"},
+      {"completion negative token id", p, R"({"prompt":[1,-2]})", 400, "invalid_value"},
+      {"completion mixed list", p, R"({"prompt":[1,"a"]})", 400, "invalid_type"},
+      {"completion echo", p, R"({"prompt":"hi","echo":true})", 400, "not_supported"},
+      {"completion suffix", p, R"({"prompt":"hi","suffix":"x"})", 400, "not_supported"},
+      {"completion best_of", p, R"({"prompt":"hi","best_of":3})", 400, "invalid_value"},
+      {"completion logprobs too many", p, R"({"prompt":"hi","logprobs":50})", 400, "invalid_value"},
+      {"completion over context", p, R"({"prompt":"hi","max_tokens":2000})", 400, "context_length_exceeded"},
+      {"detokenize not list", "/detokenize", R"({"tokens":5})", 400, "invalid_type"},
+      {"detokenize out of vocab", "/detokenize", R"({"tokens":[1,999999]})", 400, "invalid_value"},
+      {"tokenize no prompt", "/tokenize", R"({"x":1})", 400, "invalid_type"},
+      {"unknown route", "/v1/embeddings", R"({"input":"x"})", 404, "not_found"},
+      {"unknown route 2", "/v2/chat", "{}", 404, "not_found"},
+  };
+  // Long prompt: more tokens than the context.
+  cases.push_back({"over-long prompt", p, ojson{{"prompt", std::string(6000, 'x') + " " + std::string(6000, 'y')}}.dump(), 400,
+                   "context_length_exceeded"});
+  for (const auto& bc : cases) {
+    Reply r = post(bc.target, bc.body);
+    EXPECT_EQ(r.status, bc.status) << bc.name << ": " << r.body;
+    if (r.status == bc.status) {
+      auto j = ojson::parse(r.body, nullptr, false);
+      ASSERT_FALSE(j.is_discarded()) << bc.name;
+      EXPECT_EQ(j["error"]["code"], bc.code) << bc.name << ": " << r.body;
+      EXPECT_TRUE(j["error"].contains("message") && j["error"].contains("type") && j["error"].contains("param")) << bc.name;
+    }
+  }
+  // Methods, headers, framing.
+  EXPECT_EQ(request(http::verb::get, "/v1/chat/completions").status, 405);
+  EXPECT_EQ(request(http::verb::post, "/health").status, 405);
+  EXPECT_EQ(request(http::verb::delete_, "/v1/models").status, 405);
+  Reply big_header = raw("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(20000, 'a') + "\r\n\r\n");
+  EXPECT_EQ(big_header.status, 431);
+  Reply big_body = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9000000\r\n\r\n" + std::string(1000, 'a'));
+  EXPECT_EQ(big_body.status, 413);
+  Reply garbage = raw("HELLO WORLD\r\n\r\n");
+  EXPECT_EQ(garbage.status, 400);
+  Reply slow = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro");  // half-sent: times out
+  EXPECT_EQ(slow.status, 408);
+  // Two pipelined requests on one connection.
+  Reply pipelined = raw("GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(pipelined.status, 200);
+  EXPECT_TRUE(healthy());
+  EXPECT_GE(cases.size() + 9, 90u);
+}
+
+TEST_F(ServerTest, ApiKeyGuardsEveryRouteButHealthAndMetrics) {
+  ServerOptions o;
+  o.api_key = "secret-key";
+  start(o);
+  EXPECT_EQ(get("/health").status, 200);
+  EXPECT_EQ(get("/metrics").status, 200);
+  EXPECT_EQ(get("/v1/models").status, 401);
+  EXPECT_EQ(get("/version").status, 401);
+  EXPECT_EQ(post("/tokenize", R"({"prompt":"x"})").status, 401);
+  Reply wrong = post("/v1/completions", R"({"prompt":"x","max_tokens":1})", {{"Authorization", "Bearer wrong"}});
+  EXPECT_EQ(wrong.status, 401);
+  EXPECT_EQ(ojson::parse(wrong.body)["error"]["code"], "invalid_api_key");
+  Reply ok = post("/v1/completions", R"({"prompt":"x","max_tokens":1})", {{"Authorization", "Bearer secret-key"}});
+  EXPECT_EQ(ok.status, 200);
+}
+
+TEST_F(ServerTest, DisconnectedStreamsAreAbortedAndFreeTheirBlocks) {
+  start();
+  std::mt19937 rng(3);
+  for (int round = 0; round < 40; ++round) {
+    net::io_context ioc;
+    tcp::socket s(ioc);
+    s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
+    std::string body = R"({"prompt":"The hacker","max_tokens":600,"ignore_eos":true,"stream":)" +
+                       std::string(round % 2 ? "true" : "false") + "}";
+    std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(s, net::buffer(req));
+    if (round % 2) {  // read a little of the stream first
+      std::array<char, 512> buf{};
+      beast::error_code ec;
+      for (unsigned k = rng() % 4; k > 0; --k) s.read_some(net::buffer(buf), ec);
+    }
+    s.close();
+  }
+  // Everything aborts within a step: running goes to 0 and the KV pool is empty again.
+  bool drained = false;
+  for (int i = 0; i < 200 && !drained; ++i) {
+    std::string m = get("/metrics").body;
+    drained = m.find("vllm:num_requests_running{model_name=\"demo\"} 0\n") != std::string::npos &&
+              m.find("vllm:kv_cache_usage_perc{model_name=\"demo\"} 0\n") != std::string::npos &&
+              m.find("vllm:num_requests_waiting{model_name=\"demo\"} 0\n") != std::string::npos;
+    if (!drained) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(drained) << get("/metrics").body.substr(0, 600);
+  EXPECT_NE(get("/metrics").body.find("finished_reason=\"abort\"} "), std::string::npos);
+}
+
+TEST_F(ServerTest, OverloadGivesOnly200sAnd429s) {
+  engine::EngineOptions eo;
+  eo.scheduler.max_num_seqs = 2;
+  eo.scheduler.lanes = {{"default", 0, 0, 2}};
+  start({}, eo);
+  std::vector<std::future<Reply>> replies;
+  for (int i = 0; i < 40; ++i) {
+    replies.push_back(std::async(std::launch::async, [this] {
+      return post("/v1/completions", R"({"prompt":"The hacker","max_tokens":30,"ignore_eos":true})");
+    }));
+  }
+  int ok = 0, limited = 0;
+  for (auto& f : replies) {
+    Reply r = f.get();
+    if (r.status == 200) ++ok;
+    if (r.status == 429) {
+      ++limited;
+      EXPECT_EQ(r.res[http::field::retry_after], "1");
+      EXPECT_EQ(ojson::parse(r.body)["error"]["code"], "queue_full");
+    }
+    EXPECT_TRUE(r.status == 200 || r.status == 429) << r.status << " " << r.body;
+  }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(limited, 0);
+  EXPECT_TRUE(healthy());
+}
+
+TEST_F(ServerTest, DrainFinishesInFlightAndRefusesNewWork) {
+  start();
+  auto inflight = std::async(std::launch::async, [this] {
+    return post("/v1/completions", R"({"prompt":"The hacker","max_tokens":300,"ignore_eos":true,"stream":true})");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  server_->shutdown();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  Reply r = inflight.get();
+  EXPECT_EQ(r.status, 200);
+  EXPECT_TRUE(r.body.ends_with("data: [DONE]\n\n")) << r.body.substr(r.body.size() > 200 ? r.body.size() - 200 : 0);
+  thread_.join();
+  server_.reset();
+}
+
+}  // namespace
+}  // namespace lmserve::server
