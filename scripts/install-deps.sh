@@ -24,6 +24,11 @@ packages=(
   clang libclang-rt-14-dev  # libFuzzer targets (scripts/run-fuzz.sh)
 )
 
+# Node.js runs the end-to-end suite (the official openai client). Some Node.js builds bring
+# npm themselves; Debian's separate npm package is only needed when npm is missing.
+packages+=(nodejs)
+command -v npm >/dev/null || packages+=(npm)
+
 if [[ "${1:-}" == "--train" ]]; then
   # Text corpora for the demo model (see models/demo/README.md for licences).
   packages+=(fortunes-zh jargon-text wordnet-base)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of a built preset (make test): CTest, the fuzz targets for a bounded time
-# (LMSERVE_FUZZ_SECONDS per target, default 45; 0 skips), then the end-to-end suite when it
-# exists. Prints why skipped tests were skipped (e.g. no GPU) and ends with one line,
+# (LMSERVE_FUZZ_SECONDS per target, default 45; 0 skips), then the end-to-end suite
+# (tests/e2e/run.sh: lmserve serve driven by the official openai npm client). Prints why skipped tests were skipped (e.g. no GPU) and ends with one line,
 # "tests: N passed, N failed, N skipped". Exits non-zero on any failure.
 set -uo pipefail
 preset=${1:-release}
@@ -42,7 +42,17 @@ if ((fuzz_seconds > 0)); then
 fi
 
 if [[ -x tests/e2e/run.sh ]]; then
-  tests/e2e/run.sh "$build/lmserve" || { rc=1; failed=$((failed + 1)); }
+  e2e_out=$(tests/e2e/run.sh "$build/lmserve" 2>&1)
+  e2e_rc=$?
+  echo "$e2e_out" | grep -E "^(not ok|# (tests|pass|fail))|^e2e:" || true
+  e2e_pass=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' <<<"$e2e_out" | tail -1)
+  e2e_fail=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' <<<"$e2e_out" | tail -1)
+  total=$((total + ${e2e_pass:-0} + ${e2e_fail:-0}))
+  failed=$((failed + ${e2e_fail:-0}))
+  if ((e2e_rc != 0)); then
+    rc=1
+    ((${e2e_fail:-0} > 0)) || { failed=$((failed + 1)); total=$((total + 1)); echo "$e2e_out" | tail -20; }
+  fi
 fi
 echo "tests: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
 exit $rc
