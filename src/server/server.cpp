@@ -496,10 +496,19 @@ class Session : public std::enable_shared_from_this<Session> {
     r.finish_reason = finish_reason_name(worst);
     s_.metrics.record_request(r);
     s_.metrics.record_http(g.route, g.client_gone ? 499 : 200);
-    spdlog::info(R"({{"event":"request","id":"{}","lane":"{}","priority":{},"status":"{}","prompt_tokens":{},"completion_tokens":{},"queue_s":{:.4f},"ttft_s":{:.4f},"total_s":{:.4f},"finish_reason":"{}"}})",
-                 g.writer ? g.writer->id() : std::to_string(g.id),
-                 g.parsed.lane.empty() ? "default" : g.parsed.lane, g.parsed.priority, g.client_gone ? "client_gone" : "ok",
-                 r.prompt_tokens, r.generation_tokens, r.queue_s, r.ttft_s, r.e2e_s, r.finish_reason);
+    ojson line{{"event", "request"}, {"id", g.writer ? g.writer->id() : std::to_string(g.id)},
+               {"lane", g.parsed.lane.empty() ? "default" : g.parsed.lane}, {"priority", g.parsed.priority},
+               {"status", g.client_gone ? "client_gone" : "ok"}, {"prompt_tokens", r.prompt_tokens},
+               {"completion_tokens", r.generation_tokens}, {"queue_s", r.queue_s}, {"ttft_s", r.ttft_s}, {"total_s", r.e2e_s},
+               {"finish_reason", r.finish_reason}};
+    if (s_.opt.log_prompts) {  // off by default: prompts can hold customer data
+      if (g.parsed.chat) {
+        line["messages"] = g.parsed.chat_request.messages;
+      } else if (g.parsed.prompt_text) {
+        line["prompt"] = *g.parsed.prompt_text;
+      }
+    }
+    spdlog::info("{}", line.dump(-1, ' ', false, ojson::error_handler_t::replace));
   }
 
   void end_generation() { gen_.reset(); }

@@ -265,6 +265,20 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
       {"completion best_of", p, R"({"prompt":"hi","best_of":3})", 400, "invalid_value"},
       {"completion logprobs too many", p, R"({"prompt":"hi","logprobs":50})", 400, "invalid_value"},
       {"completion over context", p, R"({"prompt":"hi","max_tokens":2000})", 400, "context_length_exceeded"},
+      {"temperature bool", c, "{" + msg + R"(,"temperature":true})", 400, "invalid_type"},
+      {"top_p nan string", c, "{" + msg + R"(,"top_p":"nan"})", 400, "invalid_type"},
+      {"n float", c, "{" + msg + R"(,"n":1.5})", 400, "invalid_type"},
+      {"seed float", c, "{" + msg + R"(,"seed":1.5})", 400, "invalid_type"},
+      {"max_tokens float", c, "{" + msg + R"(,"max_tokens":10.5})", 400, "invalid_type"},
+      {"too many stop strings", c, "{" + msg + R"(,"stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})", 400, "invalid_request"},
+      {"min_p string", c, "{" + msg + R"(,"min_p":"0.1"})", 400, "invalid_type"},
+      {"repetition_penalty string", c, "{" + msg + R"(,"repetition_penalty":"1"})", 400, "invalid_type"},
+      {"lane number", c, "{" + msg + R"(,"lane":1})", 400, "invalid_type"},
+      {"cache_salt number", c, "{" + msg + R"(,"cache_salt":1})", 400, "invalid_type"},
+      {"priority float", c, "{" + msg + R"(,"priority":0.5})", 400, "invalid_type"},
+      {"include_usage string", c, "{" + msg + R"(,"stream_options":{"include_usage":"y"}})", 400, "invalid_type"},
+      {"completion nested list", p, R"({"prompt":[[1,2]]})", 400, "not_supported"},
+      {"detokenize strings", "/detokenize", R"({"tokens":["a"]})", 400, "invalid_value"},
       {"detokenize not list", "/detokenize", R"({"tokens":5})", 400, "invalid_type"},
       {"detokenize out of vocab", "/detokenize", R"({"tokens":[1,999999]})", 400, "invalid_value"},
       {"tokenize no prompt", "/tokenize", R"({"x":1})", 400, "invalid_type"},
@@ -300,7 +314,7 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
   Reply pipelined = raw("GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(pipelined.status, 200);
   EXPECT_TRUE(healthy());
-  EXPECT_GE(cases.size() + 9, 90u);
+  EXPECT_GE(cases.size() + 9, 100u);
 }
 
 TEST_F(ServerTest, ApiKeyGuardsEveryRouteButHealthAndMetrics) {
@@ -322,7 +336,7 @@ TEST_F(ServerTest, ApiKeyGuardsEveryRouteButHealthAndMetrics) {
 TEST_F(ServerTest, DisconnectedStreamsAreAbortedAndFreeTheirBlocks) {
   start();
   std::mt19937 rng(3);
-  for (int round = 0; round < 40; ++round) {
+  for (int round = 0; round < 200; ++round) {
     net::io_context ioc;
     tcp::socket s(ioc);
     s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
