@@ -37,21 +37,26 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warning, error, critical or off")
       ->capture_default_str();
 
-  std::vector<std::pair<CLI::App*, lmserve::cli::Command>> commands;
-  auto* version = app.add_subcommand("version", "print build and device information");
-  commands.emplace_back(version, lmserve::cli::add_version_command(*version));
-  auto* tokenize = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array");
-  commands.emplace_back(tokenize, lmserve::cli::add_tokenize_command(*tokenize));
-  auto* detokenize = app.add_subcommand("detokenize", "print the text of token ids");
-  commands.emplace_back(detokenize, lmserve::cli::add_detokenize_command(*detokenize));
-  auto* chat = app.add_subcommand("chat-template", "print a conversation rendered with the model's chat template");
-  commands.emplace_back(chat, lmserve::cli::add_chat_template_command(*chat));
-  auto* serve = app.add_subcommand("serve", "OpenAI-compatible inference server");
-  commands.emplace_back(serve, lmserve::cli::add_serve_command(*serve));
-  auto* generate = app.add_subcommand("generate", "generate a completion in process and print its text");
-  commands.emplace_back(generate, lmserve::cli::add_generate_command(*generate));
-  auto* ppl = app.add_subcommand("perplexity", "score a text file; prints the perplexity last");
-  commands.emplace_back(ppl, lmserve::cli::add_perplexity_command(*ppl));
+  namespace cli = lmserve::cli;
+  struct Available {
+    const char* name;
+    const char* description;
+    cli::Command (*add)(CLI::App&);
+  };
+  const Available available[] = {
+      {"serve", "OpenAI-compatible inference server", cli::add_serve_command},
+      {"generate", "generate a completion in process and print its text", cli::add_generate_command},
+      {"perplexity", "score a text file; prints the perplexity last", cli::add_perplexity_command},
+      {"tokenize", "print the token ids of a text as a JSON array", cli::add_tokenize_command},
+      {"detokenize", "print the text of token ids", cli::add_detokenize_command},
+      {"chat-template", "print a conversation rendered with the model's chat template", cli::add_chat_template_command},
+      {"version", "print build and device information", cli::add_version_command},
+  };
+  std::vector<std::pair<CLI::App*, cli::Command>> commands;
+  for (const auto& a : available) {
+    auto* sub = app.add_subcommand(a.name, a.description);
+    commands.emplace_back(sub, a.add(*sub));
+  }
 
   for (const auto& p : kPending) {
     auto* sub = app.add_subcommand(p.name, std::string(p.description) + " (not yet available)");
