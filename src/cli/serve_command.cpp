@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
 #include "cli/model_options.h"
+#include "cli/yaml_config.h"
 #include "engine/engine.h"
 #include "server/server.h"
 #include "text/chat_template.h"
@@ -62,6 +63,7 @@ Command add_serve_command(CLI::App& app) {
     std::string scheduling_policy = "fcfs";
     std::string lanes = "high:0.2,low";
     int shutdown_timeout = 30;
+    std::string config;
   };
   auto o = std::make_shared<Opts>();
   o->model.model = "models/demo";
@@ -99,11 +101,15 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--swap-space", o->swap_space, "accepted for compatibility; has no effect");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
   app.add_flag("--log-prompts", o->server.log_prompts, "include prompt text in request logs");
-  return [o]() -> int {
+  add_config_option(app, &o->config);
+  return [o, &app]() -> int {
     auto fail = [](const Status& s) {
       std::fprintf(stderr, "lmserve serve: %s\n", s.message().c_str());
       return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
     };
+    if (!o->config.empty()) {
+      if (Status s = apply_yaml_config(app, o->config); !s.is_ok()) return fail(s);
+    }
     if (!o->positional_model.empty()) o->model.model = o->positional_model;
     if (o->tensor_parallel_size != 1) {
       return fail(Status(StatusCode::kInvalidArgument, "--tensor-parallel-size must be 1: tensor parallelism is not available yet"));

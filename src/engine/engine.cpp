@@ -186,6 +186,7 @@ EngineStats Engine::stats() const {
   s.running = ss.running;
   for (std::size_t i = 0; i < ss.waiting_per_lane.size(); ++i) {
     s.waiting_per_lane.emplace_back(options_.scheduler.lanes[i].name, ss.waiting_per_lane[i]);
+    s.running_per_lane.emplace_back(options_.scheduler.lanes[i].name, ss.running_per_lane[i]);
   }
   s.kv_usage = ss.kv_usage;
   s.kv_blocks_total = kv_->pool().num_blocks();

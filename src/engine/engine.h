@@ -114,6 +114,7 @@ struct SubmitError {
 struct EngineStats {
   std::int64_t running = 0;
   std::vector<std::pair<std::string, std::int64_t>> waiting_per_lane;
+  std::vector<std::pair<std::string, std::int64_t>> running_per_lane;
   double kv_usage = 0.0;
   std::int64_t kv_blocks_total = 0;
   std::int64_t preemptions_total = 0;

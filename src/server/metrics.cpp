@@ -133,6 +133,10 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   for (const auto& [lane, n] : s.waiting_per_lane) {
     out += "lmserve:num_requests_waiting_lane{" + m + ",lane=\"" + escape(lane) + "\"} " + std::to_string(n) + "\n";
   }
+  header(out, "lmserve:num_requests_running_lane", "gauge", "Requests running, per lane.");
+  for (const auto& [lane, n] : s.running_per_lane) {
+    out += "lmserve:num_requests_running_lane{" + m + ",lane=\"" + escape(lane) + "\"} " + std::to_string(n) + "\n";
+  }
   header(out, "lmserve:admission_rejections_total", "counter", "Requests refused at submission, by reason and lane.");
   for (const auto& [key, n] : rejected_) {
     out += "lmserve:admission_rejections_total{" + m + ",reason=\"" + escape(key.first) + "\",lane=\"" + escape(key.second) + "\"} " +

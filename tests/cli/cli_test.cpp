@@ -220,6 +220,44 @@ TEST(Cli, ServeDrainsOnSigtermAndExitsZero) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+TEST(Cli, ServeReadsAYamlConfigAndTheCommandLineWins) {
+  std::string config = write_temp("serve.yaml", "port: 0\nserved_model_name: yamlmodel\nmax-num-seqs: 4\nmax_model_len: 2048\n");
+  std::string log = write_temp("serve_yaml.log", "");
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_TRUNC);
+    dup2(fd, 2);
+    dup2(fd, 1);
+    execl(lmserve::testing::lmserve_binary().c_str(), "lmserve", "serve", "--model", model_dir().c_str(), "--config",
+          config.c_str(), "--max-model-len", "512", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  std::string text;
+  for (int i = 0; i < 200 && port == 0; ++i) {
+    std::ifstream in(log);
+    text.assign((std::istreambuf_iterator<char>(in)), {});
+    auto at = text.find("yamlmodel on http://127.0.0.1:");
+    if (at != std::string::npos) port = std::atoi(text.c_str() + at + 30);
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(port, 0) << text;
+  EXPECT_NE(text.find("max_model_len 512"), std::string::npos) << "the command line must win over the file";
+  std::string models = http_exchange(port, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_NE(models.find("\"id\":\"yamlmodel\""), std::string::npos) << models;
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  CommandRun bad = run("serve --config " + write_temp("bad.yaml", "max-num-seqs: lots\n"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("'max-num-seqs'"), std::string::npos) << bad.output;
+  bad = run("serve --config " + write_temp("bad2.yaml", "no_such_flag: 1\n"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("unknown key 'no-such-flag'"), std::string::npos) << bad.output;
+}
+
 TEST(Cli, TextCommandsFailClearlyOnBadInput) {
   CommandRun r = run("tokenize --model /nonexistent hello");
   EXPECT_EQ(r.exit_code, 1);

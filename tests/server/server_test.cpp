@@ -126,7 +126,9 @@ TEST_F(ServerTest, EveryEndpointAnswers) {
   auto metrics = get("/metrics");
   ASSERT_EQ(metrics.status, 200);
   for (const char* name : {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
-                           "vllm:request_success_total", "vllm:cache_config_info", "lmserve:kv_watermark"}) {
+                           "vllm:request_success_total", "vllm:cache_config_info", "lmserve:kv_watermark",
+                           "lmserve:num_requests_running_lane{model_name=\"demo\",lane=\"high\"} 0",
+                           "lmserve:num_requests_waiting_lane{model_name=\"demo\",lane=\"low\"} 0"}) {
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
   }
 }
@@ -389,6 +391,25 @@ TEST_F(ServerTest, OverloadGivesOnly200sAnd429s) {
   }
   EXPECT_GT(ok, 0);
   EXPECT_GT(limited, 0);
+  EXPECT_TRUE(healthy());
+}
+
+TEST_F(ServerTest, ConnectionsBeyondTheLimitGet503) {
+  ServerOptions o;
+  o.max_connections = 2;
+  start(o);
+  net::io_context ioc;
+  tcp::socket a(ioc), b(ioc);
+  tcp::endpoint ep(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_));
+  a.connect(ep);
+  b.connect(ep);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Reply third = get("/health");  // a third connection while two are open
+  EXPECT_EQ(third.status, 503);
+  EXPECT_EQ(third.res[http::field::retry_after], "1");
+  a.close();
+  b.close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_TRUE(healthy());
 }
 

@@ -266,7 +266,10 @@ bool Scheduler::has_work() const {
 SchedulerStats Scheduler::stats() const {
   SchedulerStats s;
   s.running = num_running();
-  for (const auto& q : waiting_) s.waiting_per_lane.push_back(static_cast<std::int64_t>(q.size()));
+  for (std::size_t lane = 0; lane < waiting_.size(); ++lane) {
+    s.waiting_per_lane.push_back(static_cast<std::int64_t>(waiting_[lane].size()));
+    s.running_per_lane.push_back(lane_seqs(lane));
+  }
   s.preemptions_total = preemptions_;
   s.kv_usage = kv_.pool().usage();
   return s;

@@ -75,6 +75,7 @@ struct SchedulerOutput {
 struct SchedulerStats {
   std::int64_t running = 0;
   std::vector<std::int64_t> waiting_per_lane;
+  std::vector<std::int64_t> running_per_lane;
   std::int64_t preemptions_total = 0;
   double kv_usage = 0.0;
 };
