@@ -101,6 +101,8 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--swap-space", o->swap_space, "accepted for compatibility; has no effect");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
   app.add_flag("--log-prompts", o->server.log_prompts, "include prompt text in request logs");
+  app.add_option("--ssl-certfile", o->server.ssl_certfile, "PEM certificate chain: serve HTTPS");
+  app.add_option("--ssl-keyfile", o->server.ssl_keyfile, "PEM private key for --ssl-certfile");
   add_config_option(app, &o->config);
   return [o, &app]() -> int {
     auto fail = [](const Status& s) {
@@ -156,7 +158,8 @@ Command add_serve_command(CLI::App& app) {
     if (!eng) return fail(eng.error());
     server::Server srv(o->server, std::move(*eng), m->tokenizer, std::move(tmpl));
     if (Status s = srv.start(); !s.is_ok()) return fail(s);
-    spdlog::info("lmserve serve: {} on http://{}:{}", o->server.served_model_name, o->server.host, srv.port());
+    spdlog::info("lmserve serve: {} on {}://{}:{}", o->server.served_model_name, o->server.ssl_certfile.empty() ? "http" : "https",
+                 o->server.host, srv.port());
     std::fflush(stdout);
     srv.run(true);
     spdlog::info("lmserve serve: stopped");

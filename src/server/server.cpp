@@ -6,6 +6,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <cstdlib>
 #include <deque>
 #include <random>
@@ -33,6 +34,7 @@ struct Server::Impl {
   tcp::acceptor acceptor{ioc};
   std::vector<std::thread> threads;
   std::thread shutdown_thread;
+  std::optional<net::ssl::context> ssl;
   // Keeps run() serving until shutdown ends, even with no connection open.
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::atomic<std::size_t> connections{0};
@@ -66,12 +68,29 @@ bool key_matches(const std::string& header, const std::string& key) {
   return diff == 0;
 }
 
-class Session : public std::enable_shared_from_this<Session> {
+// One connection. `Stream` is a plain TCP stream or a TLS stream over one.
+template <class Stream>
+class Session : public std::enable_shared_from_this<Session<Stream>> {
  public:
-  Session(tcp::socket socket, Server::Impl& s) : stream_(std::move(socket)), timer_(stream_.get_executor()), s_(s) {}
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+
+  template <class... Args>
+  Session(Server::Impl& s, Args&&... args) : stream_(std::forward<Args>(args)...), timer_(stream_.get_executor()), s_(s) {}
   ~Session() { --s_.connections; }
 
-  void start() { net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read(); }); }
+  void start() {
+    net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+      if constexpr (kTls) {
+        beast::get_lowest_layer(self->stream_).expires_after(self->s_.opt.request_timeout);
+        self->stream_.async_handshake(net::ssl::stream_base::server, [self](beast::error_code ec) {
+          if (ec) return self->close();
+          self->read();
+        });
+      } else {
+        self->read();
+      }
+    });
+  }
 
  private:
   // ---- reading requests ----------------------------------------------------------------
@@ -81,16 +100,16 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_->body_limit(s_.opt.max_body_bytes);
     // Our own timer rather than the stream's expiry: on timeout the stream would close the
     // socket, and a slow client should still get its 408.
-    stream_.expires_never();
+    beast::get_lowest_layer(stream_).expires_never();
     timed_out_ = false;
     timer_.expires_after(buffer_.size() > 0 ? s_.opt.request_timeout : s_.opt.idle_timeout);
-    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+    timer_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
       if (ec) return;
       self->timed_out_ = true;
       beast::error_code ignored;
-      self->stream_.socket().cancel(ignored);
+      beast::get_lowest_layer(self->stream_).socket().cancel(ignored);
     });
-    http::async_read(stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+    http::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
@@ -99,7 +118,10 @@ class Session : public std::enable_shared_from_this<Session> {
       if (parser_->got_some() || buffer_.size() > 0) return reply_error(ApiError::timeout(), "", false);
       return close();  // an idle keep-alive connection
     }
-    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset) return close();
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
+        ec == net::ssl::error::stream_truncated) {
+      return close();
+    }
     if (ec == http::error::header_limit) return reply_error(ApiError::headers_too_large(), "", false);
     if (ec == http::error::body_limit) return reply_error(ApiError::too_large(), "", false);
     if (ec) return reply_error(ApiError::bad_request("Malformed HTTP request.", "bad_http"), "", false);
@@ -118,8 +140,8 @@ class Session : public std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive && req_.keep_alive());
     res->body() = std::move(body);
     res->prepare_payload();
-    stream_.expires_after(std::chrono::seconds(60));
-    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, std::size_t) {
+    beast::get_lowest_layer(stream_).expires_after(std::chrono::seconds(60));
+    http::async_write(stream_, *res, [self = this->shared_from_this(), res](beast::error_code ec, std::size_t) {
       if (ec || !res->keep_alive()) return self->close();
       self->read();
     });
@@ -132,8 +154,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void close() {
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.socket().close(ec);
+    beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ec);
+    beast::get_lowest_layer(stream_).socket().close(ec);
   }
 
   // ---- routing -------------------------------------------------------------------------
@@ -304,8 +326,8 @@ class Session : public std::enable_shared_from_this<Session> {
     gen_->choices.resize(static_cast<std::size_t>(gen_->parsed.params.n));
     gen_->started = Clock::now();
     gen_->last_token.assign(gen_->choices.size(), Clock::time_point{});
-    stream_.expires_never();
-    std::weak_ptr<Session> weak = shared_from_this();
+    beast::get_lowest_layer(stream_).expires_never();
+    std::weak_ptr<Session> weak = this->shared_from_this();
     auto ex = stream_.get_executor();
     sub->stream->set_notify([weak, ex] {
       net::post(ex, [weak] {
@@ -319,15 +341,17 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // While generating: a readable socket with nothing to read means the client left.
   void watch_disconnect() {
-    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+    beast::get_lowest_layer(stream_).socket().async_wait(tcp::socket::wait_read, [self = this->shared_from_this()](beast::error_code ec) {
       if (!self->gen_ || self->gen_->done) return;
       beast::error_code ec2;
-      std::size_t avail = self->stream_.socket().available(ec2);
+      std::size_t avail = beast::get_lowest_layer(self->stream_).socket().available(ec2);
       if (ec || ec2 || avail == 0) {
         self->s_.engine->abort(self->gen_->id);
         self->gen_->client_gone = true;
         return;
       }
+      // TLS records cannot be taken off the socket here: stop watching (a write will notice).
+      if constexpr (kTls) return;
       // Pipelined bytes of the next request: keep them for the parser (bounded).
       if (self->buffer_.size() + avail > self->s_.opt.max_body_bytes + self->s_.opt.max_header_bytes) {
         self->s_.engine->abort(self->gen_->id);
@@ -335,7 +359,7 @@ class Session : public std::enable_shared_from_this<Session> {
         return;
       }
       auto buf = self->buffer_.prepare(avail);
-      std::size_t n = self->stream_.socket().read_some(buf, ec2);
+      std::size_t n = beast::get_lowest_layer(self->stream_).socket().read_some(buf, ec2);
       self->buffer_.commit(n);
       if (ec2) {
         self->s_.engine->abort(self->gen_->id);
@@ -356,7 +380,7 @@ class Session : public std::enable_shared_from_this<Session> {
     res->chunked(true);
     auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
     gen_->writing = true;
-    http::async_write_header(stream_, *sr, [self = shared_from_this(), res, sr](beast::error_code ec, std::size_t) {
+    http::async_write_header(stream_, *sr, [self = this->shared_from_this(), res, sr](beast::error_code ec, std::size_t) {
       self->gen_->writing = false;
       if (ec) return self->on_client_gone();
       self->gen_->keep_alive = res->keep_alive();
@@ -377,7 +401,7 @@ class Session : public std::enable_shared_from_this<Session> {
     auto data = std::make_shared<std::string>(std::move(gen_->out.front()));
     gen_->out.pop_front();
     gen_->writing = true;
-    net::async_write(stream_, http::make_chunk(net::buffer(*data)), [self = shared_from_this(), data](beast::error_code ec, std::size_t) {
+    net::async_write(stream_, http::make_chunk(net::buffer(*data)), [self = this->shared_from_this(), data](beast::error_code ec, std::size_t) {
       self->gen_->writing = false;
       if (ec) return self->on_client_gone();
       self->flush();
@@ -386,7 +410,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void finish_stream() {
     gen_->writing = true;
-    net::async_write(stream_, http::make_chunk_last(), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+    net::async_write(stream_, http::make_chunk_last(), [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
       bool keep = self->gen_->keep_alive && !ec;
       self->end_generation();
       if (!keep) return self->close();
@@ -472,7 +496,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     std::string body = g.writer->full(g.choices, g.usage, g.parsed.logprobs);
     end_generation();
-    stream_.socket().cancel();  // stop the disconnect watcher
+    beast::get_lowest_layer(stream_).socket().cancel();  // stop the disconnect watcher
     reply_json(200, body, route);
   }
 
@@ -530,7 +554,7 @@ class Session : public std::enable_shared_from_this<Session> {
     bool writing = false, done = false, finished_stream = false, client_gone = false, keep_alive = true;
   };
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   net::steady_timer timer_;
   bool timed_out_ = false;
   beast::flat_buffer buffer_;
@@ -560,7 +584,11 @@ void Server::Impl::accept() {
       socket.close(wec);
       return accept();
     }
-    std::make_shared<Session>(std::move(socket), *this)->start();
+    if (ssl) {
+      std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(*this, std::move(socket), *ssl)->start();
+    } else {
+      std::make_shared<Session<beast::tcp_stream>>(*this, std::move(socket))->start();
+    }
     accept();
   });
 }
@@ -601,6 +629,18 @@ Server::~Server() {
 
 Status Server::start() {
   beast::error_code ec;
+  if (!impl_->opt.ssl_certfile.empty() || !impl_->opt.ssl_keyfile.empty()) {
+    if (impl_->opt.ssl_certfile.empty() || impl_->opt.ssl_keyfile.empty()) {
+      return Status(StatusCode::kInvalidArgument, "TLS needs both --ssl-certfile and --ssl-keyfile");
+    }
+    auto& ctx = impl_->ssl.emplace(net::ssl::context::tls_server);
+    ctx.set_options(net::ssl::context::default_workarounds | net::ssl::context::no_sslv2 | net::ssl::context::no_sslv3 |
+                    net::ssl::context::no_tlsv1 | net::ssl::context::no_tlsv1_1);
+    ctx.use_certificate_chain_file(impl_->opt.ssl_certfile, ec);
+    if (ec) return Status(StatusCode::kInvalidArgument, "--ssl-certfile: cannot use " + impl_->opt.ssl_certfile + ": " + ec.message());
+    ctx.use_private_key_file(impl_->opt.ssl_keyfile, net::ssl::context::pem, ec);
+    if (ec) return Status(StatusCode::kInvalidArgument, "--ssl-keyfile: cannot use " + impl_->opt.ssl_keyfile + ": " + ec.message());
+  }
   auto addr = net::ip::make_address(impl_->opt.host, ec);
   if (ec) return Status(StatusCode::kInvalidArgument, "--host '" + impl_->opt.host + "' is not an IP address");
   tcp::endpoint ep(addr, static_cast<unsigned short>(impl_->opt.port));

@@ -42,6 +42,7 @@ struct ServerOptions {
   std::chrono::seconds idle_timeout{60};     // keep-alive connection with no request
   std::chrono::seconds shutdown_timeout{30};
   bool log_prompts = false;
+  std::string ssl_certfile, ssl_keyfile;  // both set: HTTPS
   std::string kv_dtype_name;
 };
 

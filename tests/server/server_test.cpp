@@ -8,6 +8,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 #include <future>
 #include <random>
 #include <regex>
@@ -392,6 +393,42 @@ TEST_F(ServerTest, OverloadGivesOnly200sAnd429s) {
   EXPECT_GT(ok, 0);
   EXPECT_GT(limited, 0);
   EXPECT_TRUE(healthy());
+}
+
+TEST_F(ServerTest, ServesHttpsWithTheGivenCertificate) {
+  auto dir = std::filesystem::temp_directory_path() / "lmserve_tls_test";
+  std::filesystem::create_directories(dir);
+  std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost -keyout " + key + " -out " + cert +
+                    " >/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "openssl could not make a test certificate";
+  ServerOptions o;
+  o.ssl_certfile = cert;
+  o.ssl_keyfile = key;
+  start(o);
+  net::io_context ioc;
+  net::ssl::context ctx(net::ssl::context::tls_client);
+  ctx.set_verify_mode(net::ssl::verify_none);
+  beast::ssl_stream<beast::tcp_stream> s(ioc, ctx);
+  beast::get_lowest_layer(s).connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
+  s.handshake(net::ssl::stream_base::client);
+  std::string body = R"({"prompt":"The hacker","max_tokens":4,"temperature":0})";
+  http::request<http::string_body> req(http::verb::post, "/v1/completions", 11);
+  req.set(http::field::host, "localhost");
+  req.set(http::field::content_type, "application/json");
+  req.body() = body;
+  req.prepare_payload();
+  http::write(s, req);
+  beast::flat_buffer buf;
+  http::response<http::string_body> res;
+  http::read(s, buf, res);
+  EXPECT_EQ(res.result_int(), 200u);
+  EXPECT_EQ(ojson::parse(res.body())["usage"]["completion_tokens"], 4);
+  // Plain HTTP to the TLS port is not served.
+  EXPECT_EQ(get("/health").status, 0);
+  beast::error_code ec;
+  s.shutdown(ec);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(ServerTest, ConnectionsBeyondTheLimitGet503) {
