@@ -313,6 +313,8 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
   EXPECT_EQ(garbage.status, 400);
   Reply slow = raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro");  // half-sent: times out
   EXPECT_EQ(slow.status, 408);
+  Reply slowloris = raw("GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: a");  // headers never finished
+  EXPECT_EQ(slowloris.status, 408);
   // Two pipelined requests on one connection.
   Reply pipelined = raw("GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(pipelined.status, 200);
@@ -339,16 +341,16 @@ TEST_F(ServerTest, ApiKeyGuardsEveryRouteButHealthAndMetrics) {
 TEST_F(ServerTest, DisconnectedStreamsAreAbortedAndFreeTheirBlocks) {
   start();
   std::mt19937 rng(3);
-  for (int round = 0; round < 200; ++round) {
+  for (int round = 0; round < 240; ++round) {  // 200 streaming clients and 40 waiting for a whole answer
     net::io_context ioc;
     tcp::socket s(ioc);
     s.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
     std::string body = R"({"prompt":"The hacker","max_tokens":600,"ignore_eos":true,"stream":)" +
-                       std::string(round % 2 ? "true" : "false") + "}";
+                       std::string(round % 6 ? "true" : "false") + "}";
     std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                       std::to_string(body.size()) + "\r\n\r\n" + body;
     net::write(s, net::buffer(req));
-    if (round % 2) {  // read a little of the stream first
+    if (round % 6) {  // read a little of the stream first
       std::array<char, 512> buf{};
       beast::error_code ec;
       for (unsigned k = rng() % 4; k > 0; --k) s.read_some(net::buffer(buf), ec);
