@@ -318,6 +318,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     }
     gen_.emplace();
     gen_->route = route;
+    gen_->lane = lane;
     gen_->id = sub->id;
     gen_->stream = sub->stream;
     gen_->parsed = std::move(p);
@@ -521,7 +522,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     s_.metrics.record_request(r);
     s_.metrics.record_http(g.route, g.client_gone ? 499 : 200);
     ojson line{{"event", "request"}, {"id", g.writer ? g.writer->id() : std::to_string(g.id)},
-               {"lane", g.parsed.lane.empty() ? "default" : g.parsed.lane}, {"priority", g.parsed.priority},
+               {"lane", g.lane.empty() ? s_.engine->options().scheduler.lanes.back().name : g.lane}, {"priority", g.parsed.priority},
                {"status", g.client_gone ? "client_gone" : "ok"}, {"prompt_tokens", r.prompt_tokens},
                {"completion_tokens", r.generation_tokens}, {"queue_s", r.queue_s}, {"ttft_s", r.ttft_s}, {"total_s", r.e2e_s},
                {"finish_reason", r.finish_reason}};
@@ -539,6 +540,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   struct Generation {
     std::string route;
+    std::string lane;  // as submitted (header or field); empty: the last lane
     engine::RequestId id = 0;
     std::shared_ptr<engine::RequestStream> stream;
     ParsedRequest parsed;

@@ -188,7 +188,7 @@ TEST(Cli, ServeDrainsOnSigtermAndExitsZero) {
     dup2(fd, 2);
     dup2(fd, 1);
     execl(lmserve::testing::lmserve_binary().c_str(), "lmserve", "serve", "--model", model_dir().c_str(), "--port", "0",
-          "--shutdown-timeout", "20", "--max-model-len", "1024", static_cast<char*>(nullptr));
+          "--shutdown-timeout", "120", "--max-model-len", "1024", static_cast<char*>(nullptr));
     _exit(127);
   }
   int port = 0;
@@ -202,7 +202,7 @@ TEST(Cli, ServeDrainsOnSigtermAndExitsZero) {
   ASSERT_GT(port, 0) << "the server did not start";
   EXPECT_NE(http_exchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").find(" 200 "), std::string::npos);
   auto stream = std::async(std::launch::async, [port] {
-    return http_exchange(port, post_request("/v1/completions", R"({"prompt":"The hacker","max_tokens":300,"ignore_eos":true,"stream":true})"));
+    return http_exchange(port, post_request("/v1/completions", R"({"prompt":"The hacker","max_tokens":100,"ignore_eos":true,"stream":true})"));
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   kill(pid, SIGTERM);
