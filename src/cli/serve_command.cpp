@@ -64,6 +64,7 @@ Command add_serve_command(CLI::App& app) {
     std::string lanes = "high:0.2,low";
     int shutdown_timeout = 30;
     std::string config;
+    int request_timeout_s = 30, idle_timeout_s = 60;
   };
   auto o = std::make_shared<Opts>();
   o->model.model = "models/demo";
@@ -101,6 +102,12 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--swap-space", o->swap_space, "accepted for compatibility; has no effect");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
   app.add_flag("--log-prompts", o->server.log_prompts, "include prompt text in request logs");
+  app.add_option("--max-connections", o->server.max_connections, "open connections at most (more get 503)")->capture_default_str();
+  app.add_option("--max-header-bytes", o->server.max_header_bytes, "request header size limit (431 beyond)")->capture_default_str();
+  app.add_option("--max-body-bytes", o->server.max_body_bytes, "request body size limit (413 beyond)")->capture_default_str();
+  app.add_option("--request-timeout", o->request_timeout_s, "seconds to receive a whole request (408 beyond)")->capture_default_str();
+  app.add_option("--idle-timeout", o->idle_timeout_s, "seconds a keep-alive connection may sit idle")->capture_default_str();
+  app.add_option("--io-threads", o->server.io_threads, "HTTP I/O threads")->capture_default_str();
   app.add_option("--ssl-certfile", o->server.ssl_certfile, "PEM certificate chain: serve HTTPS");
   app.add_option("--ssl-keyfile", o->server.ssl_keyfile, "PEM private key for --ssl-certfile");
   add_config_option(app, &o->config);
@@ -154,6 +161,11 @@ Command add_serve_command(CLI::App& app) {
                  m->backend->kv_config().block_size, backend::kv_dtype_name(m->backend->kv_config().dtype), so.max_model_len);
     o->server.kv_dtype_name = std::string(backend::kv_dtype_name(m->backend->kv_config().dtype));
     o->server.shutdown_timeout = std::chrono::seconds(o->shutdown_timeout);
+    o->server.request_timeout = std::chrono::seconds(o->request_timeout_s);
+    o->server.idle_timeout = std::chrono::seconds(o->idle_timeout_s);
+    if (o->server.io_threads < 1 || o->request_timeout_s < 1 || o->idle_timeout_s < 1 || o->server.max_connections < 1) {
+      return fail(Status(StatusCode::kInvalidArgument, "--io-threads, --max-connections and the timeouts must be positive"));
+    }
     auto eng = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
     if (!eng) return fail(eng.error());
     server::Server srv(o->server, std::move(*eng), m->tokenizer, std::move(tmpl));

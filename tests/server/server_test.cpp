@@ -32,9 +32,28 @@ struct Reply {
   http::response<http::string_body> res;
 };
 
+// Delegates to the CPU backend until `fail_after` forward calls, then fails (a device fault).
+class FailingBackend : public backend::Backend {
+ public:
+  FailingBackend(std::unique_ptr<backend::Backend> inner, int fail_after) : inner_(std::move(inner)), left_(fail_after) {}
+  std::string_view name() const override { return "failing"; }
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  const backend::KvCacheConfig& kv_config() const override { return inner_->kv_config(); }
+  Status forward(const backend::Batch& b, std::span<float> logits) override {
+    if (left_-- <= 0) return Status(StatusCode::kInternal, "simulated device fault");
+    return inner_->forward(b, logits);
+  }
+  std::uint64_t kv_block_bytes() const override { return inner_->kv_block_bytes(); }
+  backend::MemoryInfo memory() const override { return inner_->memory(); }
+
+ private:
+  std::unique_ptr<backend::Backend> inner_;
+  int left_;
+};
+
 class ServerTest : public ::testing::Test {
  protected:
-  void start(ServerOptions o = {}, engine::EngineOptions eo = {}, std::int64_t blocks = 512) {
+  void start(ServerOptions o = {}, engine::EngineOptions eo = {}, std::int64_t blocks = 512, int fail_after = -1) {
     auto dir = lmserve::testing::source_dir() / "models/demo";
     auto w = model::ModelWeights::load(dir, {});
     auto tok = text::Tokenizer::load(dir);
@@ -43,7 +62,9 @@ class ServerTest : public ::testing::Test {
     auto b = backend::make_cpu_backend(*w, {.kv = {backend::KvDtype::kFloat32, 16, blocks}, .threads = 2});
     ASSERT_TRUE(b);
     if (eo.scheduler.max_model_len == 2048) eo.scheduler.max_model_len = 1024;
-    auto e = engine::Engine::create(std::move(*b), *tok, eo);
+    std::unique_ptr<backend::Backend> be = std::move(*b);
+    if (fail_after >= 0) be = std::make_unique<FailingBackend>(std::move(be), fail_after);
+    auto e = engine::Engine::create(std::move(be), *tok, eo);
     ASSERT_TRUE(e) << e.error().to_string();
     o.port = 0;
     o.request_timeout = std::chrono::seconds(2);
@@ -431,6 +452,29 @@ TEST_F(ServerTest, ServesHttpsWithTheGivenCertificate) {
   beast::error_code ec;
   s.shutdown(ec);
   std::filesystem::remove_all(dir);
+}
+
+TEST_F(ServerTest, HealthGoes503WhenTheEngineDies) {
+  start({}, {}, 512, /*fail_after=*/3);
+  EXPECT_EQ(get("/health").status, 200);
+  Reply r = post("/v1/completions", R"({"prompt":"The hacker","max_tokens":20,"stream":true})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("\"error\""), std::string::npos) << "a terminal error event";
+  EXPECT_EQ(get("/health").status, 503);
+  EXPECT_EQ(get("/ready").status, 503);
+  Reply after = post("/v1/completions", R"({"prompt":"x","max_tokens":2})");
+  EXPECT_EQ(after.status, 503);
+}
+
+TEST_F(ServerTest, ManyConcurrentConnectionsAreServed) {
+  start();
+  std::vector<std::future<int>> replies;
+  for (int i = 0; i < 300; ++i) {
+    replies.push_back(std::async(std::launch::async, [this] { return get("/health").status; }));
+  }
+  int ok = 0;
+  for (auto& f : replies) ok += f.get() == 200;
+  EXPECT_EQ(ok, 300);
 }
 
 TEST_F(ServerTest, ConnectionsBeyondTheLimitGet503) {
