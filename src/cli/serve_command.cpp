@@ -159,7 +159,6 @@ Command add_serve_command(CLI::App& app) {
     spdlog::info("memory plan ({}): weights {:.1f} MiB, KV cache {:.1f} MiB ({} blocks of {} tokens, {}), max_model_len {}",
                  m->backend->name(), mem.weight_bytes / 1048576.0, mem.kv_cache_bytes / 1048576.0, m->backend->kv_config().num_blocks,
                  m->backend->kv_config().block_size, backend::kv_dtype_name(m->backend->kv_config().dtype), so.max_model_len);
-    o->server.kv_dtype_name = std::string(backend::kv_dtype_name(m->backend->kv_config().dtype));
     o->server.shutdown_timeout = std::chrono::seconds(o->shutdown_timeout);
     o->server.request_timeout = std::chrono::seconds(o->request_timeout_s);
     o->server.idle_timeout = std::chrono::seconds(o->idle_timeout_s);

@@ -142,7 +142,6 @@ Expected<Submitted, SubmitError> Engine::submit(GenerateRequest g) {
       for (std::size_t j = 0; j < i; ++j) scheduler_->remove(lives[j]->req->id);
       switch (rej) {
         case Rejection::kQueueFull: {
-          auto s = scheduler_->stats();
           return reject(rej, StatusCode::kResourceExhausted,
                         "the '" + options_.scheduler.lanes[static_cast<std::size_t>(lane)].name + "' queue is full",
                         kv_->pool().usage() > options_.scheduler.kv_watermark ? AdmissionBlock::kKvWatermark : AdmissionBlock::kNone);

@@ -140,6 +140,7 @@ class Engine {
   EngineStats stats() const;
   bool alive() const;
   const model::ModelConfig& model_config() const { return backend_->config(); }
+  const backend::KvCacheConfig& kv_config() const { return backend_->kv_config(); }
   const EngineOptions& options() const { return options_; }
 
   // Stops admissions, waits up to `grace` for running work, aborts the rest, joins the loop.

@@ -193,7 +193,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (!needs(http::verb::get)) return;
       return reply(200,
                    s_.metrics.render(s_.engine->stats(), s_.opt.served_model_name, s_.engine->options().scheduler.kv_watermark,
-                                     16, s_.opt.kv_dtype_name),
+                                     s_.engine->kv_config().block_size,
+                                     std::string(backend::kv_dtype_name(s_.engine->kv_config().dtype))),
                    "text/plain; version=0.0.4; charset=utf-8", route, true);
     }
     if (route == "/v1/models") {

@@ -43,7 +43,6 @@ struct ServerOptions {
   std::chrono::seconds shutdown_timeout{30};
   bool log_prompts = false;
   std::string ssl_certfile, ssl_keyfile;  // both set: HTTPS
-  std::string kv_dtype_name;
 };
 
 class Server {

@@ -253,8 +253,12 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
 void Scheduler::commit_step(const SchedulerOutput& out) {
   for (const auto& s : out.scheduled) {
     Request* r = s.request;
+    const std::int64_t before = r->num_computed;
     r->num_computed += s.num_new_tokens;
-    if (kv_.pool().prefix_caching()) kv_.commit(r->id, r->all_tokens(), r->num_computed, r->cache_salt);
+    // Only a step that fills a block has anything to hash; most decode steps do not, and
+    // they should not copy the sequence.
+    const bool filled_block = r->num_computed / kv_.block_size() > before / kv_.block_size();
+    if (kv_.pool().prefix_caching() && filled_block) kv_.commit(r->id, r->all_tokens(), r->num_computed, r->cache_salt);
   }
 }
 
