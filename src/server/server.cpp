@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <sys/socket.h>
+
 #include <spdlog/spdlog.h>
 
 #include <boost/asio.hpp>
@@ -7,6 +9,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <cerrno>
 #include <cstdlib>
 #include <deque>
 #include <random>
@@ -345,8 +348,17 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   void watch_disconnect() {
     beast::get_lowest_layer(stream_).socket().async_wait(tcp::socket::wait_read, [self = this->shared_from_this()](beast::error_code ec) {
       if (!self->gen_ || self->gen_->done) return;
+      auto& socket = beast::get_lowest_layer(self->stream_).socket();
       beast::error_code ec2;
-      std::size_t avail = beast::get_lowest_layer(self->stream_).socket().available(ec2);
+      std::size_t avail = socket.available(ec2);
+      if (!ec && !ec2 && avail == 0) {
+        // Readiness can be stale (the bytes that raised it were already taken by a read, e.g.
+        // the TLS layer's): only a peek that returns 0 is the client's end of stream.
+        char byte;
+        ssize_t n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->watch_disconnect();
+        if (n > 0) avail = static_cast<std::size_t>(n);
+      }
       if (ec || ec2 || avail == 0) {
         self->s_.engine->abort(self->gen_->id);
         self->gen_->client_gone = true;

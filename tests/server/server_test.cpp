@@ -3,6 +3,8 @@
 // the server still healthy after), API keys, client disconnects, overload and drain.
 #include "server/server.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <boost/asio.hpp>
@@ -419,7 +421,7 @@ TEST_F(ServerTest, OverloadGivesOnly200sAnd429s) {
 }
 
 TEST_F(ServerTest, ServesHttpsWithTheGivenCertificate) {
-  auto dir = std::filesystem::temp_directory_path() / "lmserve_tls_test";
+  auto dir = std::filesystem::temp_directory_path() / ("lmserve_tls_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
   std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost -keyout " + key + " -out " + cert +
@@ -434,17 +436,21 @@ TEST_F(ServerTest, ServesHttpsWithTheGivenCertificate) {
   ctx.set_verify_mode(net::ssl::verify_none);
   beast::ssl_stream<beast::tcp_stream> s(ioc, ctx);
   beast::get_lowest_layer(s).connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
-  s.handshake(net::ssl::stream_base::client);
+  beast::error_code hec;
+  s.handshake(net::ssl::stream_base::client, hec);
+  ASSERT_FALSE(hec) << "handshake: " << hec.message();
   std::string body = R"({"prompt":"The hacker","max_tokens":4,"temperature":0})";
   http::request<http::string_body> req(http::verb::post, "/v1/completions", 11);
   req.set(http::field::host, "localhost");
   req.set(http::field::content_type, "application/json");
   req.body() = body;
   req.prepare_payload();
-  http::write(s, req);
+  http::write(s, req, hec);
+  ASSERT_FALSE(hec) << "write: " << hec.message();
   beast::flat_buffer buf;
   http::response<http::string_body> res;
-  http::read(s, buf, res);
+  http::read(s, buf, res, hec);
+  ASSERT_FALSE(hec) << "read: " << hec.message();
   EXPECT_EQ(res.result_int(), 200u);
   EXPECT_EQ(ojson::parse(res.body())["usage"]["completion_tokens"], 4);
   // Plain HTTP to the TLS port is not served.
