@@ -85,4 +85,12 @@ class Backend {
 // Bytes one KV block needs for `config` with `dtype` and `block_size` (all layers, K and V).
 std::uint64_t kv_block_bytes(const model::ModelConfig& config, KvDtype dtype, int block_size);
 
+// The checks every backend makes before touching the cache: InvalidArgument ("batch: ...") for
+// ids, slots, blocks, positions or logits rows out of range, or a logits buffer of the wrong size.
+Status validate_batch(const Batch& batch, const model::ModelConfig& config, const KvCacheConfig& kv, std::size_t logits_size);
+
+// Rotary inverse frequencies (head_dim / 2 of them) as transformers computes them in float32,
+// with linear or llama3 scaling. Every backend rotates with these same numbers.
+std::vector<float> rope_inv_freq(const model::ModelConfig& config);
+
 }  // namespace lmserve::backend
