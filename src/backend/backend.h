@@ -57,11 +57,15 @@ struct Batch {
   std::span<const std::int32_t> logits_indices;
 };
 
+// The start-up memory plan. On a GPU: weights, the activation peak of a maximal batch, CUDA
+// graph pools, and the KV pool sized from what gpu_memory_utilization leaves.
 struct MemoryInfo {
-  std::uint64_t total_bytes = 0;
-  std::uint64_t used_bytes = 0;
+  std::uint64_t total_bytes = 0;   // the device's memory (0 on the CPU)
+  std::uint64_t used_bytes = 0;    // by this backend
   std::uint64_t kv_cache_bytes = 0;
   std::uint64_t weight_bytes = 0;
+  std::uint64_t activation_bytes = 0;
+  std::uint64_t graph_bytes = 0;
 };
 
 class Backend {

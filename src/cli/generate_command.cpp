@@ -96,6 +96,7 @@ Command add_perplexity_command(CLI::App& app) {
     std::ifstream in(o->file, std::ios::binary);
     if (!in) return fail("perplexity", Status(StatusCode::kNotFound, "cannot read " + o->file));
     std::string text((std::istreambuf_iterator<char>(in)), {});
+    o->model.max_num_batched_tokens = std::max(o->model.max_num_batched_tokens, o->context);
     auto m = o->model.load(o->context);
     if (!m) return fail("perplexity", m.error());
     if (o->context > m->weights->config().max_position_embeddings) {

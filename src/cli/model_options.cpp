@@ -1,12 +1,14 @@
 #include "cli/model_options.h"
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/devices.h"
 
 namespace lmserve::cli {
 
 void ModelOptions::add_to(CLI::App& app) {
   app.add_option("--model", model, "model folder (config.json, safetensors, tokenizer)")->required();
+  app.add_option("--tokenizer", tokenizer, "tokenizer folder (default: the model folder)");
   app.add_option("--dtype", dtype, "weight dtype: auto, float32, bfloat16, float16")->capture_default_str();
   app.add_option("--load-format", load_format, "auto, safetensors, or dummy (random weights, config.json only)")
       ->capture_default_str();
@@ -15,14 +17,13 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_option("--block-size", block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--num-kv-blocks", num_kv_blocks, "KV blocks to allocate (0: sized for the request)");
   app.add_option("--threads", threads, "CPU threads (0: all cores)");
+  app.add_option("--gpu-memory-utilization", gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
+  app.add_flag("--enforce-eager", enforce_eager, "no CUDA graphs (CUDA backend)");
 }
 
 Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) const {
   if (device != "auto" && device != "cpu" && device != "cuda") {
     return error(StatusCode::kInvalidArgument, "--device must be auto, cpu or cuda");
-  }
-  if (device == "cuda") {
-    return error(StatusCode::kUnimplemented, "--device cuda: the CUDA backend is not yet available in this build (issue #6)");
   }
   if (block_size < 1 || block_size > 1024) return error(StatusCode::kInvalidArgument, "--block-size must be in [1, 1024]");
   model::LoadOptions lo;
@@ -36,12 +37,29 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
   auto w = model::ModelWeights::load(model, lo);
   if (!w) return error(w.error());
   out.weights = std::move(*w);
-  auto t = text::Tokenizer::load(model);
+  auto t = text::Tokenizer::load(tokenizer.empty() ? model : tokenizer);
   if (!t) return error(t.error());
   out.tokenizer = std::move(*t);
   auto kv = backend::parse_kv_dtype(kv_cache_dtype, out.weights->config().dtype == model::DType::kF32 ? model::DType::kF32
                                                                                                      : out.weights->dtype());
   if (!kv) return error(kv.error());
+  bool use_cuda = device == "cuda";
+  if (device == "auto") use_cuda = !probe_devices().devices.empty();
+  if (use_cuda) {
+    backend::CudaBackendOptions co;
+    co.kv_dtype = *kv;
+    co.block_size = block_size;
+    co.num_blocks = num_kv_blocks;
+    co.gpu_memory_utilization = gpu_memory_utilization;
+    co.max_num_seqs = max_num_seqs;
+    co.max_num_batched_tokens = max_num_batched_tokens;
+    co.max_model_len = max_model_len;
+    co.enforce_eager = enforce_eager;
+    auto b = backend::make_cuda_backend(out.weights, co);
+    if (!b) return error(b.error());
+    out.backend = std::move(*b);
+    return out;
+  }
   std::int64_t blocks = num_kv_blocks > 0 ? num_kv_blocks : (default_kv_tokens + block_size - 1) / block_size;
   auto b = backend::make_cpu_backend(out.weights, {.kv = {*kv, block_size, blocks}, .threads = threads});
   if (!b) return error(b.error());

@@ -16,6 +16,7 @@ namespace lmserve::cli {
 
 struct ModelOptions {
   std::string model;
+  std::string tokenizer;  // empty: the model folder
   std::string dtype = "auto";
   std::string load_format = "auto";
   std::string kv_cache_dtype = "auto";
@@ -23,6 +24,12 @@ struct ModelOptions {
   int block_size = 16;
   std::int64_t num_kv_blocks = 0;  // 0: enough for `default_kv_tokens`
   int threads = 0;
+  // CUDA backend: the memory plan and the largest step it is planned for.
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;
+  std::int64_t max_num_seqs = 256;
+  std::int64_t max_num_batched_tokens = 8192;
+  std::int64_t max_model_len = 0;  // 0: the model's
 
   void add_to(CLI::App& app);
 
@@ -31,7 +38,9 @@ struct ModelOptions {
     std::shared_ptr<const text::Tokenizer> tokenizer;
     std::unique_ptr<backend::Backend> backend;
   };
-  // Loads everything; the KV cache gets num_kv_blocks, or enough for `default_kv_tokens`.
+  // Loads everything on the chosen device (auto: CUDA when a GPU is usable, else CPU). The KV
+  // cache gets num_kv_blocks, or on the CPU enough for `default_kv_tokens`, on a GPU what the
+  // memory plan leaves.
   Result<Loaded> load(std::int64_t default_kv_tokens) const;
 };
 

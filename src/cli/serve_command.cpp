@@ -144,6 +144,11 @@ Command add_serve_command(CLI::App& app) {
     if (!config) return fail(config.error());
     so.max_model_len = o->max_model_len > 0 ? o->max_model_len : config->max_position_embeddings;
     const std::int64_t kv_tokens = std::min<std::int64_t>(so.max_model_len * std::min<std::int64_t>(so.max_num_seqs, 16), 65536 * 16);
+    o->model.gpu_memory_utilization = o->gpu_memory_utilization;
+    o->model.enforce_eager = o->enforce_eager;
+    o->model.max_num_seqs = so.max_num_seqs;
+    o->model.max_num_batched_tokens = std::max(so.max_num_batched_tokens, so.max_num_seqs);
+    o->model.max_model_len = so.max_model_len;
     auto m = o->model.load(kv_tokens);
     if (!m) return fail(m.error());
     if (Status s = so.validate(); !s.is_ok()) return fail(s);
@@ -156,9 +161,12 @@ Command add_serve_command(CLI::App& app) {
       return fail(t.error());
     }
     const auto mem = m->backend->memory();
-    spdlog::info("memory plan ({}): weights {:.1f} MiB, KV cache {:.1f} MiB ({} blocks of {} tokens, {}), max_model_len {}",
-                 m->backend->name(), mem.weight_bytes / 1048576.0, mem.kv_cache_bytes / 1048576.0, m->backend->kv_config().num_blocks,
-                 m->backend->kv_config().block_size, backend::kv_dtype_name(m->backend->kv_config().dtype), so.max_model_len);
+    spdlog::info("memory plan ({}): total {:.2f} GiB, weights {:.2f} GiB, activations {:.2f} GiB, CUDA graphs {:.2f} GiB, "
+                 "KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {}), max_model_len {}",
+                 m->backend->name(), mem.total_bytes / 1073741824.0, mem.weight_bytes / 1073741824.0, mem.activation_bytes / 1073741824.0,
+                 mem.graph_bytes / 1073741824.0, mem.kv_cache_bytes / 1073741824.0, m->backend->kv_config().num_blocks,
+                 m->backend->kv_config().block_size, m->backend->kv_config().num_blocks * m->backend->kv_config().block_size,
+                 backend::kv_dtype_name(m->backend->kv_config().dtype), so.max_model_len);
     o->server.shutdown_timeout = std::chrono::seconds(o->shutdown_timeout);
     o->server.request_timeout = std::chrono::seconds(o->request_timeout_s);
     o->server.idle_timeout = std::chrono::seconds(o->idle_timeout_s);

@@ -74,6 +74,9 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const 
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
   rejections_.assign(7, 0);
   limit_episodes_.assign(6, 0);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  sampler_pool_ = std::make_unique<ThreadPool>(options_.sampler_threads > 0 ? static_cast<std::size_t>(options_.sampler_threads)
+                                                                            : std::min<std::size_t>(8, cores));
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -195,6 +198,8 @@ EngineStats Engine::stats() const {
   s.prompt_tokens_total = prompt_tokens_;
   s.generation_tokens_total = generation_tokens_;
   s.steps_total = steps_;
+  s.forward_seconds_total = forward_seconds_;
+  s.host_seconds_total = host_seconds_;
   for (std::size_t r = 1; r < rejections_.size(); ++r) {
     s.rejections.emplace_back(std::string(rejection_name(static_cast<Rejection>(r))), rejections_[r]);
   }
@@ -236,7 +241,8 @@ void Engine::finish(Request* r, FinishReason reason, const std::string& text, co
 
 Status Engine::step() {
   // Called with mu_ held (through the unique_lock in loop()).
-  SchedulerOutput out = scheduler_->schedule(true);
+  const auto step_start = Clock::now();
+  SchedulerOutput out = scheduler_->schedule(!options_.device_memory_ok || options_.device_memory_ok());
   // Memory limits are logged once per episode, not every step.
   if (out.blocked != last_block_) {
     if (out.blocked == AdmissionBlock::kKvWatermark || out.blocked == AdmissionBlock::kDeviceMemory ||
@@ -279,25 +285,38 @@ Status Engine::step() {
     }
   }
   const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
-  std::vector<float> logits(logits_rows.size() * vocab);
+  if (logits_.size() < logits_rows.size() * vocab) logits_.resize(logits_rows.size() * vocab);
+  std::span<float> logits(logits_.data(), logits_rows.size() * vocab);
   backend::Batch batch{tokens, positions, slots, seqs, logits_rows};
 
   mu_.unlock();  // the device works without the lock: submit/abort stay responsive
+  const auto fwd_start = Clock::now();
   Status st = backend_->forward(batch, logits);
+  const auto fwd_end = Clock::now();
   mu_.lock();
   if (!st.is_ok()) return st;
   scheduler_->commit_step(out);
   ++steps_;
 
+  // Rows are independent (each request has its own generator): sample them in parallel.
+  std::vector<Live*> lives(sampled.size());
+  for (std::size_t i = 0; i < sampled.size(); ++i) lives[i] = live_.at(sampled[i]->id).get();
+  std::vector<SampleResult> results(sampled.size());
+  sampler_pool_->parallel_for(sampled.size(), [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      Request* r = sampled[i];
+      std::span<float> row(logits.data() + i * vocab, vocab);
+      results[i] = sample_token(row, r->params, r->prompt, r->output, eos_ids_, lives[i]->rng);
+    }
+  });
   for (std::size_t i = 0; i < sampled.size(); ++i) {
     Request* r = sampled[i];
-    Live& L = *live_.at(r->id);
+    Live& L = *lives[i];
     if (!L.prompt_counted) {
       prompt_tokens_ += r->prompt.size();
       L.prompt_counted = true;
     }
-    std::span<float> row(logits.data() + i * vocab, vocab);
-    SampleResult res = sample_token(row, r->params, r->prompt, r->output, eos_ids_, L.rng);
+    SampleResult res = std::move(results[i]);
     r->output.push_back(res.token);
     ++generation_tokens_;
     if (L.times.first_token == Clock::time_point{}) L.times.first_token = Clock::now();
@@ -322,6 +341,9 @@ Status Engine::step() {
     e.time = Clock::now();
     L.stream->push(std::move(e), false);
   }
+  const double fwd = std::chrono::duration<double>(fwd_end - fwd_start).count();
+  forward_seconds_ += fwd;
+  host_seconds_ += std::chrono::duration<double>(Clock::now() - step_start).count() - fwd;
   return Status::ok();
 }
 

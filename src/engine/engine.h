@@ -33,6 +33,7 @@
 
 #include "backend/backend.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "engine/request.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sched/scheduler.h"
@@ -90,6 +91,10 @@ struct EngineOptions {
   bool enable_prefix_caching = true;
   std::int32_t max_n = 16;
   std::uint64_t seed = 0;  // for requests without a seed
+  // The device-memory hard limit (e.g. a DeviceMemoryMonitor): false stops admissions. Called
+  // on the engine thread once per step; must be cheap. Empty: always true.
+  std::function<bool()> device_memory_ok;
+  int sampler_threads = 0;  // 0: up to 8 cores sample a step's rows in parallel
 };
 
 struct GenerateRequest {
@@ -121,6 +126,9 @@ struct EngineStats {
   std::uint64_t prefix_queries = 0, prefix_hits = 0;
   std::uint64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   std::uint64_t steps_total = 0;
+  // Where step time goes: the device's forward vs the host (scheduling, input preparation,
+  // sampling, output processing).
+  double forward_seconds_total = 0, host_seconds_total = 0;
   std::vector<std::pair<std::string, std::uint64_t>> rejections;  // by reason
   // Admission-limit episodes (consecutive steps blocked for the same reason count once).
   std::vector<std::pair<std::string, std::uint64_t>> admission_limits;
@@ -171,6 +179,9 @@ class Engine {
   std::uint64_t arrivals_ = 0;
   bool accepting_ = true, stop_ = false, dead_ = false;
   std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0;
+  double forward_seconds_ = 0, host_seconds_ = 0;
+  std::vector<float> logits_;  // reused step to step
+  std::unique_ptr<ThreadPool> sampler_pool_;
   std::vector<std::uint64_t> rejections_;
   std::vector<std::uint64_t> limit_episodes_;
   AdmissionBlock last_block_ = AdmissionBlock::kNone;

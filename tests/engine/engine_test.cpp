@@ -12,6 +12,7 @@
 #include <set>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "test_paths.h"
 
 namespace lmserve::engine {
@@ -25,19 +26,40 @@ struct Loaded {
   std::shared_ptr<const text::Tokenizer> tokenizer;
 };
 
+// LMSERVE_TEST_BACKEND=cuda runs these engine tests on the CUDA backend (float32 weights, so
+// the transformers fixtures still apply); the default is the CPU reference.
+bool on_cuda() {
+  const char* b = std::getenv("LMSERVE_TEST_BACKEND");
+  return b && std::string(b) == "cuda";
+}
+
 const Loaded& demo() {
   static Loaded l = [] {
     fs::path dir = lmserve::testing::source_dir() / "models/demo";
-    return Loaded{*model::ModelWeights::load(dir, {}), *text::Tokenizer::load(dir)};
+    model::LoadOptions lo;
+    if (on_cuda()) lo.dtype = "float32";
+    return Loaded{*model::ModelWeights::load(dir, lo), *text::Tokenizer::load(dir)};
   }();
   return l;
 }
 
 std::unique_ptr<Engine> make_engine(const Loaded& m, std::int64_t blocks, EngineOptions o = {}, int block_size = 16,
                                     backend::KvDtype kv = backend::KvDtype::kFloat32) {
-  auto b = backend::make_cpu_backend(m.weights, {.kv = {kv, block_size, blocks}, .threads = 2});
-  EXPECT_TRUE(b) << b.error().to_string();
   if (o.scheduler.max_model_len == 2048) o.scheduler.max_model_len = 1024;
+  Result<std::unique_ptr<backend::Backend>> b = error(StatusCode::kInternal, "");
+  if (on_cuda()) {
+    backend::CudaBackendOptions co;
+    co.kv_dtype = kv;
+    co.block_size = block_size;
+    co.num_blocks = blocks;
+    co.max_num_seqs = o.scheduler.max_num_seqs;
+    co.max_num_batched_tokens = std::max(o.scheduler.max_num_batched_tokens, o.scheduler.max_num_seqs);
+    co.max_model_len = o.scheduler.max_model_len;
+    b = backend::make_cuda_backend(m.weights, co);
+  } else {
+    b = backend::make_cpu_backend(m.weights, {.kv = {kv, block_size, blocks}, .threads = 2});
+  }
+  EXPECT_TRUE(b) << b.error().to_string();
   auto e = Engine::create(std::move(*b), m.tokenizer, o);
   EXPECT_TRUE(e) << e.error().to_string();
   return std::move(*e);

@@ -80,3 +80,24 @@ TEST(Config, BadConfigsNameTheField) {
 
 }  // namespace
 }  // namespace lmserve::model
+
+namespace lmserve::model {
+namespace {
+
+// The benchmark shapes (tests/fixtures/configs) parse to their published sizes.
+TEST(BenchmarkConfigs, LlamaAndQwenShapes) {
+  auto root = lmserve::testing::source_dir() / "tests/fixtures/configs";
+  auto llama = load_config(root / "llama-3.1-8b");
+  ASSERT_TRUE(llama) << llama.error().to_string();
+  EXPECT_EQ(llama->head_dim, 128);
+  EXPECT_EQ(llama->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_NEAR(static_cast<double>(llama->num_parameters()), 8.03e9, 0.01e9);
+  auto qwen = load_config(root / "qwen2.5-7b");
+  ASSERT_TRUE(qwen) << qwen.error().to_string();
+  EXPECT_TRUE(qwen->qkv_bias);
+  EXPECT_EQ(qwen->num_heads / qwen->num_kv_heads, 7);
+  EXPECT_NEAR(static_cast<double>(qwen->num_parameters()), 7.62e9, 0.01e9);
+}
+
+}  // namespace
+}  // namespace lmserve::model

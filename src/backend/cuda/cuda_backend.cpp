@@ -1,0 +1,213 @@
+// The Backend on top of cuda::DeviceModel: converts ModelWeights and Batch into the device
+// model's plain inputs. Compiled by g++ as part of lmserve_backend (device_model.h is plain C++).
+#include "backend/cuda/cuda_backend.h"
+
+#include <cstring>
+#include <random>
+
+#include "backend/cuda/device_model.h"
+#include "common/numeric.h"
+
+namespace lmserve::backend {
+namespace {
+
+using cuda::Slot;
+
+int act_of(model::DType d) { return d == model::DType::kF32 ? 0 : (d == model::DType::kBF16 ? 1 : 2); }
+
+// The tensor's elements [offset, offset + count) in the act dtype, as bytes to upload.
+std::vector<std::byte> as_act(const model::Tensor& t, std::int64_t offset, std::int64_t count, model::DType act) {
+  const int eb = model::dtype_bytes(act);
+  std::vector<std::byte> out(static_cast<std::size_t>(count) * static_cast<std::size_t>(eb));
+  if (t.dtype == act) {
+    std::memcpy(out.data(), static_cast<const std::byte*>(t.data) + offset * eb, out.size());
+    return out;
+  }
+  std::vector<float> f(static_cast<std::size_t>(count));
+  t.to_float(offset, count, f.data());
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    switch (act) {
+      case model::DType::kF32: std::memcpy(&out[i * 4], &f[i], 4); break;
+      case model::DType::kBF16: {
+        std::uint16_t v = float_to_bf16(f[i]);
+        std::memcpy(&out[i * 2], &v, 2);
+        break;
+      }
+      case model::DType::kF16: {
+        std::uint16_t v = float_to_f16(f[i]);
+        std::memcpy(&out[i * 2], &v, 2);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::unique_ptr<cuda::DeviceModel> m, KvCacheConfig kv, MemoryInfo mem)
+      : weights_(std::move(w)), model_(std::move(m)), kv_(kv), mem_(mem) {}
+
+  std::string_view name() const override { return "cuda"; }
+  const model::ModelConfig& config() const override { return weights_->config(); }
+  const KvCacheConfig& kv_config() const override { return kv_; }
+  std::uint64_t kv_block_bytes() const override { return backend::kv_block_bytes(config(), kv_.dtype, kv_.block_size); }
+  MemoryInfo memory() const override { return mem_; }
+
+  Status forward(const Batch& b, std::span<float> logits) override {
+    LMSERVE_RETURN_IF_ERROR(validate_batch(b, config(), kv_, logits.size()));
+    const std::size_t S = b.seqs.size();
+    start_.resize(S);
+    len_.resize(S);
+    ctx_.resize(S);
+    tables_.resize(S);
+    for (std::size_t i = 0; i < S; ++i) {
+      start_[i] = b.seqs[i].query_start;
+      len_[i] = b.seqs[i].query_len;
+      ctx_[i] = b.seqs[i].context_len;
+      tables_[i] = b.seqs[i].block_table.data();
+    }
+    cuda::StepInput in{b.tokens.data(),
+                       b.positions.data(),
+                       b.slot_mapping.data(),
+                       static_cast<int>(b.tokens.size()),
+                       start_.data(),
+                       len_.data(),
+                       ctx_.data(),
+                       tables_.data(),
+                       static_cast<int>(S),
+                       b.logits_indices.data(),
+                       static_cast<int>(b.logits_indices.size()),
+                       logits.data()};
+    cuda::StepTimes t;
+    if (std::string e = model_->forward(in, &t); !e.empty()) {
+      const bool too_big = e.find("larger than the backend was planned for") != std::string::npos || e.find("max_model_len") != std::string::npos;
+      return Status(too_big ? StatusCode::kInvalidArgument : StatusCode::kInternal, "cuda: " + e);
+    }
+    return Status::ok();
+  }
+
+ private:
+  std::shared_ptr<const model::ModelWeights> weights_;
+  std::unique_ptr<cuda::DeviceModel> model_;
+  KvCacheConfig kv_;
+  MemoryInfo mem_;
+  std::vector<std::int32_t> start_, len_, ctx_;
+  std::vector<const std::int32_t*> tables_;
+};
+
+Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType act) {
+  const auto& c = w.config();
+  auto put = [&](Slot slot, std::int64_t layer, std::int64_t at, const model::Tensor& t) -> Status {
+    // In pieces of at most 64 Mi elements, so a float conversion never doubles a big tensor.
+    const std::int64_t n = t.numel(), piece = 64ll << 20;
+    for (std::int64_t off = 0; off < n; off += piece) {
+      const std::int64_t cnt = std::min(piece, n - off);
+      auto bytes = as_act(t, off, cnt, act);
+      if (std::string e = m.set_weight(slot, layer, at + off, bytes.data(), bytes.size()); !e.empty()) {
+        return Status(StatusCode::kInternal, "cuda: uploading " + t.name + ": " + e);
+      }
+    }
+    return Status::ok();
+  };
+  LMSERVE_RETURN_IF_ERROR(put(Slot::kEmbed, -1, 0, w.embed_tokens()));
+  LMSERVE_RETURN_IF_ERROR(put(Slot::kFinalNorm, -1, 0, w.final_norm()));
+  if (!c.tie_word_embeddings) LMSERVE_RETURN_IF_ERROR(put(Slot::kLmHead, -1, 0, w.lm_head()));
+  const std::int64_t H = c.hidden_size, qrows = c.num_heads * c.head_dim, kvrows = c.num_kv_heads * c.head_dim;
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    const auto& L = w.layers()[static_cast<std::size_t>(l)];
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kInputNorm, l, 0, L.input_norm));
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kPostNorm, l, 0, L.post_attention_norm));
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kQkv, l, 0, L.q_proj));
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kQkv, l, qrows * H, L.k_proj));
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kQkv, l, (qrows + kvrows) * H, L.v_proj));
+    if (c.qkv_bias) {
+      LMSERVE_RETURN_IF_ERROR(put(Slot::kQkvBias, l, 0, L.q_bias));
+      LMSERVE_RETURN_IF_ERROR(put(Slot::kQkvBias, l, qrows, L.k_bias));
+      LMSERVE_RETURN_IF_ERROR(put(Slot::kQkvBias, l, qrows + kvrows, L.v_bias));
+    }
+    if (c.qk_norm) {
+      LMSERVE_RETURN_IF_ERROR(put(Slot::kQNorm, l, 0, L.q_norm));
+      LMSERVE_RETURN_IF_ERROR(put(Slot::kKNorm, l, 0, L.k_norm));
+    }
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kO, l, 0, L.o_proj));
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kGateUp, l, 0, L.gate_proj));
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kGateUp, l, c.intermediate_size * H, L.up_proj));
+    LMSERVE_RETURN_IF_ERROR(put(Slot::kDown, l, 0, L.down_proj));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::ModelWeights> weights, const CudaBackendOptions& o) {
+  if (!weights) return error(StatusCode::kInvalidArgument, "cuda backend: no weights");
+  const auto& c = weights->config();
+  if (o.block_size < 1 || o.block_size > 1024) return error(StatusCode::kInvalidArgument, "cuda backend: block size must be in [1, 1024]");
+  if (o.gpu_memory_utilization <= 0 || o.gpu_memory_utilization > 1) {
+    return error(StatusCode::kInvalidArgument, "--gpu-memory-utilization must be in (0, 1]");
+  }
+  if (o.max_num_seqs < 1 || o.max_num_batched_tokens < 1) {
+    return error(StatusCode::kInvalidArgument, "cuda backend: max_num_seqs and max_num_batched_tokens must be positive");
+  }
+  if (!cuda::kernels_support(c.head_dim, c.num_heads / c.num_kv_heads) || c.head_dim / 2 > 128) {
+    return error(StatusCode::kInvalidArgument, "cuda backend: head_dim " + std::to_string(c.head_dim) + " with " +
+                                                   std::to_string(c.num_heads / c.num_kv_heads) +
+                                                   " query heads per KV head is not supported (head_dim 16/32/64/128, up to 16 per group)");
+  }
+  const model::DType act = weights->dtype();
+  cuda::ModelDims d;
+  d.vocab = c.vocab_size;
+  d.hidden = c.hidden_size;
+  d.intermediate = c.intermediate_size;
+  d.layers = c.num_layers;
+  d.heads = c.num_heads;
+  d.kv_heads = c.num_kv_heads;
+  d.head_dim = c.head_dim;
+  d.eps = static_cast<float>(c.rms_norm_eps);
+  d.act = act_of(act);
+  d.qkv_bias = c.qkv_bias;
+  d.qk_norm = c.qk_norm;
+  d.tied = c.tie_word_embeddings;
+  d.inv_freq = rope_inv_freq(c);
+  std::string err;
+  auto m = cuda::create_device_model(o.device, d, &err);
+  if (!m) return error(StatusCode::kUnavailable, "cuda backend: " + err);
+  LMSERVE_RETURN_IF_ERROR(upload(*m, *weights, act));
+
+  cuda::PlanOptions p;
+  p.kv = static_cast<int>(o.kv_dtype);
+  p.block_size = o.block_size;
+  p.num_blocks = o.num_blocks;
+  p.gpu_memory_utilization = o.gpu_memory_utilization;
+  p.max_tokens = o.max_num_batched_tokens;
+  p.max_seqs = o.max_num_seqs;
+  p.max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
+  p.enforce_eager = o.enforce_eager;
+  p.k_scales = o.k_scales;
+  p.v_scales = o.v_scales;
+  if (o.kv_dtype == KvDtype::kFp8E4M3 && o.k_scales.empty()) {
+    // The CPU backend's calibration batch: 256 tokens from the same generator.
+    std::mt19937 rng(20261130);
+    std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(c.vocab_size - 1));
+    for (int i = 0; i < 256; ++i) p.calibration_tokens.push_back(tok(rng));
+  }
+  cuda::MemoryPlan plan;
+  if (std::string e = m->plan(p, &plan); !e.empty()) {
+    const bool no_memory = e.find("no GPU memory left") != std::string::npos || e.find("out of memory") != std::string::npos;
+    return error(no_memory ? StatusCode::kResourceExhausted : StatusCode::kInternal, "cuda backend: " + e);
+  }
+  MemoryInfo mem;
+  mem.total_bytes = plan.total;
+  mem.weight_bytes = plan.weights;
+  mem.activation_bytes = plan.activations;
+  mem.graph_bytes = plan.graphs;
+  mem.kv_cache_bytes = plan.kv;
+  mem.used_bytes = plan.weights + plan.activations + plan.graphs + plan.kv;
+  KvCacheConfig kv{o.kv_dtype, o.block_size, plan.num_blocks};
+  return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(m), kv, mem));
+}
+
+double measure_copy_bandwidth(int device) { return cuda::copy_bandwidth(device); }
+
+}  // namespace lmserve::backend

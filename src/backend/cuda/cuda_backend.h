@@ -1,0 +1,45 @@
+// The CUDA backend (Hopper first, sm_90a): the Backend of backend.h on one GPU. Plain C++ —
+// callers never see a CUDA header.
+//
+// Start-up (make_cuda_backend) is the memory plan: upload weights (fused QKV and gate/up), set
+// up activation buffers for max_num_batched_tokens and run one maximal dummy batch to measure
+// the activation peak, capture one CUDA graph per decode batch-size bucket (unless
+// enforce_eager), then give the KV pool gpu_memory_utilization x total minus everything in use
+// — one arena for all layers. fp8_e4m3 scales come from a fixed 256-token calibration batch
+// on the device, as the CPU backend does it, unless given.
+//
+// Per step: the batch's metadata goes to the device in one copy; a pure decode batch runs as the
+// captured graph of the smallest bucket that holds it, anything else eagerly; logits of the
+// requested rows come back as float32. A batch beyond the planned limits is InvalidArgument.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace lmserve::backend {
+
+struct CudaBackendOptions {
+  int device = 0;
+  KvDtype kv_dtype = KvDtype::kBFloat16;
+  int block_size = 16;
+  std::int64_t num_blocks = 0;  // 0: what the memory plan leaves
+  double gpu_memory_utilization = 0.9;
+  std::int64_t max_num_batched_tokens = 8192;  // tokens of the largest step
+  std::int64_t max_num_seqs = 256;             // sequences of the largest step
+  std::int64_t max_model_len = 0;              // 0: the config's max_position_embeddings
+  bool enforce_eager = false;                  // no CUDA graphs
+  std::vector<float> k_scales, v_scales;       // fp8_e4m3, [layer * num_kv_heads + head]
+};
+
+// Unavailable when this build has no CUDA or no GPU can be used; InvalidArgument for options
+// or models the kernels do not support (named); ResourceExhausted when the plan leaves no KV.
+Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::ModelWeights> weights, const CudaBackendOptions& options);
+
+// Device-to-device copy bandwidth in bytes/s, measured with 1 GiB buffers (the roofline the
+// latency benchmark divides by). 0 when no GPU can be used.
+double measure_copy_bandwidth(int device);
+
+}  // namespace lmserve::backend

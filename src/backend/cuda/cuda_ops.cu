@@ -1,0 +1,226 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/kernels.cuh"
+
+namespace lmserve::cuda::ops {
+namespace {
+
+// Device memory for one op run, freed on scope exit.
+class Arena {
+ public:
+  ~Arena() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  void* alloc(std::size_t bytes, bool poison = true) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<std::size_t>(bytes, 16)) != cudaSuccess) {
+      ok_ = false;
+      return nullptr;
+    }
+    ptrs_.push_back(p);
+    cudaMemset(p, poison ? 0xFF : 0, std::max<std::size_t>(bytes, 16));
+    return p;
+  }
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    auto* p = static_cast<T*>(alloc(v.size() * sizeof(T), false));
+    if (p && !v.empty()) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return p;
+  }
+  // Floats rounded to act on the device.
+  void* upload_act(const std::vector<float>& v, Act act) {
+    if (v.empty()) return nullptr;
+    float* f = upload(v);
+    void* out = alloc(v.size() * static_cast<std::size_t>(act_bytes(act)));
+    if (f && out) launch_float_to_act(f, out, act, static_cast<std::int64_t>(v.size()), nullptr);
+    return out;
+  }
+  // Act values back as floats.
+  std::vector<float> download_act(const void* p, Act act, std::size_t n) {
+    std::vector<float> out(n);
+    float* f = static_cast<float*>(alloc(n * 4));
+    if (!f) return out;
+    launch_act_to_float(p, act, f, static_cast<std::int64_t>(n), nullptr);
+    cudaMemcpy(out.data(), f, n * 4, cudaMemcpyDeviceToHost);
+    return out;
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  std::vector<void*> ptrs_;
+  bool ok_ = true;
+};
+
+std::string finish(const Arena& a) {
+  if (!a.ok()) return "cudaMalloc failed";
+  if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) return cudaGetErrorString(e);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return cudaGetErrorString(e);
+  return {};
+}
+
+std::string need_gpu() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return "no GPU";
+  }
+  return {};
+}
+
+// The KV pointer table kernels read: [K, V] for layer 0.
+void* const* kv_table(Arena& a, void* k, void* v) {
+  std::vector<void*> ptrs = {k, v};
+  return a.upload(ptrs);
+}
+
+}  // namespace
+
+std::string embed(int act, const std::vector<float>& table, int hidden, const std::vector<std::int32_t>& tokens, std::vector<float>* x) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  void* t = a.upload_act(table, A);
+  auto* tok = a.upload(tokens);
+  auto* out = static_cast<float*>(a.alloc(tokens.size() * static_cast<std::size_t>(hidden) * 4));
+  launch_embed(t, A, tok, static_cast<int>(tokens.size()), hidden, out, nullptr);
+  x->resize(tokens.size() * static_cast<std::size_t>(hidden));
+  cudaMemcpy(x->data(), out, x->size() * 4, cudaMemcpyDeviceToHost);
+  return finish(a);
+}
+
+std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>* delta, const std::vector<std::int32_t>* rows, int R,
+                        int hidden, const std::vector<float>& w, float eps, std::vector<float>* out) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  float* xd = a.upload(*x);
+  const float* dd = delta ? a.upload(*delta) : nullptr;
+  const std::int32_t* rd = rows ? a.upload(*rows) : nullptr;
+  void* wd = a.upload_act(w, A);
+  void* od = a.alloc(static_cast<std::size_t>(R) * hidden * static_cast<std::size_t>(act_bytes(A)));
+  launch_add_rmsnorm(xd, dd, rd, R, hidden, wd, A, eps, od, nullptr);
+  *out = a.download_act(od, A, static_cast<std::size_t>(R) * hidden);
+  cudaMemcpy(x->data(), xd, x->size() * 4, cudaMemcpyDeviceToHost);
+  return finish(a);
+}
+
+std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  void* wd = a.upload_act(w, A);
+  void* xd = a.upload_act(x, A);
+  auto* yd = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * m * 4));
+  Gemm g;
+  if (auto e = g.init(8u << 20); !e.empty()) return e;
+  if (auto e = g.run(wd, xd, yd, m, n, k, A, nullptr); !e.empty()) return e;
+  y->resize(static_cast<std::size_t>(n) * m);
+  cudaMemcpy(y->data(), yd, y->size() * 4, cudaMemcpyDeviceToHost);
+  return finish(a);
+}
+
+std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::vector<float>* out) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  float* g = a.upload(gu);
+  void* od = a.alloc(static_cast<std::size_t>(T) * I * static_cast<std::size_t>(act_bytes(A)));
+  launch_silu_mul(g, T, I, od, A, nullptr);
+  *out = a.download_act(od, A, static_cast<std::size_t>(T) * I);
+  return finish(a);
+}
+
+std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::vector<float>* q) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  const int T = static_cast<int>(in.positions.size());
+  QkvRopeArgs r;
+  r.qkv = a.upload(in.qkv);
+  r.bias = a.upload_act(in.bias, A);
+  r.q_norm = a.upload_act(in.q_norm, A);
+  r.k_norm = a.upload_act(in.k_norm, A);
+  r.act = A;
+  r.inv_freq = a.upload(in.inv_freq);
+  r.positions = a.upload(in.positions);
+  r.slots = a.upload(in.slots);
+  r.T = T;
+  r.nh = in.nh;
+  r.nkv = in.nkv;
+  r.D = in.D;
+  r.eps = in.eps;
+  r.q_out = static_cast<float*>(a.alloc(static_cast<std::size_t>(T) * in.nh * in.D * 4));
+  void* k = a.upload(cache->k);
+  void* v = a.upload(cache->v);
+  r.kv_ptrs = kv_table(a, k, v);
+  r.kv = static_cast<Kv>(cache->kv);
+  if (!cache->k_scale.empty()) {
+    r.k_scale = a.upload(cache->k_scale);
+    r.v_scale = a.upload(cache->v_scale);
+  }
+  launch_qkv_rope(r, nullptr);
+  q->resize(static_cast<std::size_t>(T) * in.nh * in.D);
+  cudaMemcpy(q->data(), r.q_out, q->size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(cache->k.data(), k, cache->k.size(), cudaMemcpyDeviceToHost);
+  cudaMemcpy(cache->v.data(), v, cache->v.size(), cudaMemcpyDeviceToHost);
+  return finish(a);
+}
+
+std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  if (!attention_supports(in.D, in.nh / in.nkv)) return "unsupported head_dim / group";
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  const int T = static_cast<int>(in.positions.size());
+  const int group = in.nh / in.nkv, per_item = std::max(1, kAttnRows / group);
+  std::vector<std::int32_t> it_tok, it_cnt, it_seq;
+  bool single = true;
+  for (std::size_t s = 0; s < in.seq_start.size(); ++s) {
+    for (int k = 0; k < in.seq_len[s]; k += per_item) {
+      it_tok.push_back(in.seq_start[s] + k);
+      it_cnt.push_back(std::min(per_item, in.seq_len[s] - k));
+      it_seq.push_back(static_cast<std::int32_t>(s));
+      single = single && it_cnt.back() == 1;
+    }
+  }
+  std::int32_t stride = 1;
+  for (const auto& t : in.tables) stride = std::max(stride, static_cast<std::int32_t>(t.size()));
+  std::vector<std::int32_t> tables(in.tables.size() * static_cast<std::size_t>(stride), 0);
+  for (std::size_t s = 0; s < in.tables.size(); ++s) std::copy(in.tables[s].begin(), in.tables[s].end(), tables.begin() + s * stride);
+  AttnArgs at;
+  at.q = a.upload(in.q);
+  void* k = a.upload(cache.k);
+  void* v = a.upload(cache.v);
+  at.kv_ptrs = kv_table(a, k, v);
+  at.kv = static_cast<Kv>(cache.kv);
+  if (!cache.k_scale.empty()) {
+    at.k_scale = a.upload(cache.k_scale);
+    at.v_scale = a.upload(cache.v_scale);
+  }
+  at.positions = a.upload(in.positions);
+  at.item_token = a.upload(it_tok);
+  at.item_count = a.upload(it_cnt);
+  at.item_seq = a.upload(it_seq);
+  at.num_items = static_cast<int>(it_tok.size());
+  at.block_tables = a.upload(tables);
+  at.bt_stride = a.upload(std::vector<std::int32_t>{stride});
+  at.block_size = cache.block_size;
+  at.nh = in.nh;
+  at.nkv = in.nkv;
+  at.D = in.D;
+  at.scale = 1.0f / std::sqrt(static_cast<float>(in.D));
+  at.splits = single ? std::max(1, in.splits) : 1;
+  at.partial = static_cast<float*>(a.alloc(static_cast<std::size_t>(at.num_items) * in.nkv * at.splits * kAttnRows * (in.D + 2) * 4));
+  at.out = a.alloc(static_cast<std::size_t>(T) * in.nh * in.D * static_cast<std::size_t>(act_bytes(A)));
+  at.act = A;
+  launch_attention(at, nullptr);
+  *out = a.download_act(at.out, A, static_cast<std::size_t>(T) * in.nh * in.D);
+  return finish(a);
+}
+
+}  // namespace lmserve::cuda::ops

@@ -1,0 +1,56 @@
+// Each CUDA op run once on host data — the seam tests/backend_compare uses to check every op
+// against the CPU op of the same name (backend/cpu/cpu_ops.h). Plain C++17, no CUDA types.
+// `act` is the model dtype: 0 float32, 1 bfloat16, 2 float16; act-typed inputs are given as
+// floats and rounded to act on the device, act-typed outputs come back as floats. Every output
+// buffer is poisoned (all bits set: NaN in every dtype) before the op, so an element the op
+// fails to write shows up. Each returns "" or what failed (including "no GPU").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lmserve::cuda::ops {
+
+std::string embed(int act, const std::vector<float>& table, int hidden, const std::vector<std::int32_t>& tokens, std::vector<float>* x);
+
+// x += delta (if given, rows of x picked by `rows` if given), out = w * rmsnorm(x).
+std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>* delta, const std::vector<std::int32_t>* rows, int R,
+                        int hidden, const std::vector<float>& w, float eps, std::vector<float>* out);
+
+// y[n, m] = x[n, k] * w[m, k]^T through cuBLASLt.
+std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y);
+
+std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::vector<float>* out);
+
+struct KvCacheHost {
+  int kv = 0;  // backend::KvDtype order
+  int block_size = 16;
+  std::vector<std::uint8_t> k, v;  // [slot][kv_head][head_dim] in the cache dtype
+  std::vector<float> k_scale, v_scale;  // [kv_heads] (fp8_e4m3)
+};
+
+struct QkvRopeInput {
+  std::vector<float> qkv;   // [T, (nh + 2 nkv) * D]
+  std::vector<float> bias;  // empty or [(nh + 2 nkv) * D]
+  std::vector<float> q_norm, k_norm;  // empty or [D]
+  std::vector<float> inv_freq;
+  std::vector<std::int32_t> positions;
+  std::vector<std::int64_t> slots;
+  int nh = 0, nkv = 0, D = 0;
+  float eps = 1e-6f;
+};
+// Writes K/V into `cache` (updated in place) and returns the rotated q [T, nh * D].
+std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::vector<float>* q);
+
+struct AttentionInput {
+  std::vector<float> q;  // [T, nh * D]
+  std::vector<std::int32_t> positions;
+  std::vector<std::int32_t> seq_start, seq_len;
+  std::vector<std::vector<std::int32_t>> tables;
+  int nh = 0, nkv = 0, D = 0;
+  int splits = 1;  // context splits for single-token sequences (decode)
+};
+std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out);
+
+}  // namespace lmserve::cuda::ops

@@ -1,0 +1,639 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "backend/cuda/device_model.h"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/kernels.cuh"
+
+namespace lmserve::cuda {
+namespace {
+
+#define LMSERVE_CUDA_TRY(call)                                                                  \
+  do {                                                                                          \
+    if (cudaError_t e_ = (call); e_ != cudaSuccess) return std::string(#call) + ": " + cudaGetErrorString(e_); \
+  } while (0)
+#define LMSERVE_TRY(expr)                          \
+  do {                                             \
+    if (std::string e_ = (expr); !e_.empty()) return e_; \
+  } while (0)
+
+int kv_bytes(int kv) { return kv == 0 ? 4 : (kv <= 2 ? 2 : 1); }
+
+// One device allocation that frees itself.
+struct DeviceBuffer {
+  void* p = nullptr;
+  std::size_t bytes = 0;
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p), bytes(o.bytes) {
+    o.p = nullptr;
+    o.bytes = 0;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  void reset() {
+    if (p) cudaFree(p);
+    p = nullptr;
+    bytes = 0;
+  }
+  std::string alloc(std::size_t n) {
+    reset();
+    if (n == 0) n = 256;
+    if (cudaError_t e = cudaMalloc(&p, n); e != cudaSuccess) {
+      p = nullptr;
+      return "cudaMalloc(" + std::to_string(n) + " bytes): " + cudaGetErrorString(e);
+    }
+    bytes = n;
+    return {};
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+std::size_t align_up(std::size_t n) { return (n + 255) / 256 * 256; }
+
+struct LayerBuffers {
+  DeviceBuffer input_norm, post_norm, qkv, qkv_bias, q_norm, k_norm, o, gate_up, down;
+};
+
+class CudaModel final : public DeviceModel {
+ public:
+  CudaModel(int device, ModelDims d) : device_(device), d_(std::move(d)), act_(static_cast<Act>(d_.act)) {}
+  ~CudaModel() override {
+    cudaSetDevice(device_);
+    for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+    if (stage_) cudaFreeHost(stage_);
+    if (host_logits_) cudaFreeHost(host_logits_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::string init() {
+    LMSERVE_CUDA_TRY(cudaSetDevice(device_));
+    LMSERVE_CUDA_TRY(cudaFree(nullptr));  // create the context before measuring
+    LMSERVE_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cudaDeviceProp prop{};
+    LMSERVE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
+    sms_ = prop.multiProcessorCount;
+    LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_at_start_, &total_));
+    const std::size_t a = static_cast<std::size_t>(act_bytes(act_));
+    const std::size_t H = d_.hidden, I = d_.intermediate, D = d_.head_dim;
+    const std::size_t qkvd = (d_.heads + 2 * d_.kv_heads) * D;
+    auto add = [&](DeviceBuffer& b, std::size_t elems) {
+      weight_bytes_ += elems * a;
+      return b.alloc(elems * a);
+    };
+    LMSERVE_TRY(add(embed_, d_.vocab * H));
+    LMSERVE_TRY(add(final_norm_, H));
+    if (!d_.tied) LMSERVE_TRY(add(lm_head_, d_.vocab * H));
+    layers_.resize(static_cast<std::size_t>(d_.layers));
+    for (auto& L : layers_) {
+      LMSERVE_TRY(add(L.input_norm, H));
+      LMSERVE_TRY(add(L.post_norm, H));
+      LMSERVE_TRY(add(L.qkv, qkvd * H));
+      if (d_.qkv_bias) LMSERVE_TRY(add(L.qkv_bias, qkvd));
+      if (d_.qk_norm) {
+        LMSERVE_TRY(add(L.q_norm, D));
+        LMSERVE_TRY(add(L.k_norm, D));
+      }
+      LMSERVE_TRY(add(L.o, H * d_.heads * D));
+      LMSERVE_TRY(add(L.gate_up, 2 * I * H));
+      LMSERVE_TRY(add(L.down, H * I));
+    }
+    LMSERVE_TRY(inv_freq_.alloc(d_.inv_freq.size() * sizeof(float)));
+    LMSERVE_CUDA_TRY(cudaMemcpy(inv_freq_.p, d_.inv_freq.data(), d_.inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
+    return {};
+  }
+
+  std::string set_weight(Slot slot, std::int64_t layer, std::int64_t offset, const void* host, std::size_t bytes) override {
+    DeviceBuffer* b = nullptr;
+    LayerBuffers* L = layer >= 0 && layer < d_.layers ? &layers_[static_cast<std::size_t>(layer)] : nullptr;
+    switch (slot) {
+      case Slot::kEmbed: b = &embed_; break;
+      case Slot::kFinalNorm: b = &final_norm_; break;
+      case Slot::kLmHead: b = d_.tied ? nullptr : &lm_head_; break;
+      case Slot::kInputNorm: b = L ? &L->input_norm : nullptr; break;
+      case Slot::kPostNorm: b = L ? &L->post_norm : nullptr; break;
+      case Slot::kQkv: b = L ? &L->qkv : nullptr; break;
+      case Slot::kQkvBias: b = L ? &L->qkv_bias : nullptr; break;
+      case Slot::kQNorm: b = L ? &L->q_norm : nullptr; break;
+      case Slot::kKNorm: b = L ? &L->k_norm : nullptr; break;
+      case Slot::kO: b = L ? &L->o : nullptr; break;
+      case Slot::kGateUp: b = L ? &L->gate_up : nullptr; break;
+      case Slot::kDown: b = L ? &L->down : nullptr; break;
+    }
+    const std::size_t at = static_cast<std::size_t>(offset) * static_cast<std::size_t>(act_bytes(act_));
+    if (!b || !b->p || at + bytes > b->bytes) return "weight upload outside its buffer (slot " + std::to_string(static_cast<int>(slot)) + ")";
+    LMSERVE_CUDA_TRY(cudaMemcpy(static_cast<char*>(b->p) + at, host, bytes, cudaMemcpyHostToDevice));
+    return {};
+  }
+
+  std::string plan(const PlanOptions& o, MemoryPlan* out) override {
+    LMSERVE_CUDA_TRY(cudaSetDevice(device_));
+    o_ = o;
+    kv_ = static_cast<Kv>(o.kv);
+    max_model_len_ = o.max_model_len;
+    max_seqs_ = static_cast<int>(std::max<std::int64_t>(1, o.max_seqs));
+    max_tokens_ = static_cast<int>(std::max<std::int64_t>(max_seqs_, o.max_tokens));
+    max_blocks_per_seq_ = static_cast<int>((max_model_len_ + o.block_size - 1) / o.block_size);
+    std::size_t free_before = 0, total = 0;
+    LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_before, &total));
+    LMSERVE_TRY(allocate_activations());
+
+    // The activation peak: a maximal dummy batch on a temporary KV arena.
+    const std::int64_t tmp_blocks = (max_tokens_ + o.block_size - 1) / o.block_size + 1;
+    LMSERVE_TRY(allocate_kv(tmp_blocks, &tmp_kv_));
+    LMSERVE_TRY(run_dummy(max_tokens_, static_cast<int>(std::min<std::int64_t>(max_tokens_, max_model_len_))));
+    LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
+    std::size_t free_after = 0;
+    LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_after, &total));
+    const std::size_t tmp_kv_bytes = tmp_kv_.bytes;
+    activation_bytes_ = free_before > free_after + tmp_kv_bytes ? free_before - free_after - tmp_kv_bytes : 0;
+
+    if (!o.enforce_eager) LMSERVE_TRY(capture_graphs());
+    std::size_t free_graphs = 0;
+    LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_graphs, &total));
+    graph_bytes_ = free_after > free_graphs ? free_after - free_graphs : 0;
+    tmp_kv_.reset();
+
+    // The KV pool: what gpu_memory_utilization leaves after everything now in use.
+    std::size_t free_now = 0;
+    LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_now, &total));
+    const std::uint64_t block_bytes = static_cast<std::uint64_t>(2 * d_.layers * o.block_size * d_.kv_heads * d_.head_dim * kv_bytes(o.kv));
+    const double budget = o.gpu_memory_utilization * static_cast<double>(total) - static_cast<double>(total - free_now);
+    std::int64_t blocks = o.num_blocks > 0 ? o.num_blocks : static_cast<std::int64_t>(std::max(0.0, budget) / static_cast<double>(block_bytes));
+    if (static_cast<double>(blocks) * static_cast<double>(block_bytes) > static_cast<double>(free_now) * 0.98) {
+      blocks = static_cast<std::int64_t>(static_cast<double>(free_now) * 0.98 / static_cast<double>(block_bytes));
+    }
+    if (blocks < 1) {
+      return "no GPU memory left for the KV cache: " + describe(total, 0) + "; raise --gpu-memory-utilization or lower --max-num-batched-tokens";
+    }
+    LMSERVE_TRY(allocate_kv(blocks, &kv_arena_));
+    num_blocks_ = blocks;
+
+    if (kv_ == Kv::kE4M3) LMSERVE_TRY(set_scales(o));
+    out->total = total;
+    out->weights = weight_bytes_;
+    out->activations = activation_bytes_;
+    out->graphs = graph_bytes_;
+    out->kv = kv_arena_.bytes;
+    std::size_t free_end = 0;
+    LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_end, &total));
+    const std::uint64_t used = total - free_end, ours = weight_bytes_ + activation_bytes_ + graph_bytes_ + kv_arena_.bytes;
+    out->other = used > ours ? used - ours : 0;
+    out->num_blocks = blocks;
+    out->graph_buckets = static_cast<int>(graphs_.size());
+    out->k_scales = k_scales_host_;
+    out->v_scales = v_scales_host_;
+    return {};
+  }
+
+  std::string forward(const StepInput& in, StepTimes* times) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (in.num_tokens > max_tokens_ || in.num_seqs > max_seqs_) {
+      return "batch of " + std::to_string(in.num_tokens) + " tokens / " + std::to_string(in.num_seqs) +
+             " sequences is larger than the backend was planned for (" + std::to_string(max_tokens_) + " / " + std::to_string(max_seqs_) + ")";
+    }
+    bool decode = !o_.enforce_eager && in.num_seqs > 0 && in.num_rows == in.num_seqs && in.num_tokens == in.num_seqs;
+    for (int i = 0; decode && i < in.num_seqs; ++i) decode = in.seq_len[i] == 1 && in.seq_start[i] == i && in.logits_rows[i] == i;
+    int bucket = 0;
+    if (decode) {
+      auto it = std::find_if(buckets_.begin(), buckets_.end(), [&](int b) { return b >= in.num_seqs; });
+      decode = it != buckets_.end();
+      if (decode) bucket = *it;
+    }
+    LMSERVE_TRY(stage(in, decode ? bucket : 0));
+    LMSERVE_CUDA_TRY(cudaSetDevice(device_));
+    LMSERVE_CUDA_TRY(cudaMemcpyAsync(meta_.p, stage_, staged_bytes_, cudaMemcpyHostToDevice, stream_));
+    const std::size_t V = static_cast<std::size_t>(d_.vocab);
+    double device_s = 0;
+    if (decode) {
+      LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(bucket), stream_));
+      LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_.p, static_cast<std::size_t>(in.num_rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+      const auto t1 = std::chrono::steady_clock::now();
+      LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
+      device_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      std::memcpy(in.logits, host_logits_, static_cast<std::size_t>(in.num_rows) * V * sizeof(float));
+    } else {
+      LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, splits_for(num_items_, all_single_)));
+      for (int r0 = 0; r0 < in.num_rows; r0 += max_seqs_) {
+        const int R = std::min(max_seqs_, in.num_rows - r0);
+        LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R));
+        LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_.p, static_cast<std::size_t>(R) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        const auto t1 = std::chrono::steady_clock::now();
+        LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
+        device_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        std::memcpy(in.logits + static_cast<std::size_t>(r0) * V, host_logits_, static_cast<std::size_t>(R) * V * sizeof(float));
+      }
+      if (in.num_rows == 0) LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
+    }
+    LMSERVE_CUDA_TRY(cudaGetLastError());
+    if (times) {
+      times->device_seconds = device_s;
+      times->host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - device_s;
+      times->graph = decode;
+    }
+    return {};
+  }
+
+ private:
+  std::string describe(std::size_t total, std::uint64_t kv) const {
+    auto gib = [](double b) { return std::to_string(b / (1024.0 * 1024 * 1024)).substr(0, 6) + " GiB"; };
+    return "total " + gib(static_cast<double>(total)) + ", weights " + gib(static_cast<double>(weight_bytes_)) + ", activations " +
+           gib(static_cast<double>(activation_bytes_)) + ", graphs " + gib(static_cast<double>(graph_bytes_)) + ", KV " + gib(static_cast<double>(kv));
+  }
+
+  int splits_for(int items, bool single_token_items) const {
+    if (!single_token_items) return 1;
+    const std::int64_t work = static_cast<std::int64_t>(items) * d_.kv_heads;
+    if (work >= 2 * sms_) return 1;
+    return static_cast<int>(std::min<std::int64_t>(16, (2 * sms_ + work - 1) / work));
+  }
+
+  std::string allocate_activations() {
+    const std::size_t T = static_cast<std::size_t>(max_tokens_), R = static_cast<std::size_t>(max_seqs_);
+    const std::size_t H = d_.hidden, I = d_.intermediate, D = d_.head_dim, qd = d_.heads * D;
+    const std::size_t qkvd = (d_.heads + 2 * d_.kv_heads) * D, a = static_cast<std::size_t>(act_bytes(act_));
+    LMSERVE_TRY(x_.alloc(T * H * 4));
+    LMSERVE_TRY(h_.alloc(T * H * a));
+    LMSERVE_TRY(qkv_.alloc(T * qkvd * 4));
+    LMSERVE_TRY(q_.alloc(T * qd * 4));
+    LMSERVE_TRY(attn_.alloc(T * qd * a));
+    LMSERVE_TRY(out_.alloc(T * H * 4));
+    LMSERVE_TRY(gu_.alloc(T * 2 * I * 4));
+    LMSERVE_TRY(mlp_in_.alloc(T * I * a));
+    LMSERVE_TRY(hrows_.alloc(R * H * a));
+    LMSERVE_TRY(logits_.alloc(R * static_cast<std::size_t>(d_.vocab) * 4));
+    // Split-context partials: at most 2 x SMs + one wave of (item, head) blocks use splits.
+    std::size_t split_blocks = 0;
+    for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n, true)));
+    LMSERVE_TRY(partial_.alloc(split_blocks * kAttnRows * (D + 2) * 4));
+    LMSERVE_TRY(kv_ptrs_.alloc(2 * d_.layers * sizeof(void*)));
+    LMSERVE_TRY(k_scale_.alloc(d_.layers * d_.kv_heads * 4));
+    LMSERVE_TRY(v_scale_.alloc(d_.layers * d_.kv_heads * 4));
+    LMSERVE_TRY(amax_.alloc(2 * d_.layers * d_.kv_heads * 4));
+    launch_fill(k_scale_.as<float>(), 1.0f, d_.layers * d_.kv_heads, stream_);
+    launch_fill(v_scale_.as<float>(), 1.0f, d_.layers * d_.kv_heads, stream_);
+    LMSERVE_TRY(gemm_.init(32u << 20));
+    // Metadata: one region, copied to the device in one piece each step.
+    std::size_t off = 0;
+    auto take = [&](std::size_t bytes) {
+      std::size_t at = off;
+      off = align_up(off + bytes);
+      return at;
+    };
+    off_slots_ = take(T * 8);
+    off_tokens_ = take(T * 4);
+    off_pos_ = take(T * 4);
+    off_item_tok_ = take(T * 4);
+    off_item_cnt_ = take(T * 4);
+    off_item_seq_ = take(T * 4);
+    off_rows_ = take(T * 4);
+    off_stride_ = take(4);
+    off_tables_ = take(static_cast<std::size_t>(max_seqs_) * static_cast<std::size_t>(std::max(1, max_blocks_per_seq_)) * 4);
+    LMSERVE_TRY(meta_.alloc(off));
+    LMSERVE_CUDA_TRY(cudaHostAlloc(&stage_, off, cudaHostAllocDefault));
+    LMSERVE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_logits_), R * static_cast<std::size_t>(d_.vocab) * 4, cudaHostAllocDefault));
+    // Decode graphs use identity items and rows: item i = token i of sequence i.
+    LMSERVE_TRY(decode_items_.alloc(4 * R * 4));
+    std::vector<std::int32_t> ids(4 * R);
+    for (std::size_t i = 0; i < R; ++i) {
+      ids[i] = static_cast<std::int32_t>(i);
+      ids[R + i] = 1;
+      ids[2 * R + i] = static_cast<std::int32_t>(i);
+      ids[3 * R + i] = static_cast<std::int32_t>(i);
+    }
+    LMSERVE_CUDA_TRY(cudaMemcpy(decode_items_.p, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    return {};
+  }
+
+  std::string allocate_kv(std::int64_t blocks, DeviceBuffer* arena) {
+    const std::size_t per = static_cast<std::size_t>(blocks) * o_.block_size * d_.kv_heads * d_.head_dim * kv_bytes(o_.kv);
+    LMSERVE_TRY(arena->alloc(2 * d_.layers * per));
+    LMSERVE_CUDA_TRY(cudaMemsetAsync(arena->p, 0, arena->bytes, stream_));
+    std::vector<void*> ptrs(static_cast<std::size_t>(2 * d_.layers));
+    for (std::size_t i = 0; i < ptrs.size(); ++i) ptrs[i] = static_cast<char*>(arena->p) + i * per;
+    LMSERVE_CUDA_TRY(cudaMemcpyAsync(kv_ptrs_.p, ptrs.data(), ptrs.size() * sizeof(void*), cudaMemcpyHostToDevice, stream_));
+    LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
+    kv_blocks_now_ = blocks;
+    return {};
+  }
+
+  // Lays the step's metadata out in the pinned staging region. `bucket` > 0: a decode graph of
+  // that many sequences (padding has slot -1, position 0 and block table row 0).
+  std::string stage(const StepInput& in, int bucket) {
+    char* s = static_cast<char*>(stage_);
+    auto* slots = reinterpret_cast<std::int64_t*>(s + off_slots_);
+    auto* tokens = reinterpret_cast<std::int32_t*>(s + off_tokens_);
+    auto* pos = reinterpret_cast<std::int32_t*>(s + off_pos_);
+    const int T = std::max(in.num_tokens, bucket);
+    for (int i = 0; i < T; ++i) {
+      const bool real = i < in.num_tokens;
+      slots[i] = real ? in.slots[i] : -1;
+      tokens[i] = real ? in.tokens[i] : 0;
+      pos[i] = real ? in.positions[i] : 0;
+    }
+    int stride = 1;
+    for (int i = 0; i < in.num_seqs; ++i) stride = std::max(stride, (in.seq_context[i] + o_.block_size - 1) / o_.block_size);
+    if (stride > max_blocks_per_seq_) return "a sequence is longer than max_model_len";
+    const int S = std::max(in.num_seqs, bucket);
+    *reinterpret_cast<std::int32_t*>(s + off_stride_) = stride;
+    auto* tables = reinterpret_cast<std::int32_t*>(s + off_tables_);
+    for (int i = 0; i < S; ++i) {
+      std::int32_t* row = tables + static_cast<std::size_t>(i) * stride;
+      if (i < in.num_seqs) {
+        const int need = (in.seq_context[i] + o_.block_size - 1) / o_.block_size;
+        std::memcpy(row, in.seq_table[i], static_cast<std::size_t>(need) * 4);
+        std::fill(row + need, row + stride, 0);
+      } else {
+        std::fill(row, row + stride, 0);
+      }
+    }
+    if (bucket == 0) {
+      // Attention items: runs of consecutive tokens of one sequence, kAttnRows rows each.
+      const int per_item = std::max<int>(1, kAttnRows / static_cast<int>(d_.heads / d_.kv_heads));
+      auto* it_tok = reinterpret_cast<std::int32_t*>(s + off_item_tok_);
+      auto* it_cnt = reinterpret_cast<std::int32_t*>(s + off_item_cnt_);
+      auto* it_seq = reinterpret_cast<std::int32_t*>(s + off_item_seq_);
+      int n = 0;
+      all_single_ = true;
+      for (int i = 0; i < in.num_seqs; ++i) {
+        for (int k = 0; k < in.seq_len[i]; k += per_item) {
+          it_tok[n] = in.seq_start[i] + k;
+          it_cnt[n] = std::min(per_item, in.seq_len[i] - k);
+          it_seq[n] = i;
+          all_single_ = all_single_ && it_cnt[n] == 1;
+          ++n;
+        }
+      }
+      num_items_ = n;
+      auto* rows = reinterpret_cast<std::int32_t*>(s + off_rows_);
+      std::memcpy(rows, in.logits_rows, static_cast<std::size_t>(in.num_rows) * 4);
+    }
+    staged_bytes_ = off_tables_ + static_cast<std::size_t>(S) * stride * 4;
+    return {};
+  }
+
+  std::string enqueue_layers(int T, const char* items, int num_items, int splits) {
+    char* m = meta_.as<char>();
+    const auto* tokens = reinterpret_cast<const std::int32_t*>(m + off_tokens_);
+    const auto* pos = reinterpret_cast<const std::int32_t*>(m + off_pos_);
+    const auto* slots = reinterpret_cast<const std::int64_t*>(m + off_slots_);
+    const int H = static_cast<int>(d_.hidden), I = static_cast<int>(d_.intermediate), D = static_cast<int>(d_.head_dim);
+    const int nh = static_cast<int>(d_.heads), nkv = static_cast<int>(d_.kv_heads), qd = nh * D, qkvd = (nh + 2 * nkv) * D;
+    const std::size_t item_stride = items == decode_items_.as<char>() ? static_cast<std::size_t>(max_seqs_) * 4
+                                                                      : off_item_cnt_ - off_item_tok_;
+    launch_embed(embed_.p, act_, tokens, T, H, x_.as<float>(), stream_);
+    for (int l = 0; l < d_.layers; ++l) {
+      const LayerBuffers& L = layers_[static_cast<std::size_t>(l)];
+      launch_add_rmsnorm(x_.as<float>(), l == 0 ? nullptr : out_.as<float>(), nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_);
+      LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.as<float>(), qkvd, T, H, act_, stream_));
+      QkvRopeArgs r;
+      r.qkv = qkv_.as<float>();
+      r.bias = d_.qkv_bias ? L.qkv_bias.p : nullptr;
+      r.q_norm = d_.qk_norm ? L.q_norm.p : nullptr;
+      r.k_norm = d_.qk_norm ? L.k_norm.p : nullptr;
+      r.act = act_;
+      r.inv_freq = inv_freq_.as<float>();
+      r.positions = pos;
+      r.slots = slots;
+      r.T = T;
+      r.nh = nh;
+      r.nkv = nkv;
+      r.D = D;
+      r.eps = d_.eps;
+      r.q_out = q_.as<float>();
+      r.kv_ptrs = kv_ptrs_.as<void*>();
+      r.layer = l;
+      r.kv = kv_;
+      if (kv_ == Kv::kE4M3) {
+        r.k_scale = k_scale_.as<float>() + l * nkv;
+        r.v_scale = v_scale_.as<float>() + l * nkv;
+      }
+      if (calibrating_) {
+        r.k_amax = amax_.as<float>() + 2 * l * nkv;
+        r.v_amax = amax_.as<float>() + (2 * l + 1) * nkv;
+      }
+      launch_qkv_rope(r, stream_);
+      AttnArgs at;
+      at.q = q_.as<float>();
+      at.kv_ptrs = kv_ptrs_.as<void*>();
+      at.layer = l;
+      at.kv = kv_;
+      at.k_scale = r.k_scale;
+      at.v_scale = r.v_scale;
+      at.positions = pos;
+      at.item_token = reinterpret_cast<const std::int32_t*>(items);
+      at.item_count = reinterpret_cast<const std::int32_t*>(items + item_stride);
+      at.item_seq = reinterpret_cast<const std::int32_t*>(items + 2 * item_stride);
+      at.num_items = num_items;
+      at.block_tables = reinterpret_cast<const std::int32_t*>(m + off_tables_);
+      at.bt_stride = reinterpret_cast<const std::int32_t*>(m + off_stride_);
+      at.block_size = o_.block_size;
+      at.nh = nh;
+      at.nkv = nkv;
+      at.D = D;
+      at.scale = 1.0f / std::sqrt(static_cast<float>(D));
+      at.splits = splits;
+      at.partial = partial_.as<float>();
+      at.out = attn_.p;
+      at.act = act_;
+      launch_attention(at, stream_);
+      LMSERVE_TRY(gemm_.run(L.o.p, attn_.p, out_.as<float>(), H, T, qd, act_, stream_));
+      launch_add_rmsnorm(x_.as<float>(), out_.as<float>(), nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
+      LMSERVE_TRY(gemm_.run(L.gate_up.p, h_.p, gu_.as<float>(), 2 * I, T, H, act_, stream_));
+      launch_silu_mul(gu_.as<float>(), T, I, mlp_in_.p, act_, stream_);
+      LMSERVE_TRY(gemm_.run(L.down.p, mlp_in_.p, out_.as<float>(), H, T, I, act_, stream_));
+    }
+    launch_add(x_.as<float>(), out_.as<float>(), static_cast<std::int64_t>(T) * H, stream_);
+    return {};
+  }
+
+  std::string enqueue_head(const std::int32_t* rows, int R) {
+    const int H = static_cast<int>(d_.hidden);
+    launch_add_rmsnorm(x_.as<float>(), nullptr, rows, R, H, final_norm_.p, act_, d_.eps, hrows_.p, stream_);
+    return gemm_.run(d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), static_cast<int>(d_.vocab), R, H, act_, stream_);
+  }
+
+  // Sequences of `seq_len` pseudo-random tokens filling `tokens`, one logits row each.
+  std::string run_dummy(int tokens, int seq_len) {
+    seq_len = std::max(1, seq_len);
+    const int seqs = std::min(max_seqs_, (tokens + seq_len - 1) / seq_len);
+    tokens = std::min(tokens, seqs * seq_len);
+    std::vector<std::int32_t> tok(static_cast<std::size_t>(tokens)), pos(tok.size()), start, len, ctx, rows;
+    std::vector<std::int64_t> slots(tok.size());
+    std::vector<std::vector<std::int32_t>> tables;
+    std::vector<const std::int32_t*> table_ptrs;
+    std::int64_t next_block = 0;
+    for (int s = 0; s < seqs; ++s) {
+      const int b = s * seq_len, n = std::min(seq_len, tokens - b);
+      std::vector<std::int32_t> table;
+      for (int p = 0; p < n; p += o_.block_size) table.push_back(static_cast<std::int32_t>(next_block++ % kv_blocks_now_));
+      for (int p = 0; p < n; ++p) {
+        tok[static_cast<std::size_t>(b + p)] = static_cast<std::int32_t>((static_cast<std::int64_t>(b + p) * 7919 + 13) % d_.vocab);
+        pos[static_cast<std::size_t>(b + p)] = p;
+        slots[static_cast<std::size_t>(b + p)] = static_cast<std::int64_t>(table[static_cast<std::size_t>(p / o_.block_size)]) * o_.block_size + p % o_.block_size;
+      }
+      start.push_back(b);
+      len.push_back(n);
+      ctx.push_back(n);
+      rows.push_back(b + n - 1);
+      tables.push_back(std::move(table));
+    }
+    for (auto& t : tables) table_ptrs.push_back(t.data());
+    std::vector<float> logits(rows.size() * static_cast<std::size_t>(d_.vocab));
+    StepInput in{tok.data(), pos.data(), slots.data(), tokens, start.data(), len.data(), ctx.data(), table_ptrs.data(), seqs, rows.data(),
+                 static_cast<int>(rows.size()), logits.data()};
+    const bool eager = o_.enforce_eager;
+    o_.enforce_eager = true;
+    std::string e = forward(in, nullptr);
+    o_.enforce_eager = eager;
+    return e;
+  }
+
+  std::string capture_graphs() {
+    for (int b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128}) {
+      if (b <= max_seqs_) buckets_.push_back(b);
+    }
+    for (int b = 160; b <= max_seqs_; b += 32) buckets_.push_back(b);
+    if (buckets_.empty() || buckets_.back() != max_seqs_) buckets_.push_back(max_seqs_);
+    for (int b : buckets_) {
+      // Warm up (cuBLASLt plans for this shape), then capture one decode step of b sequences.
+      LMSERVE_TRY(run_dummy(b, 1));
+      const int splits = splits_for(b, true);
+      cudaGraph_t graph = nullptr;
+      LMSERVE_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      std::string e = enqueue_layers(b, decode_items_.as<char>(), b, splits);
+      if (e.empty()) e = enqueue_head(decode_items_.as<std::int32_t>() + 3 * max_seqs_, b);
+      cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+      if (!e.empty()) return e;
+      if (end != cudaSuccess) return std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+      cudaGraphExec_t exec = nullptr;
+      cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      if (inst != cudaSuccess) return std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+      graphs_[b] = exec;
+      LMSERVE_CUDA_TRY(cudaGraphUpload(exec, stream_));
+    }
+    LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
+    return {};
+  }
+
+  std::string set_scales(const PlanOptions& o) {
+    const std::size_t n = static_cast<std::size_t>(d_.layers * d_.kv_heads);
+    if (o.k_scales.size() == n && o.v_scales.size() == n) {
+      k_scales_host_ = o.k_scales;
+      v_scales_host_ = o.v_scales;
+    } else {
+      // Calibration: per-layer, per-head |max| of K and V over a fixed batch, x2 head room.
+      LMSERVE_CUDA_TRY(cudaMemsetAsync(amax_.p, 0, amax_.bytes, stream_));
+      const int len = static_cast<int>(std::min<std::size_t>(o.calibration_tokens.size(), static_cast<std::size_t>(max_tokens_)));
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(len)), table;
+      std::vector<std::int64_t> slots(pos.size());
+      for (int p = 0; p < len; p += o_.block_size) table.push_back(static_cast<std::int32_t>(table.size()));
+      if (static_cast<std::int64_t>(table.size()) > num_blocks_) return "the KV cache is too small for fp8_e4m3 calibration";
+      for (int p = 0; p < len; ++p) {
+        pos[static_cast<std::size_t>(p)] = p;
+        slots[static_cast<std::size_t>(p)] = p;
+      }
+      std::int32_t start = 0, row = len - 1;
+      const std::int32_t* tp = table.data();
+      std::vector<float> logits(static_cast<std::size_t>(d_.vocab));
+      StepInput in{o.calibration_tokens.data(), pos.data(), slots.data(), len, &start, &len, &len, &tp, 1, &row, 1, logits.data()};
+      calibrating_ = true;
+      std::string e = forward(in, nullptr);
+      calibrating_ = false;
+      if (!e.empty()) return e;
+      std::vector<float> amax(2 * n);
+      LMSERVE_CUDA_TRY(cudaMemcpy(amax.data(), amax_.p, amax.size() * 4, cudaMemcpyDeviceToHost));
+      k_scales_host_.assign(n, 0);
+      v_scales_host_.assign(n, 0);
+      for (std::int64_t l = 0; l < d_.layers; ++l) {
+        for (std::int64_t h = 0; h < d_.kv_heads; ++h) {
+          const std::size_t i = static_cast<std::size_t>(l * d_.kv_heads + h);
+          k_scales_host_[i] = std::max(amax[static_cast<std::size_t>(2 * l * d_.kv_heads + h)], 1e-6f) * 2.0f / 448.0f;
+          v_scales_host_[i] = std::max(amax[static_cast<std::size_t>((2 * l + 1) * d_.kv_heads + h)], 1e-6f) * 2.0f / 448.0f;
+        }
+      }
+    }
+    LMSERVE_CUDA_TRY(cudaMemcpy(k_scale_.p, k_scales_host_.data(), n * 4, cudaMemcpyHostToDevice));
+    LMSERVE_CUDA_TRY(cudaMemcpy(v_scale_.p, v_scales_host_.data(), n * 4, cudaMemcpyHostToDevice));
+    return {};
+  }
+
+  int device_;
+  ModelDims d_;
+  Act act_;
+  Kv kv_ = Kv::kF32;
+  PlanOptions o_;
+  cudaStream_t stream_ = nullptr;
+  int sms_ = 1;
+  std::size_t free_at_start_ = 0, total_ = 0;
+  std::uint64_t weight_bytes_ = 0, activation_bytes_ = 0, graph_bytes_ = 0;
+  DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
+  std::vector<LayerBuffers> layers_;
+  DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
+  DeviceBuffer tmp_kv_, kv_arena_;
+  Gemm gemm_;
+  void* stage_ = nullptr;
+  float* host_logits_ = nullptr;
+  std::size_t off_slots_ = 0, off_tokens_ = 0, off_pos_ = 0, off_item_tok_ = 0, off_item_cnt_ = 0, off_item_seq_ = 0, off_rows_ = 0,
+              off_stride_ = 0, off_tables_ = 0, staged_bytes_ = 0;
+  int max_tokens_ = 0, max_seqs_ = 0, max_blocks_per_seq_ = 0, num_items_ = 0;
+  std::int64_t max_model_len_ = 0, num_blocks_ = 0, kv_blocks_now_ = 1;
+  bool all_single_ = false, calibrating_ = false;
+  std::vector<int> buckets_;
+  std::map<int, cudaGraphExec_t> graphs_;
+  std::vector<float> k_scales_host_, v_scales_host_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& dims, std::string* error) {
+  auto m = std::make_unique<CudaModel>(device, dims);
+  if (std::string e = m->init(); !e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return m;
+}
+
+bool kernels_support(std::int64_t head_dim, std::int64_t group) {
+  return attention_supports(static_cast<int>(head_dim), static_cast<int>(group));
+}
+
+double copy_bandwidth(int device) {
+  if (cudaSetDevice(device) != cudaSuccess) return 0;
+  const std::size_t bytes = 1ull << 30;
+  void *a = nullptr, *b = nullptr;
+  if (cudaMalloc(&a, bytes) != cudaSuccess) return 0;
+  if (cudaMalloc(&b, bytes) != cudaSuccess) {
+    cudaFree(a);
+    return 0;
+  }
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);  // warm up
+  constexpr int kReps = 10;
+  cudaEventRecord(e0);
+  for (int i = 0; i < kReps; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  // A copy reads and writes every byte.
+  return ms > 0 ? 2.0 * static_cast<double>(bytes) * kReps / (ms / 1000.0) : 0;
+}
+
+}  // namespace lmserve::cuda

@@ -1,0 +1,79 @@
+// The model on one GPU, behind a plain C++17 interface (no CUDA types, no C++20), so that
+// backend/cuda/cuda_backend.cpp — a g++ file — can drive it. Errors are returned as strings
+// (empty = success); cuda_backend.cpp turns them into Status.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lmserve::cuda {
+
+struct ModelDims {
+  std::int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float eps = 1e-6f;
+  int act = 0;  // 0 float32, 1 bfloat16, 2 float16: weights and GEMM inputs
+  bool qkv_bias = false, qk_norm = false, tied = false;
+  std::vector<float> inv_freq;
+};
+
+// Where set_weight puts a tensor. Fused: kQkv = [q; k; v] rows, kGateUp = [gate; up] rows.
+enum class Slot { kEmbed, kFinalNorm, kLmHead, kInputNorm, kPostNorm, kQkv, kQkvBias, kQNorm, kKNorm, kO, kGateUp, kDown };
+
+struct PlanOptions {
+  int kv = 0;  // backend::KvDtype order: float32, bfloat16, float16, fp8_e5m2, fp8_e4m3
+  int block_size = 16;
+  std::int64_t num_blocks = 0;
+  double gpu_memory_utilization = 0.9;
+  std::int64_t max_tokens = 8192, max_seqs = 256, max_model_len = 0;
+  bool enforce_eager = false;
+  std::vector<float> k_scales, v_scales;
+  std::vector<std::int32_t> calibration_tokens;  // fp8_e4m3 without scales
+};
+
+struct MemoryPlan {
+  std::uint64_t total = 0, weights = 0, activations = 0, graphs = 0, kv = 0, other = 0;
+  std::int64_t num_blocks = 0;
+  int graph_buckets = 0;
+  std::vector<float> k_scales, v_scales;  // as used (fp8_e4m3)
+};
+
+struct StepInput {
+  const std::int32_t* tokens = nullptr;
+  const std::int32_t* positions = nullptr;
+  const std::int64_t* slots = nullptr;
+  int num_tokens = 0;
+  const std::int32_t* seq_start = nullptr;  // per sequence
+  const std::int32_t* seq_len = nullptr;
+  const std::int32_t* seq_context = nullptr;
+  const std::int32_t* const* seq_table = nullptr;
+  int num_seqs = 0;
+  const std::int32_t* logits_rows = nullptr;
+  int num_rows = 0;
+  float* logits = nullptr;  // host, num_rows x vocab
+};
+
+struct StepTimes {
+  double host_seconds = 0;    // staging the inputs and launching
+  double device_seconds = 0;  // waiting for the device and copying logits back
+  bool graph = false;
+};
+
+class DeviceModel {
+ public:
+  virtual ~DeviceModel() = default;
+  // Copies `bytes` (already in the act dtype) to `slot` of `layer`, starting at element `offset`.
+  virtual std::string set_weight(Slot slot, std::int64_t layer, std::int64_t offset, const void* host, std::size_t bytes) = 0;
+  virtual std::string plan(const PlanOptions& options, MemoryPlan* out) = 0;
+  virtual std::string forward(const StepInput& in, StepTimes* times) = 0;
+};
+
+// Selects `device`, allocates the weight buffers for `dims`.
+std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& dims, std::string* error);
+
+bool kernels_support(std::int64_t head_dim, std::int64_t group);
+double copy_bandwidth(int device);
+
+}  // namespace lmserve::cuda

@@ -1,0 +1,45 @@
+// Matrix products through cuBLASLt: Y[n, m] (float32, row-major) = X[n, k] * W[m, k]^T, with
+// X and W in the model's dtype (bf16/f16 tensor cores, or exact float32 without TF32) and a
+// float32 accumulator. Plans (layouts + the heuristic's algorithm) are cached per shape, so a
+// shape seen once can be captured into a CUDA graph. Not thread-safe: one per backend.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace lmserve::cuda {
+
+class Gemm {
+ public:
+  Gemm() = default;
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+  ~Gemm();
+
+  // Empty string on success, else what failed.
+  std::string init(std::size_t workspace_bytes);
+  std::string run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
+  std::size_t workspace_bytes() const { return workspace_bytes_; }
+
+ private:
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  std::string plan_for(int m, int n, int k, Act act, Plan** out);
+
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::size_t workspace_bytes_ = 0;
+  std::map<std::tuple<int, int, int, int>, Plan> plans_;
+};
+
+}  // namespace lmserve::cuda

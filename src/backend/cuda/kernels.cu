@@ -1,0 +1,440 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cmath>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace lmserve::cuda {
+
+int act_bytes(Act a) { return a == Act::kF32 ? 4 : 2; }
+
+namespace {
+
+template <Act A>
+__device__ __forceinline__ float act_load(const void* p, std::int64_t i) {
+  if constexpr (A == Act::kF32) return static_cast<const float*>(p)[i];
+  if constexpr (A == Act::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if constexpr (A == Act::kF16) return __half2float(static_cast<const __half*>(p)[i]);
+}
+
+template <Act A>
+__device__ __forceinline__ void act_store(void* p, std::int64_t i, float v) {
+  if constexpr (A == Act::kF32) static_cast<float*>(p)[i] = v;
+  if constexpr (A == Act::kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  if constexpr (A == Act::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+
+template <Kv K>
+__device__ __forceinline__ float kv_load(const void* p, std::int64_t i) {
+  if constexpr (K == Kv::kF32) return static_cast<const float*>(p)[i];
+  if constexpr (K == Kv::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if constexpr (K == Kv::kF16) return __half2float(static_cast<const __half*>(p)[i]);
+  if constexpr (K == Kv::kE5M2) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[i], __NV_E5M2)));
+  }
+  if constexpr (K == Kv::kE4M3) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[i], __NV_E4M3)));
+  }
+}
+
+// Rounds to nearest even and saturates to the largest finite value, as the CPU backend does.
+template <Kv K>
+__device__ __forceinline__ void kv_store(void* p, std::int64_t i, float v, float scale) {
+  if constexpr (K == Kv::kF32) static_cast<float*>(p)[i] = v;
+  if constexpr (K == Kv::kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  if constexpr (K == Kv::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  if constexpr (K == Kv::kE5M2) static_cast<__nv_fp8_storage_t*>(p)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+  if constexpr (K == Kv::kE4M3) static_cast<__nv_fp8_storage_t*>(p)[i] = __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// |v| >= 0, so the float's bit pattern orders like an int.
+__device__ __forceinline__ void atomic_max_abs(float* addr, float v) { atomicMax(reinterpret_cast<int*>(addr), __float_as_int(fabsf(v))); }
+
+template <Act A>
+__global__ void embed_kernel(const void* table, const std::int32_t* tokens, int H, float* x) {
+  const std::int64_t row = static_cast<std::int64_t>(tokens[blockIdx.x]) * H;
+  float* out = x + static_cast<std::int64_t>(blockIdx.x) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = act_load<A>(table, row + i);
+}
+
+__global__ void add_kernel(float* x, const float* d, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    x[i] += d[i];
+  }
+}
+
+constexpr int kNormThreads = 256;
+
+template <Act A>
+__global__ void add_rmsnorm_kernel(float* x, const float* delta, const std::int32_t* rows, int H, const void* w, float eps, void* out) {
+  __shared__ float partial[kNormThreads / 32];
+  const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
+  float* xr = x + src * H;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    float v = xr[i];
+    if (delta) {
+      v += delta[src * H + i];
+      xr[i] = v;
+    }
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < kNormThreads / 32; ++i) total += partial[i];
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(H) + eps);
+  const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
+}
+
+// One block per token, one warp per head (q heads, k heads, v heads).
+template <Act A, Kv K>
+__global__ void qkv_rope_kernel(QkvRopeArgs a) {
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int D = a.D, half = D / 2, heads = a.nh + 2 * a.nkv;
+  const float* row = a.qkv + static_cast<std::int64_t>(t) * heads * D;
+  const std::int32_t pos = a.positions[t];
+  const std::int64_t slot = a.slots[t];
+  void* kc = a.kv_ptrs[2 * a.layer];
+  void* vc = a.kv_ptrs[2 * a.layer + 1];
+  for (int hi = warp; hi < heads; hi += warps) {
+    const int base = hi * D;
+    const bool is_q = hi < a.nh, is_k = !is_q && hi < a.nh + a.nkv;
+    const int kvh = is_q ? 0 : (is_k ? hi - a.nh : hi - a.nh - a.nkv);
+    // Each lane holds pairs (i, i + half), i = lane, lane + 32, ... (D <= 256).
+    float lo[4], hi_v[4];
+    float ss = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+      const int i = lane + 32 * j;
+      lo[j] = hi_v[j] = 0.0f;
+      if (i < half) {
+        lo[j] = row[base + i];
+        hi_v[j] = row[base + i + half];
+        if (a.bias) {
+          lo[j] += act_load<A>(a.bias, base + i);
+          hi_v[j] += act_load<A>(a.bias, base + i + half);
+        }
+        ss += lo[j] * lo[j] + hi_v[j] * hi_v[j];
+      }
+    }
+    const void* nw = is_q ? a.q_norm : (is_k ? a.k_norm : nullptr);
+    if (nw) {
+      const float inv = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(D) + a.eps);
+      for (int j = 0; j < 4; ++j) {
+        const int i = lane + 32 * j;
+        if (i < half) {
+          lo[j] = act_load<A>(nw, i) * (lo[j] * inv);
+          hi_v[j] = act_load<A>(nw, i + half) * (hi_v[j] * inv);
+        }
+      }
+    }
+    for (int j = 0; j < 4; ++j) {
+      const int i = lane + 32 * j;
+      if (i >= half) continue;
+      float x0 = lo[j], x1 = hi_v[j];
+      if (is_q || is_k) {
+        const float angle = static_cast<float>(pos) * a.inv_freq[i];
+        const float c = static_cast<float>(cos(static_cast<double>(angle)));
+        const float s = static_cast<float>(sin(static_cast<double>(angle)));
+        x0 = lo[j] * c - hi_v[j] * s;
+        x1 = hi_v[j] * c + lo[j] * s;
+      }
+      if (is_q) {
+        float* q = a.q_out + static_cast<std::int64_t>(t) * a.nh * D + base;
+        q[i] = x0;
+        q[i + half] = x1;
+      } else if (slot >= 0) {
+        const std::int64_t at = (slot * a.nkv + kvh) * D;
+        const float* sc = is_k ? a.k_scale : a.v_scale;
+        const float scale = sc ? sc[kvh] : 1.0f;
+        kv_store<K>(is_k ? kc : vc, at + i, x0, scale);
+        kv_store<K>(is_k ? kc : vc, at + i + half, x1, scale);
+        float* amax = is_k ? a.k_amax : a.v_amax;
+        if (amax) {
+          atomic_max_abs(&amax[kvh], x0);
+          atomic_max_abs(&amax[kvh], x1);
+        }
+      }
+    }
+  }
+}
+
+constexpr int kAttnThreads = 128;
+constexpr int kKeyTile = 32;
+
+// One block per (work item, KV head, context split). The item's query rows (tokens x the
+// group's heads) attend to KV tiles staged in shared memory, so each K/V element is read
+// once per group and per item; online softmax keeps one running max and sum per row.
+template <int D, Kv K, Act A>
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
+  constexpr int R = kAttnRows, RPT = R * D / kAttnThreads, RSTEP = kAttnThreads / D;
+  __shared__ float sq[R][D];
+  __shared__ float sk[kKeyTile][D + 1];
+  __shared__ float sv[kKeyTile][D];
+  __shared__ float sp[R][kKeyTile];
+  __shared__ float s_m[R], s_l[R], s_alpha[R];
+  __shared__ int s_pos[R];
+  const int item = blockIdx.x, g = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+  const int group = a.nh / a.nkv;
+  const int tok0 = a.item_token[item], cnt = a.item_count[item], seq = a.item_seq[item];
+  const int rows = cnt * group;
+  const int qstride = a.nh * D;
+  for (int i = tid; i < R * D; i += kAttnThreads) {
+    const int r = i / D, d = i % D;
+    float v = 0.0f;
+    if (r < rows) v = a.q[static_cast<std::int64_t>(tok0 + r / group) * qstride + (g * group + r % group) * D + d];
+    sq[r][d] = v;
+  }
+  if (tid < R) {
+    s_pos[tid] = tid < rows ? a.positions[tok0 + tid / group] : -1;
+    s_m[tid] = -INFINITY;
+    s_l[tid] = 0.0f;
+  }
+  const int kv_len = a.positions[tok0 + cnt - 1] + 1;
+  int per = (kv_len + a.splits - 1) / a.splits;
+  per = (per + kKeyTile - 1) / kKeyTile * kKeyTile;
+  const int begin = split * per, end = min(kv_len, begin + per);
+  const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
+  const void* kc = a.kv_ptrs[2 * a.layer];
+  const void* vc = a.kv_ptrs[2 * a.layer + 1];
+  const float ks = a.k_scale ? a.k_scale[g] : 1.0f, vs = a.v_scale ? a.v_scale[g] : 1.0f;
+  const int d_own = tid % D, r_own = tid / D;
+  float acc[RPT];
+  for (int k = 0; k < RPT; ++k) acc[k] = 0.0f;
+  const int lane = tid & 31, warp = tid >> 5;
+  __syncthreads();
+  for (int t0 = begin; t0 < end; t0 += kKeyTile) {
+    for (int i = tid; i < kKeyTile * D; i += kAttnThreads) {
+      const int j = i / D, d = i % D, p = t0 + j;
+      float kx = 0.0f, vx = 0.0f;
+      if (p < end) {
+        const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
+        const std::int64_t at = (slot * a.nkv + g) * D + d;
+        kx = kv_load<K>(kc, at) * ks;
+        vx = kv_load<K>(vc, at) * vs;
+      }
+      sk[j][d] = kx;
+      sv[j][d] = vx;
+    }
+    __syncthreads();
+    for (int i = tid; i < R * kKeyTile; i += kAttnThreads) {
+      const int r = i / kKeyTile, j = i % kKeyTile, p = t0 + j;
+      float s = -INFINITY;
+      if (p < end && p <= s_pos[r]) {
+        float dot = 0.0f;
+#pragma unroll 16
+        for (int d = 0; d < D; ++d) dot += sq[r][d] * sk[j][d];
+        s = dot * a.scale;
+      }
+      sp[r][j] = s;
+    }
+    __syncthreads();
+    for (int r = warp; r < R; r += kAttnThreads / 32) {
+      const float s = sp[r][lane];
+      const float m_old = s_m[r];
+      const float m_new = fmaxf(m_old, warp_max(s));
+      const float p = m_new == -INFINITY ? 0.0f : expf(s - m_new);
+      const float sum = warp_sum(p);
+      sp[r][lane] = p;
+      __syncwarp();
+      if (lane == 0) {
+        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+        s_alpha[r] = alpha;
+        s_l[r] = s_l[r] * alpha + sum;
+        s_m[r] = m_new;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < RPT; ++k) {
+      const int r = r_own + k * RSTEP;
+      float v = acc[k] * s_alpha[r];
+#pragma unroll 8
+      for (int j = 0; j < kKeyTile; ++j) v += sp[r][j] * sv[j][d_own];
+      acc[k] = v;
+    }
+    __syncthreads();
+  }
+  if (a.splits == 1) {
+#pragma unroll
+    for (int k = 0; k < RPT; ++k) {
+      const int r = r_own + k * RSTEP;
+      if (r >= rows) continue;
+      const std::int64_t at = static_cast<std::int64_t>(tok0 + r / group) * qstride + (g * group + r % group) * D + d_own;
+      act_store<A>(a.out, at, s_l[r] > 0.0f ? acc[k] / s_l[r] : 0.0f);
+    }
+  } else {
+    float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * R * (D + 2);
+#pragma unroll
+    for (int k = 0; k < RPT; ++k) {
+      const int r = r_own + k * RSTEP;
+      part[r * (D + 2) + d_own] = acc[k];
+      if (d_own == 0) {
+        part[r * (D + 2) + D] = s_m[r];
+        part[r * (D + 2) + D + 1] = s_l[r];
+      }
+    }
+  }
+}
+
+template <Act A>
+__global__ void attention_combine_kernel(AttnArgs a) {
+  const int item = blockIdx.x, g = blockIdx.y, D = a.D;
+  const int group = a.nh / a.nkv;
+  const int tok0 = a.item_token[item], rows = a.item_count[item] * group;
+  const float* part = a.partial + (static_cast<std::int64_t>(item) * a.nkv + g) * a.splits * kAttnRows * (D + 2);
+  for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+    const int r = i / D, d = i % D;
+    float mx = -INFINITY;
+    for (int s = 0; s < a.splits; ++s) mx = fmaxf(mx, part[(s * kAttnRows + r) * (D + 2) + D]);
+    float l = 0.0f, o = 0.0f;
+    for (int s = 0; s < a.splits; ++s) {
+      const float* p = part + (s * kAttnRows + r) * (D + 2);
+      if (p[D] == -INFINITY) continue;
+      const float w = expf(p[D] - mx);
+      l += p[D + 1] * w;
+      o += p[d] * w;
+    }
+    const std::int64_t at = static_cast<std::int64_t>(tok0 + r / group) * a.nh * D + (g * group + r % group) * D + d;
+    act_store<A>(a.out, at, l > 0.0f ? o / l : 0.0f);
+  }
+}
+
+template <Act A>
+__global__ void silu_mul_kernel(const float* gu, int I, void* out) {
+  const std::int64_t t = blockIdx.y;
+  const float* row = gu + t * 2 * I;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < I; i += gridDim.x * blockDim.x) {
+    const float gate = row[i];
+    act_store<A>(out, t * I + i, gate / (1.0f + expf(-gate)) * row[I + i]);
+  }
+}
+
+template <Act A>
+__global__ void float_to_act_kernel(const float* in, void* out, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    act_store<A>(out, i, in[i]);
+  }
+}
+
+template <Act A>
+__global__ void act_to_float_kernel(const void* in, float* out, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = act_load<A>(in, i);
+  }
+}
+
+__global__ void fill_kernel(float* p, float v, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    p[i] = v;
+  }
+}
+
+int grid_for(std::int64_t n, int threads) {
+  std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
+}
+
+// Runs the statement with a compile-time Act / Kv named by the second argument.
+#define LMSERVE_WITH_ACT(act, A, ...)                          \
+  switch (act) {                                               \
+    case Act::kF32: { constexpr Act A = Act::kF32; __VA_ARGS__; } break;   \
+    case Act::kBF16: { constexpr Act A = Act::kBF16; __VA_ARGS__; } break; \
+    case Act::kF16: { constexpr Act A = Act::kF16; __VA_ARGS__; } break;   \
+  }
+#define LMSERVE_WITH_KV(kv, K, ...)                                        \
+  switch (kv) {                                                            \
+    case Kv::kF32: { constexpr Kv K = Kv::kF32; __VA_ARGS__; } break;      \
+    case Kv::kBF16: { constexpr Kv K = Kv::kBF16; __VA_ARGS__; } break;    \
+    case Kv::kF16: { constexpr Kv K = Kv::kF16; __VA_ARGS__; } break;      \
+    case Kv::kE5M2: { constexpr Kv K = Kv::kE5M2; __VA_ARGS__; } break;    \
+    case Kv::kE4M3: { constexpr Kv K = Kv::kE4M3; __VA_ARGS__; } break;    \
+  }
+
+template <int D>
+void run_attention(const AttnArgs& a, cudaStream_t s) {
+  dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv), static_cast<unsigned>(a.splits));
+  LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (attention_kernel<D, K, A><<<grid, kAttnThreads, 0, s>>>(a))));
+  if (a.splits > 1) {
+    dim3 cgrid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv));
+    LMSERVE_WITH_ACT(a.act, A, (attention_combine_kernel<A><<<cgrid, 128, 0, s>>>(a)));
+  }
+}
+
+}  // namespace
+
+void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s) {
+  if (T == 0) return;
+  LMSERVE_WITH_ACT(act, A, (embed_kernel<A><<<T, 256, 0, s>>>(table, tokens, H, x)));
+}
+
+void launch_add(float* x, const float* delta, std::int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  add_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, delta, n);
+}
+
+void launch_add_rmsnorm(float* x, const float* delta, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps, void* out,
+                        cudaStream_t s) {
+  if (R == 0) return;
+  LMSERVE_WITH_ACT(act, A, (add_rmsnorm_kernel<A><<<R, kNormThreads, 0, s>>>(x, delta, rows, H, w, eps, out)));
+}
+
+void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {
+  if (a.T == 0) return;
+  LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (qkv_rope_kernel<A, K><<<a.T, 256, 0, s>>>(a))));
+}
+
+bool attention_supports(int head_dim, int group) {
+  return (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128) && group >= 1 && group <= kAttnRows;
+}
+
+void launch_attention(const AttnArgs& a, cudaStream_t s) {
+  if (a.num_items == 0) return;
+  switch (a.D) {
+    case 16: run_attention<16>(a, s); break;
+    case 32: run_attention<32>(a, s); break;
+    case 64: run_attention<64>(a, s); break;
+    case 128: run_attention<128>(a, s); break;
+    default: break;  // rejected at backend creation (attention_supports)
+  }
+}
+
+void launch_silu_mul(const float* gu, int T, int I, void* out, Act act, cudaStream_t s) {
+  if (T == 0) return;
+  dim3 grid(static_cast<unsigned>((I + 255) / 256 > 64 ? 64 : (I + 255) / 256), static_cast<unsigned>(T));
+  LMSERVE_WITH_ACT(act, A, (silu_mul_kernel<A><<<grid, 256, 0, s>>>(gu, I, out)));
+}
+
+void launch_float_to_act(const float* in, void* out, Act act, std::int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  LMSERVE_WITH_ACT(act, A, (float_to_act_kernel<A><<<grid_for(n, 256), 256, 0, s>>>(in, out, n)));
+}
+
+void launch_act_to_float(const void* in, Act act, float* out, std::int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  LMSERVE_WITH_ACT(act, A, (act_to_float_kernel<A><<<grid_for(n, 256), 256, 0, s>>>(in, out, n)));
+}
+
+void launch_fill(float* p, float value, std::int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  fill_kernel<<<grid_for(n, 256), 256, 0, s>>>(p, value, n);
+}
+
+}  // namespace lmserve::cuda

@@ -1,0 +1,87 @@
+// Launchers for lmserve's CUDA kernels (kernels.cu). CUDA-side header: included only by files
+// in backend/cuda. Conventions: the residual stream and every GEMM output are float32; GEMM
+// inputs (normalised activations, attention output, SiLU output) are in the model's dtype
+// (`Act`); K/V live in the paged cache in `Kv` with the layout of backend/cpu/cpu_ops.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lmserve::cuda {
+
+enum class Act { kF32, kBF16, kF16 };
+enum class Kv { kF32, kBF16, kF16, kE5M2, kE4M3 };
+
+int act_bytes(Act a);
+
+// Rows of query x heads one attention block handles (a GQA group of up to 16 heads).
+inline constexpr int kAttnRows = 16;
+
+// x[t, :] = float(table[tokens[t], :]).
+void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s);
+
+// x[t, :] += delta[t, :] for t < T.
+void launch_add(float* x, const float* delta, std::int64_t n, cudaStream_t s);
+
+// For r < R (src = rows ? rows[r] : r): if delta, x[src] += delta[src]; then
+// out[r, :] = w * (x[src] / sqrt(mean(x[src]^2) + eps)) in `act`.
+void launch_add_rmsnorm(float* x, const float* delta, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
+                        void* out, cudaStream_t s);
+
+struct QkvRopeArgs {
+  const float* qkv = nullptr;  // [T, (nh + 2 nkv) * D], q heads, then k heads, then v heads
+  const void* bias = nullptr;  // [(nh + 2 nkv) * D] in act, or null
+  const void* q_norm = nullptr;  // [D] in act (Qwen3), or null
+  const void* k_norm = nullptr;
+  Act act = Act::kF32;
+  const float* inv_freq = nullptr;  // [D / 2]
+  const std::int32_t* positions = nullptr;
+  const std::int64_t* slots = nullptr;  // < 0: padding, K/V not written
+  int T = 0, nh = 0, nkv = 0, D = 0;
+  float eps = 1e-6f;
+  float* q_out = nullptr;  // [T, nh * D]
+  void* const* kv_ptrs = nullptr;  // device table: [2 * layer] = K, [2 * layer + 1] = V
+  int layer = 0;
+  Kv kv = Kv::kF32;
+  const float* k_scale = nullptr;  // [nkv] for this layer (fp8_e4m3), else null
+  const float* v_scale = nullptr;
+  float* k_amax = nullptr;  // [nkv] per-head |max| recording (calibration), or null
+  float* v_amax = nullptr;
+};
+void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s);
+
+// Work items: item i covers tokens item_token[i] .. + item_count[i] - 1 of sequence
+// item_seq[i] (consecutive positions), item_count[i] * (nh / nkv) <= kAttnRows.
+struct AttnArgs {
+  const float* q = nullptr;  // [T, nh * D]
+  void* const* kv_ptrs = nullptr;
+  int layer = 0;
+  Kv kv = Kv::kF32;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  const std::int32_t* positions = nullptr;
+  const std::int32_t* item_token = nullptr;
+  const std::int32_t* item_count = nullptr;
+  const std::int32_t* item_seq = nullptr;
+  int num_items = 0;
+  const std::int32_t* block_tables = nullptr;  // [seq][stride]
+  const std::int32_t* bt_stride = nullptr;     // device scalar, so graphs stay valid
+  int block_size = 16, nh = 0, nkv = 0, D = 0;
+  float scale = 1.0f;
+  int splits = 1;             // > 1: the context is split and partials combined
+  float* partial = nullptr;   // [num_items, splits, kAttnRows, D + 2]
+  void* out = nullptr;        // [T, nh * D] in act
+  Act act = Act::kF32;
+};
+bool attention_supports(int head_dim, int group);
+void launch_attention(const AttnArgs& a, cudaStream_t s);
+
+// out[t, i] = silu(gu[t, i]) * gu[t, I + i], in act.
+void launch_silu_mul(const float* gu, int T, int I, void* out, Act act, cudaStream_t s);
+
+void launch_float_to_act(const float* in, void* out, Act act, std::int64_t n, cudaStream_t s);
+void launch_act_to_float(const void* in, Act act, float* out, std::int64_t n, cudaStream_t s);
+void launch_fill(float* p, float value, std::int64_t n, cudaStream_t s);
+
+}  // namespace lmserve::cuda

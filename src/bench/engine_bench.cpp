@@ -1,0 +1,162 @@
+#include "bench/engine_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <thread>
+
+namespace lmserve::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::int32_t argmax(const float* v, std::int64_t n) { return static_cast<std::int32_t>(std::max_element(v, v + n) - v); }
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(std::min<double>(static_cast<double>(v.size() - 1), q * static_cast<double>(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+}  // namespace
+
+Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) {
+  const auto& c = b.config();
+  const auto& kv = b.kv_config();
+  const std::int64_t B = o.batch_size, N = o.input_len, M = o.output_len, V = c.vocab_size;
+  if (B < 1 || N < 1 || M < 2) return error(StatusCode::kInvalidArgument, "bench latency: batch size and input length >= 1, output length >= 2");
+  const std::int64_t per_seq = (N + M + kv.block_size - 1) / kv.block_size;
+  if (per_seq * B > kv.num_blocks) {
+    return error(StatusCode::kResourceExhausted, "bench latency: " + std::to_string(B) + " sequences of " + std::to_string(N + M) +
+                                                     " tokens need " + std::to_string(per_seq * B) + " KV blocks; the cache has " +
+                                                     std::to_string(kv.num_blocks));
+  }
+  std::vector<std::vector<std::int32_t>> tables(static_cast<std::size_t>(B));
+  for (std::int64_t s = 0; s < B; ++s) {
+    for (std::int64_t i = 0; i < per_seq; ++i) tables[static_cast<std::size_t>(s)].push_back(static_cast<std::int32_t>(s * per_seq + i));
+  }
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(V - 1));
+  auto slot = [&](std::int64_t s, std::int64_t p) {
+    return static_cast<std::int64_t>(tables[static_cast<std::size_t>(s)][static_cast<std::size_t>(p / kv.block_size)]) * kv.block_size +
+           p % kv.block_size;
+  };
+  std::vector<std::int32_t> next(static_cast<std::size_t>(B));
+  std::vector<float> logits;
+
+  auto prefill = [&]() -> Status {
+    const std::int64_t per_step = std::max<std::int64_t>(1, o.max_tokens_per_step / N);
+    for (std::int64_t s0 = 0; s0 < B; s0 += per_step) {
+      const std::int64_t n = std::min(per_step, B - s0);
+      std::vector<std::int32_t> tokens, positions, rows;
+      std::vector<std::int64_t> slots;
+      std::vector<backend::SeqBatch> seqs;
+      for (std::int64_t s = s0; s < s0 + n; ++s) {
+        const auto start = static_cast<std::int32_t>(tokens.size());
+        for (std::int64_t p = 0; p < N; ++p) {
+          tokens.push_back(tok(rng));
+          positions.push_back(static_cast<std::int32_t>(p));
+          slots.push_back(slot(s, p));
+        }
+        seqs.push_back({start, static_cast<std::int32_t>(N), static_cast<std::int32_t>(N), tables[static_cast<std::size_t>(s)]});
+        rows.push_back(static_cast<std::int32_t>(tokens.size()) - 1);
+      }
+      logits.resize(rows.size() * static_cast<std::size_t>(V));
+      LMSERVE_RETURN_IF_ERROR(b.forward({tokens, positions, slots, seqs, rows}, logits));
+      for (std::int64_t i = 0; i < n; ++i) next[static_cast<std::size_t>(s0 + i)] = argmax(&logits[static_cast<std::size_t>(i * V)], V);
+    }
+    return Status::ok();
+  };
+  auto decode = [&](std::int64_t pos) -> Status {
+    std::vector<std::int32_t> tokens(next), positions(static_cast<std::size_t>(B), static_cast<std::int32_t>(pos)), rows(static_cast<std::size_t>(B));
+    std::vector<std::int64_t> slots(static_cast<std::size_t>(B));
+    std::vector<backend::SeqBatch> seqs;
+    for (std::int64_t s = 0; s < B; ++s) {
+      slots[static_cast<std::size_t>(s)] = slot(s, pos);
+      rows[static_cast<std::size_t>(s)] = static_cast<std::int32_t>(s);
+      seqs.push_back({static_cast<std::int32_t>(s), 1, static_cast<std::int32_t>(pos + 1), tables[static_cast<std::size_t>(s)]});
+    }
+    logits.resize(static_cast<std::size_t>(B * V));
+    LMSERVE_RETURN_IF_ERROR(b.forward({tokens, positions, slots, seqs, rows}, logits));
+    for (std::int64_t s = 0; s < B; ++s) next[static_cast<std::size_t>(s)] = argmax(&logits[static_cast<std::size_t>(s * V)], V);
+    return Status::ok();
+  };
+
+  // Warm-up: one prefill and a few decode steps (allocations, GEMM plans), then the run.
+  LMSERVE_RETURN_IF_ERROR(prefill());
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(3, M - 1); ++i) LMSERVE_RETURN_IF_ERROR(decode(N + i));
+  LatencyResult r;
+  auto t0 = Clock::now();
+  LMSERVE_RETURN_IF_ERROR(prefill());
+  r.prefill_seconds = seconds_since(t0);
+  for (std::int64_t i = 0; i < M - 1; ++i) {
+    auto t = Clock::now();
+    LMSERVE_RETURN_IF_ERROR(decode(N + i));
+    r.step_seconds.push_back(seconds_since(t));
+  }
+  r.mean_step = std::accumulate(r.step_seconds.begin(), r.step_seconds.end(), 0.0) / static_cast<double>(r.step_seconds.size());
+  r.p50_step = percentile(r.step_seconds, 0.5);
+  r.p99_step = percentile(r.step_seconds, 0.99);
+  r.weight_bytes = static_cast<double>(b.memory().weight_bytes);
+  // Each step reads the cached context of every sequence once: on average N + M/2 tokens.
+  const double kv_per_token = static_cast<double>(b.kv_block_bytes()) / kv.block_size;
+  r.kv_bytes_per_step = static_cast<double>(B) * (static_cast<double>(N) + static_cast<double>(M) / 2.0) * kv_per_token;
+  if (o.copy_bandwidth > 0) r.bound_seconds = (r.weight_bytes + r.kv_bytes_per_step) / o.copy_bandwidth;
+  return r;
+}
+
+Result<ThroughputResult> run_throughput(engine::Engine& e, std::int64_t V, const ThroughputOptions& o) {
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(V - 1));
+  std::vector<std::shared_ptr<engine::RequestStream>> streams;
+  ThroughputResult r;
+  const auto before = e.stats();
+  std::vector<engine::GenerateRequest> reqs;
+  for (std::int64_t i = 0; i < o.num_prompts; ++i) {
+    const std::int64_t in = o.input_lens.empty() ? o.input_len : o.input_lens[static_cast<std::size_t>(i)];
+    const std::int64_t out = o.output_lens.empty() ? o.output_len : o.output_lens[static_cast<std::size_t>(i)];
+    engine::GenerateRequest g;
+    for (std::int64_t k = 0; k < in; ++k) g.prompt.push_back(tok(rng));
+    g.params.temperature = 0;
+    g.params.ignore_eos = true;
+    g.params.max_tokens = out;
+    r.prompt_tokens += in;
+    reqs.push_back(std::move(g));
+  }
+  const auto t0 = Clock::now();
+  for (auto& g : reqs) {
+    // The queue may be bounded: wait for room rather than fail.
+    while (true) {
+      auto sub = e.submit(g);
+      if (sub) {
+        streams.push_back(sub->stream);
+        break;
+      }
+      const auto why = sub.error().rejection;
+      if (why != engine::Rejection::kQueueFull && why != engine::Rejection::kKvWatermark && why != engine::Rejection::kDeviceMemory) {
+        return error(sub.error().status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  for (auto& s : streams) {
+    engine::StreamEvent ev;
+    while (s->next(&ev)) {
+      if (ev.finish == engine::FinishReason::kError) return error(StatusCode::kInternal, "bench throughput: " + ev.error);
+      if (ev.finish != engine::FinishReason::kNone) r.output_tokens += ev.completion_tokens;
+    }
+  }
+  r.seconds = seconds_since(t0);
+  r.requests = static_cast<std::int64_t>(streams.size());
+  r.stats = e.stats();
+  r.stats.forward_seconds_total -= before.forward_seconds_total;
+  r.stats.host_seconds_total -= before.host_seconds_total;
+  r.stats.steps_total -= before.steps_total;
+  return r;
+}
+
+}  // namespace lmserve::bench

@@ -1,0 +1,121 @@
+// lmserve bench latency | throughput (in-process, CPU or CUDA); bench serve is issue #7.
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "backend/cuda/cuda_backend.h"
+#include "bench/engine_bench.h"
+#include "cli/commands.h"
+#include "cli/model_options.h"
+
+namespace lmserve::cli {
+namespace {
+
+int fail(const char* what, const Status& s) {
+  std::fprintf(stderr, "lmserve bench %s: %s\n", what, s.message().c_str());
+  return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+void print_memory(const backend::Backend& b) {
+  const auto m = b.memory();
+  const auto& kv = b.kv_config();
+  const double gib = 1024.0 * 1024 * 1024;
+  std::printf("backend %s, weights %.2f GiB, activations %.2f GiB, graphs %.2f GiB, KV %.2f GiB = %lld tokens (%s, block %d)\n",
+              std::string(b.name()).c_str(), m.weight_bytes / gib, m.activation_bytes / gib, m.graph_bytes / gib, m.kv_cache_bytes / gib,
+              static_cast<long long>(kv.num_blocks * kv.block_size), std::string(backend::kv_dtype_name(kv.dtype)).c_str(), kv.block_size);
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  struct Opts {
+    ModelOptions model;
+    std::int64_t batch_size = 8, input_len = 128, output_len = 128, num_prompts = 100;
+    std::uint64_t seed = 0;
+    std::int64_t max_num_seqs = 256, max_num_batched_tokens = 8192;
+  };
+  auto lat = std::make_shared<Opts>();
+  auto thr = std::make_shared<Opts>();
+  app.require_subcommand(1);
+  auto* latency = app.add_subcommand("latency", "prefill time and decode step time of one batch (with the memory-bandwidth bound on a GPU)");
+  lat->model.add_to(*latency);
+  latency->add_option("--batch-size", lat->batch_size, "sequences decoded together")->capture_default_str();
+  latency->add_option("--input-len", lat->input_len, "prompt tokens per sequence")->capture_default_str();
+  latency->add_option("--output-len", lat->output_len, "tokens generated per sequence")->capture_default_str();
+  latency->add_option("--seed", lat->seed, "random prompt tokens")->capture_default_str();
+  auto* throughput = app.add_subcommand("throughput", "requests/s and tokens/s of many requests through the engine");
+  thr->model.add_to(*throughput);
+  throughput->add_option("--num-prompts", thr->num_prompts, "requests")->capture_default_str();
+  throughput->add_option("--input-len", thr->input_len, "prompt tokens per request")->capture_default_str();
+  throughput->add_option("--output-len", thr->output_len, "tokens generated per request")->capture_default_str();
+  throughput->add_option("--max-num-seqs", thr->max_num_seqs, "sequences in a batch at most")->capture_default_str();
+  throughput->add_option("--max-num-batched-tokens", thr->max_num_batched_tokens, "tokens per step at most")->capture_default_str();
+  throughput->add_option("--seed", thr->seed, "random prompt tokens")->capture_default_str();
+  auto* serve = app.add_subcommand("serve", "load test an OpenAI-compatible endpoint (not yet available)");
+  serve->prefix_command();
+
+  return [=]() -> int {
+    if (serve->parsed()) {
+      std::fprintf(stderr, "lmserve bench serve: not yet available in this build (tracked in issue #7)\n");
+      return 2;
+    }
+    if (latency->parsed()) {
+      auto& o = *lat;
+      o.model.max_num_seqs = o.batch_size;
+      o.model.max_num_batched_tokens = std::max<std::int64_t>({8192, o.input_len, o.batch_size});
+      o.model.max_model_len = o.input_len + o.output_len;
+      const std::int64_t blocks_needed = o.batch_size * ((o.input_len + o.output_len + o.model.block_size - 1) / o.model.block_size);
+      if (o.model.num_kv_blocks == 0 && o.model.device == "cpu") o.model.num_kv_blocks = blocks_needed;
+      auto m = o.model.load(blocks_needed * o.model.block_size);
+      if (!m) return fail("latency", m.error());
+      print_memory(*m->backend);
+      bench::LatencyOptions lo{o.batch_size, o.input_len, o.output_len, o.model.max_num_batched_tokens, o.seed, 0};
+      if (m->backend->name() == "cuda") lo.copy_bandwidth = backend::measure_copy_bandwidth(0);
+      auto r = bench::run_latency(*m->backend, lo);
+      if (!r) return fail("latency", r.error());
+      std::printf("batch %lld, input %lld, output %lld\n", static_cast<long long>(o.batch_size), static_cast<long long>(o.input_len),
+                  static_cast<long long>(o.output_len));
+      std::printf("prefill %.2f ms (%.0f tokens/s)\n", r->prefill_seconds * 1e3,
+                  static_cast<double>(o.batch_size * o.input_len) / r->prefill_seconds);
+      std::printf("decode step: mean %.3f ms, p50 %.3f ms, p99 %.3f ms, %.0f output tokens/s\n", r->mean_step * 1e3, r->p50_step * 1e3,
+                  r->p99_step * 1e3, static_cast<double>(o.batch_size) / r->mean_step);
+      if (r->bound_seconds > 0) {
+        std::printf("bandwidth bound: %.3f ms per step (weights %.2f GB + KV %.3f GB at a measured %.0f GB/s copy); mean step / bound = %.2f\n",
+                    r->bound_seconds * 1e3, r->weight_bytes / 1e9, r->kv_bytes_per_step / 1e9, lo.copy_bandwidth / 1e9,
+                    r->mean_step / r->bound_seconds);
+      }
+      return 0;
+    }
+    auto& o = *thr;
+    o.model.max_num_seqs = o.max_num_seqs;
+    o.model.max_num_batched_tokens = std::max(o.max_num_batched_tokens, o.max_num_seqs);
+    o.model.max_model_len = o.input_len + o.output_len;
+    auto m = o.model.load(std::max<std::int64_t>(o.max_num_seqs, 16) * (o.input_len + o.output_len));
+    if (!m) return fail("throughput", m.error());
+    print_memory(*m->backend);
+    engine::EngineOptions eo;
+    eo.scheduler.max_num_seqs = o.max_num_seqs;
+    eo.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+    eo.scheduler.max_model_len = o.input_len + o.output_len;
+    eo.scheduler.lanes = {{"default", 0.0, 0.0, std::max<std::int64_t>(o.num_prompts, 1)}};
+    eo.scheduler.kv_watermark = 0.99;
+    const std::int64_t vocab = m->weights->config().vocab_size;
+    auto e = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
+    if (!e) return fail("throughput", e.error());
+    bench::ThroughputOptions to{o.num_prompts, o.input_len, o.output_len, {}, {}, o.seed};
+    auto r = bench::run_throughput(**e, vocab, to);
+    if (!r) return fail("throughput", r.error());
+    const double s = r->seconds;
+    std::printf("requests %lld, prompt tokens %lld, output tokens %lld, %.2f s\n", static_cast<long long>(r->requests),
+                static_cast<long long>(r->prompt_tokens), static_cast<long long>(r->output_tokens), s);
+    std::printf("engine: %llu steps, forward %.2f s, host %.2f s (%.1f%% of step time), preemptions %lld\n",
+                static_cast<unsigned long long>(r->stats.steps_total), r->stats.forward_seconds_total, r->stats.host_seconds_total,
+                100.0 * r->stats.host_seconds_total / std::max(1e-9, r->stats.host_seconds_total + r->stats.forward_seconds_total),
+                static_cast<long long>(r->stats.preemptions_total));
+    std::printf("throughput: %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n", static_cast<double>(r->requests) / s,
+                static_cast<double>(r->output_tokens) / s, static_cast<double>(r->output_tokens + r->prompt_tokens) / s);
+    return 0;
+  };
+}
+
+}  // namespace lmserve::cli

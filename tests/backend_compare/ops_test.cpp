@@ -1,0 +1,324 @@
+// Every CUDA op against the CPU op of the same name (backend/cpu/cpu_ops.h) on fresh random
+// inputs, sweeping dtype x batch x block size x GQA ratio x head dim x context length. Inputs
+// in the model dtype are rounded to it first, so both sides see the same numbers; outputs are
+// poisoned before each run (cuda_ops.h), so an unwritten element fails the bound.
+// Bounds: float32 1e-5 relative L2, bfloat16/float16 1e-2 (compare_util.h: tolerance()).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_ops.h"
+#include "compare_util.h"
+
+namespace lmserve::compare {
+namespace {
+
+using backend::KvDtype;
+namespace ops = cuda::ops;
+
+model::Tensor f32_tensor(const std::vector<float>& v) { return model::Tensor{model::DType::kF32, {static_cast<std::int64_t>(v.size())}, v.data(), "t"}; }
+
+class ActOps : public ::testing::TestWithParam<int> {};
+
+TEST_P(ActOps, Embed) {
+  LMSERVE_REQUIRE_GPU();
+  const int act = GetParam(), V = 300, H = 96;
+  std::mt19937 rng(1);
+  auto table = rounded(act, random_vec(rng, static_cast<std::size_t>(V * H)));
+  std::vector<std::int32_t> tokens = {0, 299, 17, 17, 150};
+  std::vector<float> got;
+  ASSERT_EQ(ops::embed(act, table, H, tokens, &got), "");
+  std::vector<float> want;
+  for (auto t : tokens) want.insert(want.end(), table.begin() + t * H, table.begin() + (t + 1) * H);
+  EXPECT_EQ(got, want);  // a gather is exact
+}
+
+TEST_P(ActOps, AddRmsNorm) {
+  LMSERVE_REQUIRE_GPU();
+  const int act = GetParam();
+  std::mt19937 rng(2);
+  for (int H : {64, 200, 4096}) {
+    for (int T : {1, 7}) {
+      SCOPED_TRACE("H=" + std::to_string(H) + " T=" + std::to_string(T));
+      auto x = random_vec(rng, static_cast<std::size_t>(T * H), -3, 3), delta = random_vec(rng, x.size());
+      auto w = rounded(act, random_vec(rng, static_cast<std::size_t>(H), 0.5f, 1.5f));
+      auto gx = x;
+      std::vector<float> got;
+      ASSERT_EQ(ops::add_rmsnorm(act, &gx, &delta, nullptr, T, H, w, 1e-5f, &got), "");
+      std::vector<float> want(x.size()), cx = x;
+      auto wt = f32_tensor(w);
+      for (int t = 0; t < T; ++t) {
+        for (int i = 0; i < H; ++i) cx[t * H + i] += delta[t * H + i];
+        backend::cpu::rms_norm(&cx[t * H], wt, 1e-5f, H, &want[t * H]);
+      }
+      EXPECT_LE(rel_l2(gx, cx), 1e-6) << "the residual sum";
+      EXPECT_LE(rel_l2(got, rounded(act, want)), tolerance(act));
+      // Picking rows (the final norm over sampled positions only).
+      std::vector<std::int32_t> rows = {T - 1, 0};
+      auto gx2 = cx;
+      ASSERT_EQ(ops::add_rmsnorm(act, &gx2, nullptr, &rows, 2, H, w, 1e-5f, &got), "");
+      std::vector<float> want2(static_cast<std::size_t>(2 * H));
+      backend::cpu::rms_norm(&cx[(T - 1) * H], wt, 1e-5f, H, &want2[0]);
+      backend::cpu::rms_norm(&cx[0], wt, 1e-5f, H, &want2[H]);
+      EXPECT_LE(rel_l2(got, rounded(act, want2)), tolerance(act));
+    }
+  }
+}
+
+TEST_P(ActOps, Gemm) {
+  LMSERVE_REQUIRE_GPU();
+  const int act = GetParam();
+  std::mt19937 rng(3);
+  for (auto [m, n, k] : {std::tuple{64, 1, 64}, {96, 5, 200}, {1000, 33, 256}, {384, 64, 1024}, {8, 3, 16}}) {
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+    auto w = rounded(act, random_vec(rng, static_cast<std::size_t>(m * k)));
+    auto x = rounded(act, random_vec(rng, static_cast<std::size_t>(n * k)));
+    std::vector<float> got, want(static_cast<std::size_t>(n * m));
+    ASSERT_EQ(ops::gemm(act, w, x, m, n, k, &got), "");
+    ThreadPool pool(2);
+    model::Tensor wt{model::DType::kF32, {m, k}, w.data(), "w"};
+    backend::cpu::matmul(pool, x.data(), n, k, wt, nullptr, want.data(), m);
+    // Both accumulate in float32 from identical inputs; only the summation order differs.
+    EXPECT_LE(rel_l2(got, want), 1e-5);
+  }
+}
+
+TEST_P(ActOps, SiluMul) {
+  LMSERVE_REQUIRE_GPU();
+  const int act = GetParam(), T = 5, I = 300;
+  std::mt19937 rng(4);
+  auto gu = random_vec(rng, static_cast<std::size_t>(T * 2 * I), -6, 6);
+  std::vector<float> got, want(static_cast<std::size_t>(T * I));
+  ASSERT_EQ(ops::silu_mul(act, gu, T, I, &got), "");
+  for (int t = 0; t < T; ++t) backend::cpu::silu_mul(&gu[t * 2 * I], &gu[t * 2 * I + I], I, &want[t * I]);
+  EXPECT_LE(rel_l2(got, rounded(act, want)), tolerance(act));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, ActOps, ::testing::Values(kF32, kBF16, kF16),
+                         [](const ::testing::TestParamInfo<int>& p) { return std::string(act_name(p.param)); });
+
+// ---- the KV cache: RoPE + write, and paged attention -------------------------------------
+
+struct KvCase {
+  KvDtype kv;
+  int block_size, group, head_dim;
+};
+
+std::string kv_case_name(const ::testing::TestParamInfo<KvCase>& i) {
+  return std::string(backend::kv_dtype_name(i.param.kv)) + "_bs" + std::to_string(i.param.block_size) + "_gqa" +
+         std::to_string(i.param.group) + "_d" + std::to_string(i.param.head_dim);
+}
+
+std::vector<KvCase> kv_cases() {
+  std::vector<KvCase> out;
+  for (auto kv : {KvDtype::kFloat32, KvDtype::kBFloat16, KvDtype::kFloat16, KvDtype::kFp8E5M2, KvDtype::kFp8E4M3}) {
+    for (int bs : {16, 32}) {
+      for (int g : {1, 4, 8}) {
+        for (int d : {64, 128}) out.push_back({kv, bs, g, d});
+      }
+    }
+  }
+  return out;
+}
+
+// The error a KV dtype adds on top of the act bound (values are rounded once more).
+double kv_tolerance(KvDtype kv, int act) {
+  switch (kv) {
+    case KvDtype::kFloat32: return tolerance(act);
+    case KvDtype::kBFloat16:
+    case KvDtype::kFloat16: return std::max(tolerance(act), 1e-2);
+    default: return 0.1;
+  }
+}
+
+struct Cache {
+  backend::cpu::KvLayer layer;
+  ops::KvCacheHost host;
+};
+
+// A cache of `blocks` blocks for nkv heads, poisoned (0xFF), with scales for e4m3.
+Cache make_cache(const KvCase& c, int nkv, int blocks, std::mt19937& rng) {
+  Cache out;
+  const std::size_t bytes = static_cast<std::size_t>(blocks) * c.block_size * nkv * c.head_dim * backend::kv_dtype_bytes(c.kv);
+  out.host.kv = static_cast<int>(c.kv);
+  out.host.block_size = c.block_size;
+  out.host.k.assign(bytes, 0xFF);
+  out.host.v.assign(bytes, 0xFF);
+  if (c.kv == KvDtype::kFp8E4M3) {
+    out.host.k_scale = random_vec(rng, static_cast<std::size_t>(nkv), 0.004f, 0.01f);
+    out.host.v_scale = random_vec(rng, static_cast<std::size_t>(nkv), 0.004f, 0.01f);
+  }
+  return out;
+}
+
+backend::cpu::KvLayer view(Cache& c, const KvCase& k, int nkv) {
+  return backend::cpu::KvLayer{reinterpret_cast<std::byte*>(c.host.k.data()), reinterpret_cast<std::byte*>(c.host.v.data()), k.kv, nkv,
+                               k.head_dim, k.block_size, c.host.k_scale, c.host.v_scale};
+}
+
+class KvOps : public ::testing::TestWithParam<KvCase> {};
+
+TEST_P(KvOps, QkvRopeWritesTheCache) {
+  LMSERVE_REQUIRE_GPU();
+  const KvCase c = GetParam();
+  const int nkv = 2, nh = nkv * c.group, D = c.head_dim, T = 11, blocks = 4;
+  std::mt19937 rng(5 + c.block_size + D + c.group);
+  model::ModelConfig cfg;
+  cfg.head_dim = D;
+  cfg.rope_theta = 500000;
+  cfg.rope_scaling = {model::RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 64};
+  for (int variant = 0; variant < 2; ++variant) {  // Llama; then Qwen2 bias + Qwen3 q/k norm
+    SCOPED_TRACE(variant == 0 ? "plain" : "bias + qk norm");
+    for (int act : {kF32, kBF16}) {
+      SCOPED_TRACE(act_name(act));
+      ops::QkvRopeInput in;
+      in.nh = nh;
+      in.nkv = nkv;
+      in.D = D;
+      in.qkv = random_vec(rng, static_cast<std::size_t>(T * (nh + 2 * nkv) * D), -2, 2);
+      in.inv_freq = backend::rope_inv_freq(cfg);
+      if (variant == 1) {
+        in.bias = rounded(act, random_vec(rng, static_cast<std::size_t>((nh + 2 * nkv) * D)));
+        in.q_norm = rounded(act, random_vec(rng, static_cast<std::size_t>(D), 0.5f, 1.5f));
+        in.k_norm = rounded(act, random_vec(rng, static_cast<std::size_t>(D), 0.5f, 1.5f));
+      }
+      std::vector<std::int32_t> slots_order(static_cast<std::size_t>(blocks * c.block_size));
+      std::iota(slots_order.begin(), slots_order.end(), 0);
+      std::shuffle(slots_order.begin(), slots_order.end(), rng);
+      for (int t = 0; t < T; ++t) {
+        in.positions.push_back(t * 397 % 5000);  // far apart positions, large angles
+        in.slots.push_back(t == 3 ? -1 : slots_order[static_cast<std::size_t>(t)]);  // -1: padding, not written
+      }
+      Cache gpu = make_cache(c, nkv, blocks, rng), cpu = gpu;
+      std::vector<float> q;
+      ASSERT_EQ(ops::qkv_rope(act, in, &gpu.host, &q), "");
+
+      // The CPU: bias (added by its matmul), q/k norm, RoPE, write_kv.
+      const int W = (nh + 2 * nkv) * D;
+      std::vector<float> want_q(static_cast<std::size_t>(T * nh * D));
+      auto qn = f32_tensor(in.q_norm), kn = f32_tensor(in.k_norm);
+      auto L = view(cpu, c, nkv);
+      for (int t = 0; t < T; ++t) {
+        std::vector<float> row(in.qkv.begin() + t * W, in.qkv.begin() + (t + 1) * W);
+        if (!in.bias.empty()) {
+          for (int i = 0; i < W; ++i) row[static_cast<std::size_t>(i)] += in.bias[static_cast<std::size_t>(i)];
+        }
+        for (int h = 0; h < nh + nkv; ++h) {
+          float* v = &row[static_cast<std::size_t>(h * D)];
+          if (!in.q_norm.empty()) backend::cpu::rms_norm(v, h < nh ? qn : kn, 1e-6f, D, v);
+          backend::cpu::apply_rope(v, D, in.positions[static_cast<std::size_t>(t)], in.inv_freq);
+        }
+        std::copy(row.begin(), row.begin() + nh * D, want_q.begin() + t * nh * D);
+        if (in.slots[static_cast<std::size_t>(t)] >= 0) {
+          backend::cpu::write_kv(L, in.slots[static_cast<std::size_t>(t)], &row[static_cast<std::size_t>(nh * D)],
+                                 &row[static_cast<std::size_t>((nh + nkv) * D)]);
+        }
+      }
+      EXPECT_LE(rel_l2(q, want_q), 1e-5);
+      // The caches: the same slots written (the rest still poison), values within the dtype's rounding.
+      std::vector<float> gk, ck;
+      std::size_t mismatched_poison = 0;
+      const int eb = backend::kv_dtype_bytes(c.kv);
+      for (std::size_t i = 0; i < gpu.host.k.size(); i += static_cast<std::size_t>(eb)) {
+        const bool gpoison = std::all_of(&gpu.host.k[i], &gpu.host.k[i] + eb, [](auto b) { return b == 0xFF; });
+        const bool cpoison = std::all_of(&cpu.host.k[i], &cpu.host.k[i] + eb, [](auto b) { return b == 0xFF; });
+        mismatched_poison += gpoison != cpoison;
+      }
+      EXPECT_EQ(mismatched_poison, 0u) << "the CUDA op wrote other slots than the CPU op";
+      // Dequantise both caches through the CPU attention-free path: compare raw decoded values.
+      for (std::size_t i = 0; i < gpu.host.k.size() / static_cast<std::size_t>(eb); ++i) {
+        auto decode = [&](const std::vector<std::uint8_t>& bytes) {
+          const std::uint8_t* p = &bytes[i * static_cast<std::size_t>(eb)];
+          switch (c.kv) {
+            case KvDtype::kFloat32: {
+              float f;
+              std::memcpy(&f, p, 4);
+              return f;
+            }
+            case KvDtype::kBFloat16: return bf16_to_float(static_cast<std::uint16_t>(p[0] | p[1] << 8));
+            case KvDtype::kFloat16: return f16_to_float(static_cast<std::uint16_t>(p[0] | p[1] << 8));
+            case KvDtype::kFp8E5M2: return fp8_e5m2_to_float(p[0]);
+            case KvDtype::kFp8E4M3: return fp8_e4m3_to_float(p[0]);
+          }
+          return 0.0f;
+        };
+        const float g = decode(gpu.host.k), cc = decode(cpu.host.k);
+        if (std::isfinite(cc)) {
+          gk.push_back(g);
+          ck.push_back(cc);
+        }
+      }
+      ASSERT_FALSE(ck.empty());
+      EXPECT_LE(rel_l2(gk, ck), kv_tolerance(c.kv, kF32) / 10) << "K as stored";
+    }
+  }
+}
+
+TEST_P(KvOps, PagedAttentionDecodeAndChunkedPrefill) {
+  LMSERVE_REQUIRE_GPU();
+  const KvCase c = GetParam();
+  const int nkv = 2, nh = nkv * c.group, D = c.head_dim;
+  std::mt19937 rng(6 + c.block_size * 3 + D + c.group);
+  // Context lengths that are not multiples of the block size, one long enough to split.
+  const std::vector<int> contexts = {1, c.block_size + 3, 3 * c.block_size - 5, 301};
+  int blocks = 0;
+  for (int n : contexts) blocks += (n + c.block_size - 1) / c.block_size;
+  Cache cache = make_cache(c, nkv, blocks, rng);
+  auto L = view(cache, c, nkv);
+  // Non-contiguous block tables: a shuffled pool.
+  std::vector<std::int32_t> pool(static_cast<std::size_t>(blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  std::vector<std::vector<std::int32_t>> tables;
+  std::size_t next = 0;
+  for (int n : contexts) {
+    std::vector<std::int32_t> t;
+    for (int p = 0; p < n; p += c.block_size) t.push_back(pool[next++]);
+    tables.push_back(t);
+    for (int p = 0; p < n; ++p) {
+      auto k = random_vec(rng, static_cast<std::size_t>(nkv * D), -2, 2), v = random_vec(rng, k.size(), -2, 2);
+      backend::cpu::write_kv(L, static_cast<std::int64_t>(t[static_cast<std::size_t>(p / c.block_size)]) * c.block_size + p % c.block_size,
+                             k.data(), v.data());
+    }
+  }
+  for (int act : {kF32, kBF16}) {
+    for (int mode = 0; mode < 3; ++mode) {  // decode, decode with the context split, chunked prefill
+      SCOPED_TRACE(std::string(act_name(act)) + (mode == 0 ? " decode" : (mode == 1 ? " split decode" : " chunked prefill")));
+      ops::AttentionInput in;
+      in.nh = nh;
+      in.nkv = nkv;
+      in.D = D;
+      in.splits = mode == 1 ? 8 : 1;
+      in.tables = tables;
+      std::vector<backend::SeqBatch> seqs;
+      for (std::size_t s = 0; s < contexts.size(); ++s) {
+        const int n = contexts[s];
+        // Prefill: the last up-to-13 positions are new, the rest a cached prefix.
+        const int q = mode == 2 ? std::min(n, 13) : 1;
+        in.seq_start.push_back(static_cast<std::int32_t>(in.positions.size()));
+        in.seq_len.push_back(q);
+        seqs.push_back({static_cast<std::int32_t>(in.positions.size()), q, n, in.tables[s]});
+        for (int p = n - q; p < n; ++p) in.positions.push_back(p);
+      }
+      in.q = rounded(act, random_vec(rng, in.positions.size() * static_cast<std::size_t>(nh * D), -2, 2));
+      std::vector<float> got;
+      ASSERT_EQ(ops::attention(act, in, cache.host, &got), "");
+      std::vector<float> want(got.size());
+      std::vector<std::int32_t> tokens(in.positions.size(), 0);
+      std::vector<std::int64_t> slots(in.positions.size(), 0);
+      backend::Batch b{tokens, in.positions, slots, seqs, {}};
+      ThreadPool tp(2);
+      backend::cpu::paged_attention(tp, L, b, nh, in.q.data(), want.data());
+      // Both read the same cache bytes; only float32 summation order (and act rounding) differ.
+      EXPECT_LE(rel_l2(got, rounded(act, want)), tolerance(act));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, KvOps, ::testing::ValuesIn(kv_cases()), kv_case_name);
+
+}  // namespace
+}  // namespace lmserve::compare
