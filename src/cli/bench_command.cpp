@@ -55,6 +55,7 @@ Command add_bench_command(CLI::App& app) {
   serve->prefix_command();
 
   return [=]() -> int {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log file even if the run is cut short
     if (serve->parsed()) {
       std::fprintf(stderr, "lmserve bench serve: not yet available in this build (tracked in issue #7)\n");
       return 2;

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/device_memory.h"
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "cli/yaml_config.h"
@@ -172,6 +173,18 @@ Command add_serve_command(CLI::App& app) {
     o->server.idle_timeout = std::chrono::seconds(o->idle_timeout_s);
     if (o->server.io_threads < 1 || o->request_timeout_s < 1 || o->idle_timeout_s < 1 || o->server.max_connections < 1) {
       return fail(Status(StatusCode::kInvalidArgument, "--io-threads, --max-connections and the timeouts must be positive"));
+    }
+    // The device-memory hard limit: sampled by a thread, read by the engine once per step.
+    std::shared_ptr<DeviceMemoryMonitor> monitor;
+    if (m->backend->name() == "cuda") {
+      monitor = std::make_shared<DeviceMemoryMonitor>(std::vector<int>{0});
+      const double limit = o->device_memory_limit;
+      eo.device_memory_ok = [monitor, limit] { return monitor->max_used_share() <= limit; };
+      o->server.gpu_memory = [monitor] { return monitor->latest(); };
+      for (const auto& g : monitor->latest()) {
+        spdlog::info("device memory: GPU {} {:.2f} of {:.2f} GiB in use ({}), admission stops above {:.0f}%", g.device,
+                     g.used_bytes / 1073741824.0, g.total_bytes / 1073741824.0, g.source, limit * 100);
+      }
     }
     auto eng = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
     if (!eng) return fail(eng.error());

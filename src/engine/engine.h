@@ -149,6 +149,8 @@ class Engine {
   bool alive() const;
   const model::ModelConfig& model_config() const { return backend_->config(); }
   const backend::KvCacheConfig& kv_config() const { return backend_->kv_config(); }
+  // The backend's start-up memory plan (fixed once created).
+  backend::MemoryInfo memory_plan() const { return backend_->memory(); }
   const EngineOptions& options() const { return options_; }
 
   // Stops admissions, waits up to `grace` for running work, aborts the rest, joins the loop.

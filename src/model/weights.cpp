@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <thread>
+
 #include <cstring>
 #include <optional>
 #include <random>
@@ -158,15 +160,31 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig conf
     d = *p;
   }
   w->dtype_ = d;
-  std::mt19937_64 rng(seed);
+  std::uint64_t tensor_index = 0;
   Status st = w->bind([&](const std::string& name, std::vector<std::int64_t> shape) -> Result<Tensor> {
     Tensor t{d, std::move(shape), nullptr, name};
     auto buf = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(t.numel() * dtype_bytes(d)));
-    bool norm = name.ends_with("norm.weight");
-    // Uniform weights scaled by 1/sqrt(fan_in) keep activations O(1) through the layers.
-    float scale = t.shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(t.shape[1])) : 0.02f;
-    std::uniform_real_distribution<float> u(-scale, scale);
-    for (std::int64_t i = 0; i < t.numel(); ++i) store(d, norm ? 1.0f : u(rng), buf->data(), i);
+    const bool norm = name.ends_with("norm.weight");
+    // Uniform weights scaled by 1/sqrt(fan_in) keep activations O(1) through the layers. Each
+    // element is a hash of (seed, tensor, index), so threads can fill a tensor in any order
+    // and an 8B-parameter model takes seconds, with the same values on every machine.
+    const float scale = t.shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(t.shape[1])) : 0.02f;
+    const std::uint64_t key = seed * 0x9E3779B97F4A7C15ull + (++tensor_index) * 0xD1B54A32D192ED03ull;
+    const std::int64_t n = t.numel();
+    auto fill = [&, key](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) {
+        std::uint64_t z = key + static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+        store(d, norm ? 1.0f : (2.0f * u - 1.0f) * scale, buf->data(), i);
+      }
+    };
+    const std::int64_t threads = n < (1 << 20) ? 1 : std::max<std::int64_t>(1, std::thread::hardware_concurrency());
+    std::vector<std::thread> pool;
+    for (std::int64_t k = 0; k < threads; ++k) pool.emplace_back(fill, n * k / threads, n * (k + 1) / threads);
+    for (auto& th : pool) th.join();
     w->owned_.push_back(buf);
     t.data = buf->data();
     return t;

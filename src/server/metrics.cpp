@@ -85,7 +85,8 @@ void ServerMetrics::record_rejection(const std::string& reason, const std::strin
 }
 
 std::string ServerMetrics::render(const engine::EngineStats& s, const std::string& model, double watermark, int block_size,
-                                  const std::string& kv_dtype) const {
+                                  const std::string& kv_dtype, const backend::MemoryInfo& plan,
+                                  const std::vector<GpuMemorySample>& gpus) const {
   std::lock_guard lock(mu_);
   const std::string m = "model_name=\"" + escape(model) + "\"";
   std::string out;
@@ -149,6 +150,22 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   gauge("lmserve:kv_watermark", "Admission watermark on KV-cache usage.", watermark);
   gauge("lmserve:engine_alive", "1 while the engine loop runs.", s.alive ? 1.0 : 0.0);
   gauge("lmserve:process_resident_memory_bytes", "Resident memory of the server process.", static_cast<double>(process_resident_bytes()));
+  header(out, "lmserve:memory_plan_bytes", "gauge", "The start-up memory plan: bytes for each part.");
+  for (auto [part, bytes] : {std::pair<const char*, std::uint64_t>{"weights", plan.weight_bytes}, {"activations", plan.activation_bytes},
+                             {"cuda_graphs", plan.graph_bytes}, {"kv_cache", plan.kv_cache_bytes}}) {
+    out += "lmserve:memory_plan_bytes{" + m + ",part=\"" + part + "\"} " + num(static_cast<double>(bytes)) + "\n";
+  }
+  if (!gpus.empty()) {
+    header(out, "lmserve:gpu_memory_used_bytes", "gauge", "Memory in use on each GPU (all processes), sampled every 100 ms.");
+    for (const auto& g : gpus) {
+      out += "lmserve:gpu_memory_used_bytes{" + m + ",gpu=\"" + std::to_string(g.device) + "\",source=\"" + g.source + "\"} " +
+             num(static_cast<double>(g.used_bytes)) + "\n";
+    }
+    header(out, "lmserve:gpu_memory_total_bytes", "gauge", "Memory of each GPU.");
+    for (const auto& g : gpus) {
+      out += "lmserve:gpu_memory_total_bytes{" + m + ",gpu=\"" + std::to_string(g.device) + "\"} " + num(static_cast<double>(g.total_bytes)) + "\n";
+    }
+  }
   header(out, "lmserve:http_requests_total", "counter", "HTTP requests by route and status.");
   for (const auto& [key, n] : http_) {
     out += "lmserve:http_requests_total{" + m + ",route=\"" + escape(key.first) + "\",status=\"" + std::to_string(key.second) +

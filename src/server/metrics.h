@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/device_memory.h"
 #include "engine/engine.h"
 
 namespace lmserve::server {
@@ -40,8 +41,11 @@ class ServerMetrics {
   void record_request(const RequestRecord& r);
   void record_http(const std::string& route, int status);
   void record_rejection(const std::string& reason, const std::string& lane);
+  // `plan` and `gpus` add the memory plan and per-GPU memory (lmserve:memory_plan_bytes,
+  // lmserve:gpu_memory_used_bytes / _total_bytes) where there are any.
   std::string render(const engine::EngineStats& s, const std::string& model_name, double kv_watermark, int block_size,
-                     const std::string& kv_dtype) const;
+                     const std::string& kv_dtype, const backend::MemoryInfo& plan = {},
+                     const std::vector<GpuMemorySample>& gpus = {}) const;
 
  private:
   mutable std::mutex mu_;

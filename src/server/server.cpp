@@ -197,7 +197,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return reply(200,
                    s_.metrics.render(s_.engine->stats(), s_.opt.served_model_name, s_.engine->options().scheduler.kv_watermark,
                                      s_.engine->kv_config().block_size,
-                                     std::string(backend::kv_dtype_name(s_.engine->kv_config().dtype))),
+                                     std::string(backend::kv_dtype_name(s_.engine->kv_config().dtype)), s_.engine->memory_plan(),
+                                     s_.opt.gpu_memory ? s_.opt.gpu_memory() : std::vector<GpuMemorySample>{}),
                    "text/plain; version=0.0.4; charset=utf-8", route, true);
     }
     if (route == "/v1/models") {

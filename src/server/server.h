@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,8 @@ struct ServerOptions {
   std::chrono::seconds shutdown_timeout{30};
   bool log_prompts = false;
   std::string ssl_certfile, ssl_keyfile;  // both set: HTTPS
+  // Per-GPU memory for /metrics (a DeviceMemoryMonitor's latest()); empty: none exported.
+  std::function<std::vector<GpuMemorySample>()> gpu_memory;
 };
 
 class Server {

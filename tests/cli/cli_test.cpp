@@ -1,5 +1,7 @@
 // Runs the lmserve binary as a user would and checks exit codes and output.
 #include <gtest/gtest.h>
+
+#include <regex>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "backend/devices.h"
 #include "test_paths.h"
 
 namespace {
@@ -141,7 +144,21 @@ TEST(Cli, GeneratePrintsTheGreedyCompletion) {
   EXPECT_EQ(r.output, expected);
   EXPECT_GT(r.output.size(), 10u);
   EXPECT_EQ(run("generate --model " + model_dir() + " --prompt hi --top-p 7").exit_code, 2);
-  EXPECT_EQ(run("generate --model " + model_dir() + " --prompt hi --device cuda").exit_code, 1);
+  // --device cuda: a clear runtime failure where no GPU can be used, the completion where one can.
+  EXPECT_EQ(run("generate --model " + model_dir() + " --prompt hi --device cuda").exit_code, lmserve::probe_devices().devices.empty() ? 1 : 0);
+}
+
+TEST(Cli, BenchLatencyAndThroughputReportTheirNumbers) {
+  CommandRun lat = run("bench latency --model " + model_dir() + " --device cpu --batch-size 2 --input-len 16 --output-len 8 --threads 2");
+  ASSERT_EQ(lat.exit_code, 0) << lat.output;
+  EXPECT_TRUE(std::regex_search(lat.output, std::regex(R"(prefill [0-9.]+ ms)"))) << lat.output;
+  EXPECT_TRUE(std::regex_search(lat.output, std::regex(R"(decode step: mean [0-9.]+ ms, p50 [0-9.]+ ms, p99 [0-9.]+ ms)"))) << lat.output;
+  CommandRun thr = run("bench throughput --model " + model_dir() + " --device cpu --num-prompts 6 --input-len 16 --output-len 5 --threads 2");
+  ASSERT_EQ(thr.exit_code, 0) << thr.output;
+  // Exactly num_prompts x output_len tokens (ignore_eos), counted from the engine's usage.
+  EXPECT_NE(thr.output.find("requests 6, prompt tokens 96, output tokens 30,"), std::string::npos) << thr.output;
+  EXPECT_TRUE(std::regex_search(thr.output, std::regex(R"(throughput: [0-9.]+ requests/s, [0-9.]+ output tokens/s)"))) << thr.output;
+  EXPECT_EQ(run("bench latency --model " + model_dir() + " --device cpu --output-len 1").exit_code, 2);
 }
 
 TEST(Cli, PerplexityPrintsItLast) {

@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
@@ -160,6 +162,27 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   EXPECT_GT(s.prefix_hits, 0u) << "the shared prefixes were meant to hit";
   EXPECT_EQ(s.running, 0);
   EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
+}
+
+// The device-memory signal stops admissions (running requests go on) and lets them resume.
+TEST(Engine, DeviceMemorySignalHoldsNewRequestsBack) {
+  auto full = std::make_shared<std::atomic<bool>>(true);
+  EngineOptions o;
+  o.device_memory_ok = [full] { return !full->load(); };
+  auto engine = make_engine(demo(), 64, o);
+  auto sub = engine->submit({.prompt = {5, 6, 7}, .params = greedy(4)});
+  ASSERT_TRUE(sub);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto s = engine->stats();
+  EXPECT_EQ(s.running, 0) << "admitted while the device was over its limit";
+  EXPECT_EQ(s.generation_tokens_total, 0u);
+  std::uint64_t device_limited = 0;
+  for (const auto& [reason, n] : s.admission_limits) device_limited += reason == "device_memory" ? n : 0;
+  EXPECT_EQ(device_limited, 1u) << "one episode, logged once";
+  full->store(false);
+  auto r = collect(sub->stream);
+  EXPECT_EQ(r.tokens.size(), 4u);
+  EXPECT_EQ(r.finish, FinishReason::kLength);
 }
 
 TEST(Engine, SeededSamplingIgnoresTheRestOfTheBatch) {

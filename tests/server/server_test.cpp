@@ -519,3 +519,27 @@ TEST_F(ServerTest, DrainFinishesInFlightAndRefusesNewWork) {
 
 }  // namespace
 }  // namespace lmserve::server
+
+namespace lmserve::server {
+namespace {
+
+TEST(ServerMetrics, ExportsTheMemoryPlanAndEachGpu) {
+  ServerMetrics m;
+  backend::MemoryInfo plan;
+  plan.weight_bytes = 16;
+  plan.activation_bytes = 2;
+  plan.graph_bytes = 1;
+  plan.kv_cache_bytes = 100;
+  std::vector<GpuMemorySample> gpus = {{0, 120, 141, "nvml"}, {1, 5, 141, "cuda"}};
+  std::string out = m.render(engine::EngineStats{}, "m", 0.85, 16, "bfloat16", plan, gpus);
+  EXPECT_NE(out.find("lmserve:memory_plan_bytes{model_name=\"m\",part=\"kv_cache\"} 100"), std::string::npos) << out;
+  EXPECT_NE(out.find("lmserve:memory_plan_bytes{model_name=\"m\",part=\"cuda_graphs\"} 1"), std::string::npos);
+  EXPECT_NE(out.find("lmserve:gpu_memory_used_bytes{model_name=\"m\",gpu=\"1\",source=\"cuda\"} 5"), std::string::npos);
+  EXPECT_NE(out.find("lmserve:gpu_memory_total_bytes{model_name=\"m\",gpu=\"0\"} 141"), std::string::npos);
+  // No GPU: no per-GPU series at all (not zeros that look like an idle card).
+  std::string cpu = m.render(engine::EngineStats{}, "m", 0.85, 16, "bfloat16");
+  EXPECT_EQ(cpu.find("lmserve:gpu_memory_used_bytes"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lmserve::server

@@ -77,3 +77,31 @@ SelfTestResult self_test(int device, std::string* failure) {
 }
 
 }  // namespace lmserve::cuda
+
+namespace lmserve::cuda {
+
+std::string pci_bus_id(int device) {
+  char id[64] = {0};
+  if (cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return id;
+}
+
+bool memory_info(int device, std::uint64_t* free_bytes, std::uint64_t* total_bytes) {
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  std::size_t f = 0, t = 0;
+  const bool ok = cudaMemGetInfo(&f, &t) == cudaSuccess;
+  cudaSetDevice(current);
+  cudaGetLastError();
+  *free_bytes = f;
+  *total_bytes = t;
+  return ok;
+}
+
+}  // namespace lmserve::cuda

@@ -32,3 +32,12 @@ enum class SelfTestResult { kPassed, kUnavailable, kWrongResult };
 SelfTestResult self_test(int device, std::string* failure);
 
 }  // namespace lmserve::cuda
+
+namespace lmserve::cuda {
+
+// The device's PCI bus id ("0000:3B:00.0"), to find the same GPU through NVML; empty on error.
+std::string pci_bus_id(int device);
+// cudaMemGetInfo on `device`; false when it cannot be read.
+bool memory_info(int device, std::uint64_t* free_bytes, std::uint64_t* total_bytes);
+
+}  // namespace lmserve::cuda
