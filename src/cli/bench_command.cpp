@@ -51,15 +51,12 @@ Command add_bench_command(CLI::App& app) {
   throughput->add_option("--max-num-seqs", thr->max_num_seqs, "sequences in a batch at most")->capture_default_str();
   throughput->add_option("--max-num-batched-tokens", thr->max_num_batched_tokens, "tokens per step at most")->capture_default_str();
   throughput->add_option("--seed", thr->seed, "random prompt tokens")->capture_default_str();
-  auto* serve = app.add_subcommand("serve", "load test an OpenAI-compatible endpoint (not yet available)");
-  serve->prefix_command();
+  auto* serve = app.add_subcommand("serve", "load test an OpenAI-compatible endpoint (streaming; datasets, sweeps, goodput)");
+  Command serve_run = add_bench_serve(*serve);
 
   return [=]() -> int {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log file even if the run is cut short
-    if (serve->parsed()) {
-      std::fprintf(stderr, "lmserve bench serve: not yet available in this build (tracked in issue #7)\n");
-      return 2;
-    }
+    if (serve->parsed()) return serve_run();
     if (latency->parsed()) {
       auto& o = *lat;
       o.model.max_num_seqs = o.batch_size;

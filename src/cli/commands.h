@@ -18,5 +18,7 @@ Command add_generate_command(CLI::App& app);
 Command add_perplexity_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
+Command add_bench_serve(CLI::App& app);  // the `bench serve` subcommand
+Command add_plan_command(CLI::App& app);
 
 }  // namespace lmserve::cli

@@ -22,7 +22,6 @@ struct PendingCommand {
 
 constexpr PendingCommand kPending[] = {
     {"gateway", "enterprise gateway in front of serve replicas", "the gateway issue"},
-    {"plan", "capacity planner", "#7"},
     {"model", "model tools (verify)", "#4"},
 };
 
@@ -50,7 +49,8 @@ int main(int argc, char** argv) {
       {"detokenize", "print the text of token ids", cli::add_detokenize_command},
       {"chat-template", "print a conversation rendered with the model's chat template", cli::add_chat_template_command},
       {"version", "print build and device information", cli::add_version_command},
-      {"bench", "benchmarks: latency, throughput (in process); serve (load test, pending)", cli::add_bench_command},
+      {"bench", "benchmarks: latency, throughput (in process), serve (load test of an endpoint)", cli::add_bench_command},
+      {"plan", "capacity planner: memory and GPUs for a model and a load", cli::add_plan_command},
   };
   std::vector<std::pair<CLI::App*, cli::Command>> commands;
   for (const auto& a : available) {

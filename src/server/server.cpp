@@ -41,6 +41,9 @@ struct Server::Impl {
   // Keeps run() serving until shutdown ends, even with no connection open.
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
   std::atomic<std::size_t> connections{0};
+  // Generation requests being served now, and the most at once since start (for load tests:
+  // a client's --max-concurrency shows here).
+  std::atomic<int> generations{0}, generations_peak{0};
   std::atomic<bool> draining{false};
   std::atomic<int> bound_port{0};
   std::atomic<int> signals{0};
@@ -79,7 +82,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   template <class... Args>
   Session(Server::Impl& s, Args&&... args) : stream_(std::forward<Args>(args)...), timer_(stream_.get_executor()), s_(s) {}
-  ~Session() { --s_.connections; }
+  ~Session() {
+    --s_.connections;
+    if (gen_) --s_.generations;
+  }
 
   void start() {
     net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
@@ -198,7 +204,13 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
                    s_.metrics.render(s_.engine->stats(), s_.opt.served_model_name, s_.engine->options().scheduler.kv_watermark,
                                      s_.engine->kv_config().block_size,
                                      std::string(backend::kv_dtype_name(s_.engine->kv_config().dtype)), s_.engine->memory_plan(),
-                                     s_.opt.gpu_memory ? s_.opt.gpu_memory() : std::vector<GpuMemorySample>{}),
+                                     s_.opt.gpu_memory ? s_.opt.gpu_memory() : std::vector<GpuMemorySample>{}) +
+                       "# HELP lmserve:generation_requests_in_flight Completion requests being served now.\n"
+                       "# TYPE lmserve:generation_requests_in_flight gauge\nlmserve:generation_requests_in_flight " +
+                       std::to_string(s_.generations.load()) +
+                       "\n# HELP lmserve:generation_requests_in_flight_peak The most completion requests served at once since start.\n"
+                       "# TYPE lmserve:generation_requests_in_flight_peak gauge\nlmserve:generation_requests_in_flight_peak " +
+                       std::to_string(s_.generations_peak.load()) + "\n",
                    "text/plain; version=0.0.4; charset=utf-8", route, true);
     }
     if (route == "/v1/models") {
@@ -322,6 +334,9 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       return reply_error(ApiError::from_status(e.status), route);
     }
     gen_.emplace();
+    const int now = ++s_.generations;
+    for (int peak = s_.generations_peak.load(); now > peak && !s_.generations_peak.compare_exchange_weak(peak, now);) {
+    }
     gen_->route = route;
     gen_->lane = lane;
     gen_->id = sub->id;
@@ -550,7 +565,10 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     spdlog::info("{}", line.dump(-1, ' ', false, ojson::error_handler_t::replace));
   }
 
-  void end_generation() { gen_.reset(); }
+  void end_generation() {
+    if (gen_) --s_.generations;
+    gen_.reset();
+  }
 
   struct Generation {
     std::string route;

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -61,8 +62,7 @@ TEST(Cli, VersionPrintsBuildAndDevices) {
 }
 
 TEST(Cli, PendingSubcommandsSayNotYetAvailableAndExitTwo) {
-  for (const char* sub : {"bench serve --num-prompts 10", "plan",
-                          "gateway --port 9000", "model verify x"}) {
+  for (const char* sub : {"gateway --port 9000", "model verify x"}) {
     CommandRun r = run(sub);
     EXPECT_EQ(r.exit_code, 2) << sub;
     EXPECT_NE(r.output.find("not yet available"), std::string::npos) << sub << ": " << r.output;
@@ -286,6 +286,158 @@ TEST(Cli, TextCommandsFailClearlyOnBadInput) {
           write_temp("t.jinja", "{% for m in messages %}"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("line 1"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+namespace {
+
+// `lmserve serve` on the demo model in a child process; the port it bound.
+struct ServeProcess {
+  pid_t pid = -1;
+  int port = 0;
+  explicit ServeProcess(const std::vector<std::string>& extra) {
+    std::string log = write_temp("bench_serve_" + std::to_string(::getpid()) + ".log", "");
+    pid = fork();
+    if (pid == 0) {
+      int fd = ::open(log.c_str(), O_WRONLY | O_TRUNC);
+      dup2(fd, 2);
+      dup2(fd, 1);
+      std::vector<std::string> args = {"lmserve", "serve", "--model", model_dir(), "--port", "0", "--max-model-len", "1024"};
+      args.insert(args.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(lmserve::testing::lmserve_binary().c_str(), argv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 200 && port == 0; ++i) {
+      std::ifstream in(log);
+      std::string text((std::istreambuf_iterator<char>(in)), {});
+      auto at = text.find("://127.0.0.1:");
+      if (at != std::string::npos) port = std::atoi(text.c_str() + at + 13);
+      if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ~ServeProcess() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      int status = 0;
+      waitpid(pid, &status, 0);
+    }
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+};
+
+// bench serve against a real server, once per dataset: every request succeeds, the report
+// has its fields, TTFT <= E2E for every request, and the server never saw more requests at
+// once than --max-concurrency.
+TEST(BenchServe, AgainstLmserveWithEveryDataset) {
+  ServeProcess server({"--max-num-seqs", "8"});
+  ASSERT_GT(server.port, 0) << "the server did not start";
+  const std::string jsonl = write_temp("trace.jsonl", "{\"prompt\": \"The hacker\", \"output_len\": 6, \"timestamp\": 0.0}\n"
+                                                      "{\"input_len\": 20, \"output_len\": 4, \"timestamp\": 0.05}\n"
+                                                      "{\"prompt\": \"A ledger of accounts\", \"output_len\": 5, \"timestamp\": 0.1}\n");
+  const std::string sharegpt = write_temp("sharegpt.json",
+                                          R"([{"conversations": [{"from": "human", "value": "Tell me about the jargon file."}, {"from": "gpt", "value": "It is a glossary of hacker slang."}]},
+                                              {"conversations": [{"from": "human", "value": "你好"}, {"from": "gpt", "value": "你好！很高兴认识你。"}]}])");
+  struct Case {
+    std::string name, args;
+    std::size_t requests;
+  };
+  const std::vector<Case> cases = {
+      {"random", "--dataset-name random --random-input-len 24 --random-output-len 6 --num-prompts 12", 12},
+      {"mixed", "--dataset-name mixed --mixed-input-median 30 --mixed-output-median 8 --mixed-max-input-len 200 --mixed-max-output-len 20 --num-prompts 12 --request-rate 50", 12},
+      {"jsonl", "--dataset-name jsonl --dataset-path " + jsonl, 3},
+      {"sharegpt", "--dataset-name sharegpt --dataset-path " + sharegpt + " --endpoint /v1/chat/completions", 2},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string report = write_temp("bench_" + c.name + ".json", "");
+    CommandRun r = run("bench serve --base-url " + server.url() + " --max-concurrency 3 --seed 7 --goodput ttft:60000 " + c.args +
+                       " --result-json " + report);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("successful requests"), std::string::npos) << r.output;
+    auto j = nlohmann::json::parse(std::ifstream(report));
+    for (const char* key : {"completed", "failed", "duration_s", "request_throughput", "output_throughput", "total_token_throughput",
+                            "goodput", "ttft", "tpot", "itl", "e2el", "max_in_flight", "requests"}) {
+      EXPECT_TRUE(j.contains(key)) << key;
+    }
+    EXPECT_EQ(j["completed"].get<std::size_t>(), c.requests);
+    EXPECT_EQ(j["failed"], 0);
+    EXPECT_LE(j["max_in_flight"].get<int>(), 3);
+    for (const auto& q : j["requests"]) {
+      EXPECT_TRUE(q["ok"].get<bool>()) << q.dump();
+      EXPECT_LE(q["ttft_s"].get<double>(), q["e2el_s"].get<double>()) << q.dump();
+      EXPECT_GT(q["output_tokens"].get<int>(), 0);
+    }
+    for (const char* s : {"mean_ms", "median_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms"}) EXPECT_TRUE(j["ttft"].contains(s)) << s;
+    if (c.name == "random") {
+      // Output counts come from the server's usage: exactly 6 tokens each (ignore_eos).
+      for (const auto& q : j["requests"]) EXPECT_EQ(q["output_tokens"], 6);
+    }
+  }
+  // The server's own count of requests at once never went above the client's limit.
+  std::string metrics = http_exchange(server.port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string series = "\nlmserve:generation_requests_in_flight_peak ";
+  auto at = metrics.find(series);
+  ASSERT_NE(at, std::string::npos);
+  const int peak = std::atoi(metrics.c_str() + at + series.size());
+  EXPECT_GE(peak, 2) << "requests were meant to overlap";
+  EXPECT_LE(peak, 3);
+}
+
+TEST(BenchServe, SweepReportsAndPlanMeasured) {
+  ServeProcess server({});
+  ASSERT_GT(server.port, 0);
+  const std::string report = write_temp("sweep.json", ""), csv = write_temp("sweep.csv", ""), svg = write_temp("sweep.svg", "");
+  CommandRun r = run("bench serve --base-url " + server.url() +
+                     " --dataset-name random --random-input-len 16 --random-output-len 4 --num-prompts 6 --sweep concurrency:1,3" +
+                     " --result-json " + report + " --result-csv " + csv + " --plot " + svg);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("concurrency=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("concurrency=3"), std::string::npos);
+  auto j = nlohmann::json::parse(std::ifstream(report));
+  ASSERT_EQ(j["points"].size(), 2u);
+  std::ifstream c(csv);
+  std::string header;
+  std::getline(c, header);
+  EXPECT_EQ(header, "index,ok,status,start_s,ttft_s,tpot_s,e2el_s,prompt_tokens,output_tokens,error");
+  std::ifstream s(svg);
+  std::string plot((std::istreambuf_iterator<char>(s)), {});
+  EXPECT_NE(plot.find("<svg"), std::string::npos);
+  EXPECT_NE(plot.find("TTFT distribution"), std::string::npos);
+  // The measured run feeds the planner.
+  CommandRun p = run("plan --model llama-3.1-8b --gpu H200 --qps 2 --measured " + report + " --json");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  auto pj = nlohmann::json::parse(p.output);
+  EXPECT_TRUE(pj["latency_measured"].get<bool>());
+  EXPECT_EQ(pj["kv_bytes_per_token"], 131072);
+  for (const char* k : {"weights_bytes", "kv_bytes_per_token", "kv_pool_tokens", "max_concurrent_seqs", "gpus_needed"}) EXPECT_TRUE(pj.contains(k)) << k;
+  // Bad input is a usage error, and a failing endpoint is a runtime failure.
+  EXPECT_EQ(run("bench serve --base-url ftp://x").exit_code, 2);
+  EXPECT_EQ(run("bench serve --base-url " + server.url() + " --request-rate -1").exit_code, 2);
+  EXPECT_EQ(run("bench serve --base-url http://127.0.0.1:1 --model m --num-prompts 1 --tokenizer " + model_dir()).exit_code, 1);
+  EXPECT_EQ(run("plan --model nosuchmodel --concurrency 1").exit_code, 2);
+}
+
+// HTTPS endpoints: bench serve speaks TLS (--insecure for a self-signed certificate).
+TEST(BenchServe, OverTls) {
+  const std::string dir = (std::filesystem::temp_directory_path() / ("lmserve_bench_tls_" + std::to_string(::getpid()))).string();
+  std::filesystem::create_directories(dir);
+  const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost -keyout " + key + " -out " + cert + " >/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "openssl could not make a test certificate";
+  ServeProcess server({"--ssl-certfile", cert, "--ssl-keyfile", key});
+  ASSERT_GT(server.port, 0) << "the TLS server did not start";
+  const std::string url = "https://127.0.0.1:" + std::to_string(server.port);
+  const std::string args = " --dataset-name random --random-input-len 8 --random-output-len 3 --num-prompts 3 --tokenizer " + model_dir();
+  CommandRun ok = run("bench serve --insecure --base-url " + url + args);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("successful requests                   3"), std::string::npos) << ok.output;
+  // Verification is on by default: a self-signed certificate is refused.
+  EXPECT_EQ(run("bench serve --model demo --base-url " + url + args).exit_code, 1);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

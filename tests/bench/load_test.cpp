@@ -1,0 +1,210 @@
+// bench serve's statistics, arrival processes and datasets; plan's arithmetic.
+#include "bench/load.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "bench/serve_bench.h"
+#include "plan/plan.h"
+
+namespace lmserve::bench {
+namespace {
+
+TEST(Statistics, PercentilesInterpolateLikeNumpy) {
+  // numpy.percentile([1..10], q) = 5.5 (50), 9.1 (90), 9.55 (95), 9.91 (99).
+  std::vector<double> v = {7, 1, 10, 3, 2, 9, 4, 8, 6, 5};
+  EXPECT_DOUBLE_EQ(percentile(v, 50), 5.5);
+  EXPECT_NEAR(percentile(v, 90), 9.1, 1e-12);
+  EXPECT_NEAR(percentile(v, 95), 9.55, 1e-12);
+  EXPECT_NEAR(percentile(v, 99), 9.91, 1e-12);
+  EXPECT_DOUBLE_EQ(percentile(v, 0), 1);
+  EXPECT_DOUBLE_EQ(percentile(v, 100), 10);
+  auto s = summarize(v);
+  EXPECT_EQ(s.count, 10u);
+  EXPECT_DOUBLE_EQ(s.mean, 5.5);
+  EXPECT_DOUBLE_EQ(s.max, 10);
+  EXPECT_EQ(summarize({}).count, 0u);
+  EXPECT_DOUBLE_EQ(percentile({42}, 99), 42);
+}
+
+// Mean gap 1/rate; squared coefficient of variation 1/burstiness (gamma), over 1e5 gaps. The
+// bounds are about 4 standard errors of each estimate at burstiness 0.5 (the noisiest case).
+TEST(Arrivals, RateAndDispersionMatchTheGammaProcess) {
+  for (double b : {1.0, 0.5, 4.0}) {
+    Arrivals a(8.0, b, 20261130);
+    std::vector<double> g(100000);
+    for (auto& x : g) x = a.next_gap();
+    const double mean = std::accumulate(g.begin(), g.end(), 0.0) / static_cast<double>(g.size());
+    double var = 0;
+    for (double x : g) var += (x - mean) * (x - mean);
+    var /= static_cast<double>(g.size() - 1);
+    EXPECT_NEAR(mean, 1.0 / 8.0, 0.02 / 8.0) << "burstiness " << b;
+    EXPECT_NEAR(var / (mean * mean), 1.0 / b, 0.06 / b) << "burstiness " << b;
+  }
+  Arrivals all(INFINITY, 1.0, 1);
+  EXPECT_EQ(all.next_gap(), 0.0);
+}
+
+TEST(Datasets, RandomAndMixedLengths) {
+  DatasetOptions o;
+  o.num_prompts = 1000;
+  o.input_len = 100;
+  o.output_len = 50;
+  auto fixed = make_dataset(o);
+  ASSERT_TRUE(fixed);
+  EXPECT_TRUE(std::all_of(fixed->begin(), fixed->end(), [](const auto& r) { return r.input_len == 100 && r.output_len == 50; }));
+  o.range_ratio = 0.5;
+  auto ranged = make_dataset(o);
+  ASSERT_TRUE(ranged);
+  auto [mi, mo] = mean_lengths(*ranged);
+  EXPECT_NEAR(mi, 100, 3);
+  EXPECT_TRUE(std::all_of(ranged->begin(), ranged->end(), [](const auto& r) { return r.input_len >= 50 && r.input_len <= 150; }));
+  EXPECT_TRUE(std::any_of(ranged->begin(), ranged->end(), [](const auto& r) { return r.input_len != 100; }));
+
+  DatasetOptions m;
+  m.name = "mixed";
+  m.num_prompts = 100000;
+  m.max_input_len = 4096;
+  auto mixed = make_dataset(m);
+  ASSERT_TRUE(mixed);
+  std::vector<double> in, out;
+  for (const auto& r : *mixed) {
+    in.push_back(static_cast<double>(r.input_len));
+    out.push_back(static_cast<double>(r.output_len));
+  }
+  EXPECT_NEAR(percentile(in, 50), 400, 8) << "median input";
+  EXPECT_NEAR(percentile(out, 50), 200, 4) << "median output";
+  // Log-normal: the mean sits above the median by exp(sigma^2 / 2) = 1.377 for sigma 0.8.
+  EXPECT_NEAR(std::accumulate(in.begin(), in.end(), 0.0) / static_cast<double>(in.size()), 400 * 1.377, 15);
+  EXPECT_LE(*std::max_element(in.begin(), in.end()), 4096);
+  EXPECT_GE(*std::min_element(in.begin(), in.end()), 4);
+  // The same seed, the same requests.
+  m.num_prompts = 50;
+  auto a = make_dataset(m), b = make_dataset(m);
+  for (std::size_t i = 0; i < 50; ++i) EXPECT_EQ((*a)[i].input_len, (*b)[i].input_len);
+
+  DatasetOptions bad;
+  bad.name = "nope";
+  EXPECT_FALSE(make_dataset(bad));
+}
+
+std::filesystem::path write_file(const std::string& name, const std::string& text) {
+  auto p = std::filesystem::temp_directory_path() / name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+TEST(Datasets, JsonlTracesAndShareGpt) {
+  DatasetOptions o;
+  o.name = "jsonl";
+  o.path = write_file("lmserve_trace.jsonl", "{\"prompt\": \"hello there\", \"output_len\": 5, \"timestamp\": 0.5}\n\n"
+                                             "{\"input_len\": 30, \"output_len\": 7}\n");
+  auto t = make_dataset(o);
+  ASSERT_TRUE(t) << t.error().to_string();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[0].prompt, "hello there");
+  EXPECT_DOUBLE_EQ(*(*t)[0].timestamp, 0.5);
+  EXPECT_EQ((*t)[1].input_len, 30);
+  EXPECT_FALSE((*t)[1].timestamp.has_value());
+  o.path = write_file("lmserve_bad.jsonl", "{\"prompt\": \"x\"}\n");
+  auto e = make_dataset(o);
+  ASSERT_FALSE(e);
+  EXPECT_NE(e.error().message().find("lmserve_bad.jsonl:1"), std::string::npos) << e.error().message();
+
+  DatasetOptions s;
+  s.name = "sharegpt";
+  s.path = write_file("lmserve_sharegpt.json",
+                      R"([{"conversations": [{"from": "human", "value": "What is a ledger?"}, {"from": "gpt", "value": "A book of accounts, kept in order."}]},
+                          {"conversations": [{"from": "human", "value": "only one turn"}]}])");
+  auto g = make_dataset(s);
+  ASSERT_TRUE(g) << g.error().to_string();
+  ASSERT_EQ(g->size(), 1u);
+  EXPECT_EQ((*g)[0].prompt, "What is a ledger?");
+  EXPECT_EQ((*g)[0].output_len, 8);  // 34 characters / 4
+}
+
+TEST(ServeBench, BaseUrls) {
+  auto a = parse_base_url("http://10.0.0.2:9000/prefix/");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->host, "10.0.0.2");
+  EXPECT_EQ(a->port, "9000");
+  EXPECT_EQ(a->base_path, "/prefix");
+  auto b = parse_base_url("https://gateway.bank.internal");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->port, "443");
+  EXPECT_FALSE(parse_base_url("ftp://x"));
+  EXPECT_FALSE(parse_base_url("http://host:port"));
+}
+
+}  // namespace
+}  // namespace lmserve::bench
+
+namespace lmserve::plan {
+namespace {
+
+TEST(Plan, KvBytesPerTokenOfTheBenchmarkModels) {
+  auto llama = model_preset("llama-3.1-8b");
+  auto qwen = model_preset("Qwen2.5-7B");
+  ASSERT_TRUE(llama && qwen);
+  PlanInput in;
+  in.model = *llama;
+  in.gpu = *gpu_preset("h200");
+  in.concurrency = 64;
+  auto r = make_plan(in);
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_EQ(r->kv_bytes_per_token, 128u * 1024);
+  in.kv_dtype = backend::KvDtype::kFp8E5M2;
+  EXPECT_EQ(make_plan(in)->kv_bytes_per_token, 64u * 1024);
+  in.model = *qwen;
+  in.kv_dtype = backend::KvDtype::kBFloat16;
+  EXPECT_EQ(make_plan(in)->kv_bytes_per_token, 56u * 1024);
+}
+
+TEST(Plan, WeightsPoolAndGpusByLittlesLaw) {
+  PlanInput in;
+  in.model = *model_preset("llama-3.1-8b");
+  in.gpu = *gpu_preset("H200");
+  in.mean_input_len = 1000;
+  in.mean_output_len = 1000;
+  in.qps = 20;
+  in.measured = Measured{2.0, 5000, 10, 32};  // 2 s per request, 5000 tokens/s per replica
+  in.redundancy = 1.5;
+  auto r = make_plan(in);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->weights_bytes, static_cast<std::uint64_t>(in.model.num_parameters()) * 2);
+  // KV pool = 0.9 x 141 GiB - weights - activation reserve, in 128 KiB tokens.
+  const double pool = 0.9 * 141 * 1073741824.0 - static_cast<double>(r->weights_per_gpu) - static_cast<double>(r->activation_reserve_per_gpu);
+  EXPECT_NEAR(static_cast<double>(r->kv_pool_bytes), pool, 1.0);
+  EXPECT_EQ(r->kv_pool_tokens, static_cast<std::int64_t>(pool / 131072.0));
+  EXPECT_EQ(r->max_concurrent_seqs, r->kv_pool_tokens / 2000);
+  EXPECT_DOUBLE_EQ(r->required_concurrency, 40.0);  // 20 req/s x 2 s
+  // Memory allows it on one replica; the measured token rate needs 20 x 1000 x 1.5 / 5000 = 6.
+  EXPECT_EQ(r->replicas, 6);
+  EXPECT_EQ(r->gpus_needed, 6);
+  EXPECT_TRUE(r->fits);
+  // 70B in bf16 does not fit one 80 GiB GPU; at TP 4 it does.
+  PlanInput big;
+  big.model = *model_preset("llama-3.1-70b");
+  big.gpu = *gpu_preset("H100");
+  big.concurrency = 10;
+  EXPECT_FALSE(make_plan(big)->fits);
+  big.tensor_parallel_size = 4;
+  auto tp = make_plan(big);
+  ASSERT_TRUE(tp);
+  EXPECT_TRUE(tp->fits);
+  EXPECT_EQ(tp->gpus_needed % 4, 0);
+  big.tensor_parallel_size = 3;
+  EXPECT_FALSE(make_plan(big)) << "3 does not divide 64 heads";
+  PlanInput none;
+  none.model = *model_preset("qwen2.5-7b");
+  none.gpu = *gpu_preset("A10");
+  EXPECT_FALSE(make_plan(none)) << "no target";
+  EXPECT_FALSE(gpu_preset("TPU"));
+}
+
+}  // namespace
+}  // namespace lmserve::plan
