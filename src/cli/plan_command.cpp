@@ -86,7 +86,9 @@ Command add_plan_command(CLI::App& app) {
     if (o->gpu_memory > 0) {
       in.gpu = plan::GpuSpec{"GPU", o->gpu_memory, 2000, 300};
       if (auto g = plan::gpu_preset(o->gpu); g) {
-        in.gpu.name = g->name;
+        char name[64];
+        std::snprintf(name, sizeof(name), "%s-class GPU with %.0f GiB", g->name.c_str(), o->gpu_memory);
+        in.gpu.name = name;
         in.gpu.bandwidth_gbs = g->bandwidth_gbs;
         in.gpu.bf16_tflops = g->bf16_tflops;
       }

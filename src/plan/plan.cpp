@@ -58,6 +58,16 @@ std::string gib(double b) {
   return s;
 }
 
+std::string params_text(double p) {
+  char s[32];
+  if (p >= 1e9) {
+    std::snprintf(s, sizeof(s), "%.2f B", p / 1e9);
+  } else {
+    std::snprintf(s, sizeof(s), "%.2f M", p / 1e6);
+  }
+  return s;
+}
+
 }  // namespace
 
 Result<GpuSpec> gpu_preset(std::string name) {
@@ -154,9 +164,18 @@ Result<PlanResult> make_plan(const PlanInput& in) {
   if (in.measured && in.qps && in.measured->output_throughput > 0) {
     // The measured replica's token rate must also cover the load.
     const double need = *in.qps * in.mean_output_len * in.redundancy / in.measured->output_throughput;
-    replicas = std::max(replicas, static_cast<std::int64_t>(std::ceil(need)));
+    const auto by_rate = static_cast<std::int64_t>(std::ceil(need));
+    if (by_rate > replicas) {
+      char n[320];
+      std::snprintf(n, sizeof(n),
+                    "Token rate, not memory, sets the count: the measured replica produced %.0f output tokens/s; %.1f req/s x %.0f tokens x %.1f "
+                    "redundancy needs %.0f tokens/s.",
+                    in.measured->output_throughput, *in.qps, in.mean_output_len, in.redundancy, *in.qps * in.mean_output_len * in.redundancy);
+      r.notes.push_back(n);
+    }
+    replicas = std::max(replicas, by_rate);
   }
-  r.replicas = std::max<std::int64_t>(replicas, r.max_concurrent_seqs > 0 ? 1 : 0);
+  r.replicas = r.fits ? std::max<std::int64_t>(replicas, 1) : 0;
   r.gpus_needed = r.replicas * tp;
 
   char v[512];
@@ -209,13 +228,13 @@ std::string plan_text(const PlanInput& in, const PlanResult& r) {
   const auto& c = in.model;
   char b[4096];
   std::snprintf(b, sizeof(b),
-                "model: %.2f B parameters, %s%s -> weights %s (%s per GPU at TP %d)\n"
+                "model: %s parameters, %s%s -> weights %s (%s per GPU at TP %d)\n"
                 "KV per token: 2 x %lld layers x %lld KV heads x %lld head_dim x %d bytes (%s) = %llu bytes (%.0f KiB)\n"
                 "per GPU (%s, %.0f GiB x %.2f): weights %s + activation reserve %s -> KV %s\n"
                 "KV pool per replica: %s = %lld tokens; at %.0f in + %.0f out per request: %lld concurrent requests\n"
                 "latency per request: %.3f s (%s); concurrency needed: %.1f%s\n"
                 "GPUs needed: %lld (%lld replicas x TP %d, redundancy %.1f)\n\n%s\n",
-                static_cast<double>(c.num_parameters()) / 1e9, in.weight_dtype.c_str(),
+                params_text(static_cast<double>(c.num_parameters())).c_str(), in.weight_dtype.c_str(),
                 in.quantization == "none" ? "" : (" quantized " + in.quantization).c_str(), gib(static_cast<double>(r.weights_bytes)).c_str(),
                 gib(static_cast<double>(r.weights_per_gpu)).c_str(), in.tensor_parallel_size, static_cast<long long>(c.num_layers),
                 static_cast<long long>(c.num_kv_heads), static_cast<long long>(c.head_dim), backend::kv_dtype_bytes(in.kv_dtype),
