@@ -107,6 +107,10 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens_total));
   counter("vllm:generation_tokens_total", "Number of generation tokens processed.", static_cast<double>(s.generation_tokens_total));
   counter("vllm:num_preemptions_total", "Cumulative number of preemptions.", static_cast<double>(s.preemptions_total));
+  counter("lmserve:engine_steps_total", "Engine steps run.", static_cast<double>(s.steps_total));
+  counter("lmserve:engine_forward_seconds_total", "Time engine steps spent in the device forward pass.", s.forward_seconds_total);
+  counter("lmserve:engine_host_seconds_total", "Time engine steps spent on the host: scheduling, inputs, sampling, outputs.",
+          s.host_seconds_total);
   counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
           static_cast<double>(s.prefix_queries));
   counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", static_cast<double>(s.prefix_hits));

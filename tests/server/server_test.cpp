@@ -536,6 +536,13 @@ TEST(ServerMetrics, ExportsTheMemoryPlanAndEachGpu) {
   EXPECT_NE(out.find("lmserve:memory_plan_bytes{model_name=\"m\",part=\"cuda_graphs\"} 1"), std::string::npos);
   EXPECT_NE(out.find("lmserve:gpu_memory_used_bytes{model_name=\"m\",gpu=\"1\",source=\"cuda\"} 5"), std::string::npos);
   EXPECT_NE(out.find("lmserve:gpu_memory_total_bytes{model_name=\"m\",gpu=\"0\"} 141"), std::string::npos);
+  engine::EngineStats busy;
+  busy.steps_total = 10;
+  busy.forward_seconds_total = 1.5;
+  busy.host_seconds_total = 0.25;
+  std::string timed = m.render(busy, "m", 0.85, 16, "bfloat16");
+  EXPECT_NE(timed.find("lmserve:engine_forward_seconds_total{model_name=\"m\"} 1.5"), std::string::npos) << timed;
+  EXPECT_NE(timed.find("lmserve:engine_host_seconds_total{model_name=\"m\"} 0.25"), std::string::npos);
   // No GPU: no per-GPU series at all (not zeros that look like an idle card).
   std::string cpu = m.render(engine::EngineStats{}, "m", 0.85, 16, "bfloat16");
   EXPECT_EQ(cpu.find("lmserve:gpu_memory_used_bytes"), std::string::npos);
