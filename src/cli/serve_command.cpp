@@ -162,12 +162,17 @@ Command add_serve_command(CLI::App& app) {
       return fail(t.error());
     }
     const auto mem = m->backend->memory();
-    spdlog::info("memory plan ({}): total {:.2f} GiB, weights {:.2f} GiB, activations {:.2f} GiB, CUDA graphs {:.2f} GiB, "
-                 "KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {}), max_model_len {}",
-                 m->backend->name(), mem.total_bytes / 1073741824.0, mem.weight_bytes / 1073741824.0, mem.activation_bytes / 1073741824.0,
-                 mem.graph_bytes / 1073741824.0, mem.kv_cache_bytes / 1073741824.0, m->backend->kv_config().num_blocks,
-                 m->backend->kv_config().block_size, m->backend->kv_config().num_blocks * m->backend->kv_config().block_size,
-                 backend::kv_dtype_name(m->backend->kv_config().dtype), so.max_model_len);
+    const auto& kvc = m->backend->kv_config();
+    const std::string kv_text = fmt::format("KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {})", mem.kv_cache_bytes / 1073741824.0,
+                                            kvc.num_blocks, kvc.block_size, kvc.num_blocks * kvc.block_size, backend::kv_dtype_name(kvc.dtype));
+    if (mem.total_bytes > 0) {
+      spdlog::info("memory plan ({}): total {:.2f} GiB, weights {:.2f} GiB, activations {:.2f} GiB, CUDA graphs {:.2f} GiB, {}, max_model_len {}",
+                   m->backend->name(), mem.total_bytes / 1073741824.0, mem.weight_bytes / 1073741824.0, mem.activation_bytes / 1073741824.0,
+                   mem.graph_bytes / 1073741824.0, kv_text, so.max_model_len);
+    } else {
+      spdlog::info("memory plan ({}): weights {:.2f} GiB, {}, max_model_len {}", m->backend->name(), mem.weight_bytes / 1073741824.0, kv_text,
+                   so.max_model_len);
+    }
     o->server.shutdown_timeout = std::chrono::seconds(o->shutdown_timeout);
     o->server.request_timeout = std::chrono::seconds(o->request_timeout_s);
     o->server.idle_timeout = std::chrono::seconds(o->idle_timeout_s);
