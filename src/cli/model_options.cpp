@@ -1,5 +1,7 @@
 #include "cli/model_options.h"
 
+#include <spdlog/spdlog.h>
+
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/devices.h"
@@ -56,9 +58,16 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
     co.max_model_len = max_model_len;
     co.enforce_eager = enforce_eager;
     auto b = backend::make_cuda_backend(out.weights, co);
-    if (!b) return error(b.error());
-    out.backend = std::move(*b);
-    return out;
+    if (b) {
+      out.backend = std::move(*b);
+      return out;
+    }
+    // --device auto falls back to the CPU only where the GPU cannot run this model at all;
+    // running out of GPU memory stays an error rather than a silent, far slower CPU server.
+    const bool unsupported = b.error().code() == StatusCode::kUnavailable ||
+                             (b.error().code() == StatusCode::kInvalidArgument && b.error().message().find("not supported") != std::string::npos);
+    if (device == "cuda" || !unsupported) return error(b.error());
+    spdlog::warn("--device auto: {}; using the CPU backend", b.error().message());
   }
   std::int64_t blocks = num_kv_blocks > 0 ? num_kv_blocks : (default_kv_tokens + block_size - 1) / block_size;
   auto b = backend::make_cpu_backend(out.weights, {.kv = {*kv, block_size, blocks}, .threads = threads});
