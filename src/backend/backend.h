@@ -55,6 +55,13 @@ struct Batch {
   std::span<const std::int64_t> slot_mapping;
   std::span<const SeqBatch> seqs;
   std::span<const std::int32_t> logits_indices;
+  // Optional, one entry per logits row: greedy_rows[k] != 0 says row k is decided by a plain
+  // argmax (ties: the lowest id). A backend that can do that on the device may then write the
+  // token to greedy_tokens[k] instead of returning the row's logits (which are then left
+  // unspecified). The caller fills greedy_tokens with -1; a -1 left there means "sample from
+  // the logits yourself". Backends without device sampling ignore both.
+  std::span<const std::uint8_t> greedy_rows;
+  std::span<std::int32_t> greedy_tokens;
 };
 
 // The start-up memory plan. On a GPU: weights, the activation peak of a maximal batch, CUDA

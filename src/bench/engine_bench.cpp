@@ -81,8 +81,14 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
       seqs.push_back({static_cast<std::int32_t>(s), 1, static_cast<std::int32_t>(pos + 1), tables[static_cast<std::size_t>(s)]});
     }
     logits.resize(static_cast<std::size_t>(B * V));
-    LMSERVE_RETURN_IF_ERROR(b.forward({tokens, positions, slots, seqs, rows}, logits));
-    for (std::int64_t s = 0; s < B; ++s) next[static_cast<std::size_t>(s)] = argmax(&logits[static_cast<std::size_t>(s * V)], V);
+    // Every row is greedy: a backend with device sampling returns tokens instead of logits.
+    std::vector<std::uint8_t> greedy(static_cast<std::size_t>(B), 1);
+    std::vector<std::int32_t> picked(static_cast<std::size_t>(B), -1);
+    LMSERVE_RETURN_IF_ERROR(b.forward({tokens, positions, slots, seqs, rows, greedy, picked}, logits));
+    for (std::int64_t s = 0; s < B; ++s) {
+      const auto k = static_cast<std::size_t>(s);
+      next[k] = picked[k] >= 0 ? picked[k] : argmax(&logits[static_cast<std::size_t>(s * V)], V);
+    }
     return Status::ok();
   };
 

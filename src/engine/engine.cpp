@@ -287,7 +287,15 @@ Status Engine::step() {
   const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
   if (logits_.size() < logits_rows.size() * vocab) logits_.resize(logits_rows.size() * vocab);
   std::span<float> logits(logits_.data(), logits_rows.size() * vocab);
-  backend::Batch batch{tokens, positions, slots, seqs, logits_rows};
+  // Rows whose sampling is a plain argmax may be decided on the device (backend.h).
+  std::vector<std::uint8_t> greedy_rows(sampled.size());
+  std::vector<std::int32_t> greedy_tokens(sampled.size(), -1);
+  for (std::size_t i = 0; i < sampled.size(); ++i) {
+    const auto& p = sampled[i]->params;
+    greedy_rows[i] = p.greedy() && !p.logprobs && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 &&
+                     p.logit_bias.empty() && static_cast<std::int64_t>(sampled[i]->output.size()) >= p.min_tokens;
+  }
+  backend::Batch batch{tokens, positions, slots, seqs, logits_rows, greedy_rows, greedy_tokens};
 
   mu_.unlock();  // the device works without the lock: submit/abort stay responsive
   const auto fwd_start = Clock::now();
@@ -305,6 +313,10 @@ Status Engine::step() {
   sampler_pool_->parallel_for(sampled.size(), [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) {
       Request* r = sampled[i];
+      if (greedy_tokens[i] >= 0) {
+        results[i].token = greedy_tokens[i];
+        continue;
+      }
       std::span<float> row(logits.data() + i * vocab, vocab);
       results[i] = sample_token(row, r->params, r->prompt, r->output, eos_ids_, lives[i]->rng);
     }

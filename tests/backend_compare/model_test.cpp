@@ -176,6 +176,62 @@ TEST(CudaBackend, PaddedGraphDecodeMatchesTheCpu) {
   }
 }
 
+// Device sampling: an all-greedy step returns the CPU's argmax tokens and no logits; a step
+// with one non-greedy row returns logits (tokens left -1) — through graphs and eagerly.
+TEST(CudaBackend, DeviceGreedyTokensAreTheCpuArgmax) {
+  LMSERVE_REQUIRE_GPU();
+  auto w = model::ModelWeights::load(lmserve::testing::source_dir() / "models/demo", {.dtype = "float32"});
+  ASSERT_TRUE(w);
+  const std::int64_t V = (*w)->config().vocab_size;
+  for (bool eager : {false, true}) {
+    SCOPED_TRACE(eager ? "eager" : "graphs");
+    backend::CudaBackendOptions o;
+    o.kv_dtype = KvDtype::kFloat32;
+    o.num_blocks = 64;
+    o.max_num_seqs = 8;
+    o.max_num_batched_tokens = 512;
+    o.max_model_len = 1024;
+    o.enforce_eager = eager;
+    o.device_greedy = true;
+    auto gpu = backend::make_cuda_backend(*w, o);
+    ASSERT_TRUE(gpu) << gpu.error().to_string();
+    auto cpu = backend::make_cpu_backend(*w, {.kv = {KvDtype::kFloat32, 16, 64}, .threads = 2});
+    ASSERT_TRUE(cpu);
+    // Five sequences of one prompt token each (blocks 0, 4, 8, ...), then decode steps.
+    std::vector<std::vector<std::int32_t>> tables(5);
+    for (int s = 0; s < 5; ++s) {
+      for (int b = 0; b < 4; ++b) tables[static_cast<std::size_t>(s)].push_back(s * 4 + b);
+    }
+    std::vector<std::int32_t> next = {11, 222, 3333, 444, 55};
+    for (int step = 0; step < 6; ++step) {
+      std::vector<std::int32_t> positions(5, step), rows = {0, 1, 2, 3, 4};
+      std::vector<std::int64_t> slots;
+      std::vector<backend::SeqBatch> seqs;
+      for (int s = 0; s < 5; ++s) {
+        slots.push_back(static_cast<std::int64_t>(tables[static_cast<std::size_t>(s)][0]) * 16 + step);
+        seqs.push_back({s, 1, step + 1, tables[static_cast<std::size_t>(s)]});
+      }
+      std::vector<float> cl(5 * static_cast<std::size_t>(V)), gl(cl.size(), 7.0f);
+      ASSERT_TRUE((*cpu)->forward({next, positions, slots, seqs, rows}, cl).is_ok());
+      std::vector<std::uint8_t> greedy(5, 1);
+      if (step == 3) greedy[2] = 0;  // one sampled row: the whole step comes back as logits
+      std::vector<std::int32_t> picked(5, -1);
+      Status st = (*gpu)->forward({next, positions, slots, seqs, rows, greedy, picked}, gl);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      for (int s = 0; s < 5; ++s) {
+        const std::int32_t want = argmax(&cl[static_cast<std::size_t>(s) * V], V);
+        if (step == 3) {
+          EXPECT_EQ(picked[static_cast<std::size_t>(s)], -1) << "a mixed step returns logits";
+          EXPECT_EQ(argmax(&gl[static_cast<std::size_t>(s) * V], V), want);
+        } else {
+          EXPECT_EQ(picked[static_cast<std::size_t>(s)], want) << "step " << step << " row " << s;
+        }
+        next[static_cast<std::size_t>(s)] = want;
+      }
+    }
+  }
+}
+
 TEST(CudaBackend, RejectsWhatItWasNotPlannedFor) {
   LMSERVE_REQUIRE_GPU();
   auto w = model::ModelWeights::load(lmserve::testing::source_dir() / "tests/fixtures/models/tiny-mistral", {});

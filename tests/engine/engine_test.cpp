@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -57,6 +58,7 @@ std::unique_ptr<Engine> make_engine(const Loaded& m, std::int64_t blocks, Engine
     co.max_num_seqs = o.scheduler.max_num_seqs;
     co.max_num_batched_tokens = std::max(o.scheduler.max_num_batched_tokens, o.scheduler.max_num_seqs);
     co.max_model_len = o.scheduler.max_model_len;
+    co.device_greedy = true;  // greedy steps sampled on the device: these tests check it end to end
     b = backend::make_cuda_backend(m.weights, co);
   } else {
     b = backend::make_cpu_backend(m.weights, {.kv = {kv, block_size, blocks}, .threads = 2});
@@ -162,6 +164,77 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   EXPECT_GT(s.prefix_hits, 0u) << "the shared prefixes were meant to hit";
   EXPECT_EQ(s.running, 0);
   EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
+}
+
+// A backend that decides greedy rows itself (as the CUDA backend's device sampling does) and
+// poisons their logits: the engine must take its tokens for exactly the plain-greedy rows and
+// still sample the others from logits, with the same results as host sampling.
+class GreedyDeciding final : public backend::Backend {
+ public:
+  explicit GreedyDeciding(std::unique_ptr<backend::Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return "greedy-deciding"; }
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  const backend::KvCacheConfig& kv_config() const override { return inner_->kv_config(); }
+  std::uint64_t kv_block_bytes() const override { return inner_->kv_block_bytes(); }
+  backend::MemoryInfo memory() const override { return inner_->memory(); }
+  Status forward(const backend::Batch& b, std::span<float> logits) override {
+    LMSERVE_RETURN_IF_ERROR(inner_->forward(b, logits));
+    const auto V = static_cast<std::size_t>(config().vocab_size);
+    for (std::size_t k = 0; k < b.greedy_rows.size(); ++k) {
+      if (!b.greedy_rows[k]) continue;
+      float* row = logits.data() + k * V;
+      b.greedy_tokens[k] = static_cast<std::int32_t>(std::max_element(row, row + V) - row);
+      std::fill(row, row + V, std::nanf(""));
+      ++decided_;
+    }
+    return Status::ok();
+  }
+  std::atomic<int> decided_{0};
+
+ private:
+  std::unique_ptr<backend::Backend> inner_;
+};
+
+TEST(Engine, GreedyRowsDecidedByTheBackendGiveTheSameTokens) {
+  if (on_cuda()) GTEST_SKIP() << "a CPU-side test of the engine's contract";
+  auto run = [&](bool deciding, int* decided) {
+    auto b = backend::make_cpu_backend(demo().weights, {.kv = {backend::KvDtype::kFloat32, 16, 64}, .threads = 2});
+    EXPECT_TRUE(b);
+    std::unique_ptr<backend::Backend> backend = std::move(*b);
+    GreedyDeciding* gd = nullptr;
+    if (deciding) {
+      auto w = std::make_unique<GreedyDeciding>(std::move(backend));
+      gd = w.get();
+      backend = std::move(w);
+    }
+    EngineOptions o;
+    o.scheduler.max_model_len = 1024;
+    auto e = Engine::create(std::move(backend), demo().tokenizer, o);
+    EXPECT_TRUE(e);
+    std::vector<SamplingParams> params(4, greedy(8));
+    params[1].temperature = 0.8;  // sampled: needs logits
+    params[1].seed = 5;
+    params[2].logprobs = 2;       // greedy with logprobs: needs logits
+    params[3].min_tokens = 4;     // greedy once 4 tokens are out
+    params[3].ignore_eos = false;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto sub = (*e)->submit({.prompt = {5, static_cast<std::int32_t>(17 + i), 99}, .params = params[i]});
+      EXPECT_TRUE(sub);
+      streams.push_back(sub->stream);
+    }
+    std::vector<std::vector<std::int32_t>> out;
+    for (auto& s : streams) out.push_back(collect(s).tokens);
+    if (gd) *decided = gd->decided_.load();
+    return out;
+  };
+  int decided = 0;
+  auto plain = run(false, nullptr);
+  auto device = run(true, &decided);
+  EXPECT_EQ(device, plain);
+  // Request 0: 8 greedy rows; request 3: rows after the first 4 tokens; 1 and 2 never.
+  EXPECT_GE(decided, 8 + 3);
+  EXPECT_LE(decided, 8 + 4);
 }
 
 // The device-memory signal stops admissions (running requests go on) and lets them resume.

@@ -79,6 +79,10 @@ class CudaBackend final : public Backend {
                        b.logits_indices.data(),
                        static_cast<int>(b.logits_indices.size()),
                        logits.data()};
+    if (b.greedy_rows.size() == b.logits_indices.size() && b.greedy_tokens.size() == b.logits_indices.size()) {
+      in.greedy_rows = b.greedy_rows.data();
+      in.greedy_tokens = b.greedy_tokens.data();
+    }
     cuda::StepTimes t;
     if (std::string e = model_->forward(in, &t); !e.empty()) {
       const bool too_big = e.find("larger than the backend was planned for") != std::string::npos || e.find("max_model_len") != std::string::npos;
@@ -184,6 +188,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   p.max_seqs = o.max_num_seqs;
   p.max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
   p.enforce_eager = o.enforce_eager;
+  p.device_greedy = o.device_greedy;
   p.k_scales = o.k_scales;
   p.v_scales = o.v_scales;
   if (o.kv_dtype == KvDtype::kFp8E4M3 && o.k_scales.empty()) {

@@ -71,6 +71,7 @@ class CudaModel final : public DeviceModel {
     for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
     if (stage_) cudaFreeHost(stage_);
     if (host_logits_) cudaFreeHost(host_logits_);
+    if (host_tokens_) cudaFreeHost(host_tokens_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -211,25 +212,16 @@ class CudaModel final : public DeviceModel {
     LMSERVE_TRY(stage(in, decode ? bucket : 0));
     LMSERVE_CUDA_TRY(cudaSetDevice(device_));
     LMSERVE_CUDA_TRY(cudaMemcpyAsync(meta_.p, stage_, staged_bytes_, cudaMemcpyHostToDevice, stream_));
-    const std::size_t V = static_cast<std::size_t>(d_.vocab);
     double device_s = 0;
     if (decode) {
       LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(bucket), stream_));
-      LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_.p, static_cast<std::size_t>(in.num_rows) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-      const auto t1 = std::chrono::steady_clock::now();
-      LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
-      device_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-      std::memcpy(in.logits, host_logits_, static_cast<std::size_t>(in.num_rows) * V * sizeof(float));
+      LMSERVE_TRY(fetch(in, 0, in.num_rows, &device_s));
     } else {
       LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, splits_for(num_items_, all_single_)));
       for (int r0 = 0; r0 < in.num_rows; r0 += max_seqs_) {
         const int R = std::min(max_seqs_, in.num_rows - r0);
         LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R));
-        LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_.p, static_cast<std::size_t>(R) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-        const auto t1 = std::chrono::steady_clock::now();
-        LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
-        device_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-        std::memcpy(in.logits + static_cast<std::size_t>(r0) * V, host_logits_, static_cast<std::size_t>(R) * V * sizeof(float));
+        LMSERVE_TRY(fetch(in, r0, R, &device_s));
       }
       if (in.num_rows == 0) LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
     }
@@ -247,6 +239,27 @@ class CudaModel final : public DeviceModel {
     auto gib = [](double b) { return std::to_string(b / (1024.0 * 1024 * 1024)).substr(0, 6) + " GiB"; };
     return "total " + gib(static_cast<double>(total)) + ", weights " + gib(static_cast<double>(weight_bytes_)) + ", activations " +
            gib(static_cast<double>(activation_bytes_)) + ", graphs " + gib(static_cast<double>(graph_bytes_)) + ", KV " + gib(static_cast<double>(kv));
+  }
+
+  // Brings rows [r0, r0 + R) of the step's output to the host: their tokens when every row of
+  // the step is greedy on the device, else their logits. Adds the wait to *device_s.
+  std::string fetch(const StepInput& in, int r0, int R, double* device_s) {
+    const std::size_t V = static_cast<std::size_t>(d_.vocab);
+    const bool tokens = tokens_only(in);
+    if (tokens) {
+      LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_tokens_, argmax_.p, static_cast<std::size_t>(R) * 4, cudaMemcpyDeviceToHost, stream_));
+    } else {
+      LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_.p, static_cast<std::size_t>(R) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
+    *device_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    if (tokens) {
+      std::memcpy(in.greedy_tokens + r0, host_tokens_, static_cast<std::size_t>(R) * 4);
+    } else {
+      std::memcpy(in.logits + static_cast<std::size_t>(r0) * V, host_logits_, static_cast<std::size_t>(R) * V * sizeof(float));
+    }
+    return {};
   }
 
   int splits_for(int items, bool single_token_items) const {
@@ -270,6 +283,7 @@ class CudaModel final : public DeviceModel {
     LMSERVE_TRY(mlp_in_.alloc(T * I * a));
     LMSERVE_TRY(hrows_.alloc(R * H * a));
     LMSERVE_TRY(logits_.alloc(R * static_cast<std::size_t>(d_.vocab) * 4));
+    LMSERVE_TRY(argmax_.alloc(R * 4));
     // Split-context partials: at most 2 x SMs + one wave of (item, head) blocks use splits.
     std::size_t split_blocks = 0;
     for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n, true)));
@@ -300,6 +314,7 @@ class CudaModel final : public DeviceModel {
     LMSERVE_TRY(meta_.alloc(off));
     LMSERVE_CUDA_TRY(cudaHostAlloc(&stage_, off, cudaHostAllocDefault));
     LMSERVE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_logits_), R * static_cast<std::size_t>(d_.vocab) * 4, cudaHostAllocDefault));
+    LMSERVE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_tokens_), R * 4, cudaHostAllocDefault));
     // Decode graphs use identity items and rows: item i = token i of sequence i.
     LMSERVE_TRY(decode_items_.alloc(4 * R * 4));
     std::vector<std::int32_t> ids(4 * R);
@@ -458,7 +473,20 @@ class CudaModel final : public DeviceModel {
   std::string enqueue_head(const std::int32_t* rows, int R) {
     const int H = static_cast<int>(d_.hidden);
     launch_add_rmsnorm(x_.as<float>(), nullptr, rows, R, H, final_norm_.p, act_, d_.eps, hrows_.p, stream_);
-    return gemm_.run(d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), static_cast<int>(d_.vocab), R, H, act_, stream_);
+    LMSERVE_TRY(gemm_.run(d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), static_cast<int>(d_.vocab), R, H, act_, stream_));
+    // Part of every head (and so of every graph) when device sampling is on: a pass over the
+    // logits that is small next to the lm_head GEMM.
+    if (o_.device_greedy) launch_argmax(logits_.as<float>(), R, static_cast<int>(d_.vocab), argmax_.as<std::int32_t>(), stream_);
+    return {};
+  }
+
+  // All rows greedy and device sampling on: only tokens come back.
+  bool tokens_only(const StepInput& in) const {
+    if (!o_.device_greedy || !in.greedy_rows || !in.greedy_tokens || in.num_rows == 0) return false;
+    for (int i = 0; i < in.num_rows; ++i) {
+      if (!in.greedy_rows[i]) return false;
+    }
+    return true;
   }
 
   // Sequences of `seq_len` pseudo-random tokens filling `tokens`, one logits row each.
@@ -579,10 +607,11 @@ class CudaModel final : public DeviceModel {
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<LayerBuffers> layers_;
   DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
-  DeviceBuffer tmp_kv_, kv_arena_;
+  DeviceBuffer tmp_kv_, kv_arena_, argmax_;
   Gemm gemm_;
   void* stage_ = nullptr;
   float* host_logits_ = nullptr;
+  std::int32_t* host_tokens_ = nullptr;
   std::size_t off_slots_ = 0, off_tokens_ = 0, off_pos_ = 0, off_item_tok_ = 0, off_item_cnt_ = 0, off_item_seq_ = 0, off_rows_ = 0,
               off_stride_ = 0, off_tables_ = 0, staged_bytes_ = 0;
   int max_tokens_ = 0, max_seqs_ = 0, max_blocks_per_seq_ = 0, num_items_ = 0;

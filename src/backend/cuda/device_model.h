@@ -29,6 +29,7 @@ struct PlanOptions {
   double gpu_memory_utilization = 0.9;
   std::int64_t max_tokens = 8192, max_seqs = 256, max_model_len = 0;
   bool enforce_eager = false;
+  bool device_greedy = false;  // argmax on the device for all-greedy steps (StepInput::greedy_rows)
   std::vector<float> k_scales, v_scales;
   std::vector<std::int32_t> calibration_tokens;  // fp8_e4m3 without scales
 };
@@ -53,6 +54,10 @@ struct StepInput {
   const std::int32_t* logits_rows = nullptr;
   int num_rows = 0;
   float* logits = nullptr;  // host, num_rows x vocab
+  // Optional (backend.h, Batch::greedy_rows): when every row is greedy and device_greedy is on,
+  // only greedy_tokens are written (logits left unspecified); otherwise greedy_tokens is untouched.
+  const std::uint8_t* greedy_rows = nullptr;
+  std::int32_t* greedy_tokens = nullptr;
 };
 
 struct StepTimes {

@@ -324,6 +324,38 @@ __global__ void silu_mul_kernel(const float* gu, int I, void* out) {
   }
 }
 
+// One block per row; each thread scans a strided slice, then a tree reduction. Equal values
+// keep the lower index, as std::max_element does on the host.
+__global__ void argmax_kernel(const float* logits, int V, std::int32_t* tokens) {
+  __shared__ float best_v[1024];
+  __shared__ int best_i[1024];
+  const float* row = logits + static_cast<std::int64_t>(blockIdx.x) * V;
+  float bv = -INFINITY;
+  int bi = V;  // larger than any index: loses every tie
+  for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = row[i];
+    if (v > bv || (v == bv && i < bi)) {
+      bv = v;
+      bi = i;
+    }
+  }
+  best_v[threadIdx.x] = bv;
+  best_i[threadIdx.x] = bi;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      const float ov = best_v[threadIdx.x + stride];
+      const int oi = best_i[threadIdx.x + stride];
+      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
+        best_v[threadIdx.x] = ov;
+        best_i[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) tokens[blockIdx.x] = best_i[0] < V ? best_i[0] : 0;
+}
+
 template <Act A>
 __global__ void float_to_act_kernel(const float* in, void* out, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -420,6 +452,11 @@ void launch_silu_mul(const float* gu, int T, int I, void* out, Act act, cudaStre
   if (T == 0) return;
   dim3 grid(static_cast<unsigned>((I + 255) / 256 > 64 ? 64 : (I + 255) / 256), static_cast<unsigned>(T));
   LMSERVE_WITH_ACT(act, A, (silu_mul_kernel<A><<<grid, 256, 0, s>>>(gu, I, out)));
+}
+
+void launch_argmax(const float* logits, int R, int V, std::int32_t* tokens, cudaStream_t s) {
+  if (R == 0) return;
+  argmax_kernel<<<R, 1024, 0, s>>>(logits, V, tokens);
 }
 
 void launch_float_to_act(const float* in, void* out, Act act, std::int64_t n, cudaStream_t s) {

@@ -80,6 +80,9 @@ void launch_attention(const AttnArgs& a, cudaStream_t s);
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i], in act.
 void launch_silu_mul(const float* gu, int T, int I, void* out, Act act, cudaStream_t s);
 
+// tokens[r] = argmax of logits[r, 0..V) (ties: the lowest id), for r < R.
+void launch_argmax(const float* logits, int R, int V, std::int32_t* tokens, cudaStream_t s);
+
 void launch_float_to_act(const float* in, void* out, Act act, std::int64_t n, cudaStream_t s);
 void launch_act_to_float(const void* in, Act act, float* out, std::int64_t n, cudaStream_t s);
 void launch_fill(float* p, float value, std::int64_t n, cudaStream_t s);
