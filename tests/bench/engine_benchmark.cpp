@@ -47,6 +47,86 @@ void BM_Generate(benchmark::State& state) {
 }
 BENCHMARK(BM_Generate)->Arg(1)->Arg(16)->Unit(benchmark::kSecond)->UseRealTime()->Iterations(2);
 
+// The engine's host work per step at the Llama-3.1-8B shape (vocabulary 128,256) with a
+// backend that costs nothing: what a GPU step pays on the CPU (scheduling, inputs, sampling,
+// detokenization, streams). Arg 0: batch size; arg 1: 1 = the backend decides greedy rows
+// (device sampling: tokens only), 0 = it returns every row's logits (the host takes argmax).
+class InstantBackend final : public backend::Backend {
+ public:
+  InstantBackend(model::ModelConfig c, std::int64_t blocks, bool decides) : c_(std::move(c)), kv_{backend::KvDtype::kBFloat16, 16, blocks}, decides_(decides) {}
+  std::string_view name() const override { return "instant"; }
+  const model::ModelConfig& config() const override { return c_; }
+  const backend::KvCacheConfig& kv_config() const override { return kv_; }
+  std::uint64_t kv_block_bytes() const override { return 0; }
+  backend::MemoryInfo memory() const override { return {}; }
+  Status forward(const backend::Batch& b, std::span<float> logits) override {
+    const auto V = static_cast<std::size_t>(c_.vocab_size);
+    for (std::size_t k = 0; k < b.logits_indices.size(); ++k) {
+      // A different winner per row and step, so detokenization sees varied tokens.
+      const auto winner = static_cast<std::int32_t>((step_ * 7919 + k * 104729) % 120000 + 1000);
+      if (decides_ && k < b.greedy_rows.size() && b.greedy_rows[k]) {
+        b.greedy_tokens[k] = winner;
+        continue;
+      }
+      float* row = logits.data() + k * V;
+      std::fill(row, row + V, 0.0f);  // stands in for the device-to-host copy of the row
+      row[winner] = 1.0f;
+    }
+    ++step_;
+    return Status::ok();
+  }
+
+ private:
+  model::ModelConfig c_;
+  backend::KvCacheConfig kv_;
+  bool decides_;
+  std::uint64_t step_ = 0;
+};
+
+void BM_EngineHostStep(benchmark::State& state) {
+  const auto batch = static_cast<int>(state.range(0));
+  const bool decides = state.range(1) != 0;
+  auto config = model::load_config(lmserve::testing::source_dir() / "tests/fixtures/configs/llama-3.1-8b");
+  auto tok = text::Tokenizer::load(lmserve::testing::shared_dir() / "data/tokenizers/Llama-3.2-3B-Instruct");
+  if (!config || !tok) {
+    state.SkipWithError("the Llama-3.1-8B config or tokenizer did not load");
+    return;
+  }
+  constexpr int kIn = 128, kOut = 64;
+  auto backend = std::make_unique<InstantBackend>(*config, batch * (kIn + kOut) / 16 + batch, decides);
+  engine::EngineOptions o;
+  o.scheduler.max_model_len = kIn + kOut;
+  o.scheduler.max_num_seqs = batch;
+  o.scheduler.max_num_batched_tokens = std::max(8192, batch);
+  o.scheduler.kv_watermark = 0.99;
+  o.scheduler.lanes = {{"default", 0, 0, 4096}};
+  auto eng = engine::Engine::create(std::move(backend), *tok, o);
+  double host = 0, steps = 0;
+  for (auto _ : state) {
+    const auto before = (*eng)->stats();
+    std::vector<std::shared_ptr<engine::RequestStream>> streams;
+    for (int i = 0; i < batch; ++i) {
+      std::vector<std::int32_t> prompt(kIn);
+      for (int k = 0; k < kIn; ++k) prompt[static_cast<std::size_t>(k)] = (i * 131 + k * 7) % 100000 + 3;
+      engine::SamplingParams p;
+      p.temperature = 0;
+      p.max_tokens = kOut;
+      p.ignore_eos = true;
+      streams.push_back((*eng)->submit({.prompt = prompt, .params = p})->stream);
+    }
+    engine::StreamEvent e;
+    for (auto& s : streams) {
+      while (s->next(&e)) {
+      }
+    }
+    const auto after = (*eng)->stats();
+    host += after.host_seconds_total - before.host_seconds_total + after.forward_seconds_total - before.forward_seconds_total;
+    steps += static_cast<double>(after.steps_total - before.steps_total);
+  }
+  state.counters["host_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * host / steps : 0);
+}
+BENCHMARK(BM_EngineHostStep)->Args({64, 0})->Args({64, 1})->Args({256, 0})->Args({256, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
 }  // namespace
 
 BENCHMARK_MAIN();
