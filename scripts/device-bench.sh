@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Part-1 benchmarks on the GPU machine: Llama-3.1-8B shape, dummy bf16 weights. Each run's
 # full output goes to $OUT/<name>.log; the last lines are printed as a table.
-# Usage: scripts/device-bench.sh [latency|throughput|all]
+# Usage: [EXTRA="--device-sampling"] [BENCH_TIMEOUT=300] [LAT_BATCHES="1 8 64 256"]
+#        [N128=1000] [N1000=100] [N2048=64] scripts/device-bench.sh [latency|throughput|all]
 set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64
 L=.device/bundle/bin/lmserve
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-M="--model tests/fixtures/configs/llama-3.1-8b --tokenizer .device/bundle/tok --load-format dummy"
+M="--model tests/fixtures/configs/llama-3.1-8b --tokenizer .device/bundle/tok --load-format dummy ${EXTRA:-}"
 what=${1:-all}
 run() {  # name, args...
   local name=$1; shift
