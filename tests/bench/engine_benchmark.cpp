@@ -50,7 +50,8 @@ BENCHMARK(BM_Generate)->Arg(1)->Arg(16)->Unit(benchmark::kSecond)->UseRealTime()
 // The engine's host work per step at the Llama-3.1-8B shape (vocabulary 128,256) with a
 // backend that costs nothing: what a GPU step pays on the CPU (scheduling, inputs, sampling,
 // detokenization, streams). Arg 0: batch size; arg 1: 1 = the backend decides greedy rows
-// (device sampling: tokens only), 0 = it returns every row's logits (the host takes argmax).
+// (device sampling: tokens only), 0 = it returns every row's logits (the host takes argmax),
+// 2 = logits and requests sampled at temperature 1 (the OpenAI default), top_p 1.
 class InstantBackend final : public backend::Backend {
  public:
   InstantBackend(model::ModelConfig c, std::int64_t blocks, bool decides) : c_(std::move(c)), kv_{backend::KvDtype::kBFloat16, 16, blocks}, decides_(decides) {}
@@ -85,7 +86,8 @@ class InstantBackend final : public backend::Backend {
 
 void BM_EngineHostStep(benchmark::State& state) {
   const auto batch = static_cast<int>(state.range(0));
-  const bool decides = state.range(1) != 0;
+  const bool decides = state.range(1) == 1;
+  const bool sampled = state.range(1) == 2;
   auto config = model::load_config(lmserve::testing::source_dir() / "tests/fixtures/configs/llama-3.1-8b");
   auto tok = text::Tokenizer::load(lmserve::testing::shared_dir() / "data/tokenizers/Llama-3.2-3B-Instruct");
   if (!config || !tok) {
@@ -109,7 +111,8 @@ void BM_EngineHostStep(benchmark::State& state) {
       std::vector<std::int32_t> prompt(kIn);
       for (int k = 0; k < kIn; ++k) prompt[static_cast<std::size_t>(k)] = (i * 131 + k * 7) % 100000 + 3;
       engine::SamplingParams p;
-      p.temperature = 0;
+      p.temperature = sampled ? 1.0 : 0.0;
+      p.seed = static_cast<std::uint64_t>(i);
       p.max_tokens = kOut;
       p.ignore_eos = true;
       streams.push_back((*eng)->submit({.prompt = prompt, .params = p})->stream);
@@ -125,7 +128,7 @@ void BM_EngineHostStep(benchmark::State& state) {
   }
   state.counters["host_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * host / steps : 0);
 }
-BENCHMARK(BM_EngineHostStep)->Args({64, 0})->Args({64, 1})->Args({256, 0})->Args({256, 1})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_EngineHostStep)->Args({64, 0})->Args({64, 1})->Args({64, 2})->Args({256, 0})->Args({256, 1})->Args({256, 2})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 }  // namespace
 

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 
 namespace lmserve::engine {
 namespace {
@@ -117,6 +119,74 @@ TEST(SamplingParams, RejectsInvalidValues) {
   EXPECT_TRUE(bad([](SamplingParams& p) { p.min_tokens = 20; }));
   EXPECT_TRUE(bad([](SamplingParams& p) { p.stop = {""}; }));
   EXPECT_FALSE(bad([](SamplingParams&) {}));
+}
+
+}  // namespace
+}  // namespace lmserve::engine
+
+namespace lmserve::engine {
+namespace {
+
+// The definition the sampler must keep: sort the vocabulary by descending logit (ties: lower
+// id), cut by top_p (shortest prefix reaching top_p of the mass) and min_p, draw u in
+// [0, kept mass) and walk. The sampler finds the same token by selection, without the sort.
+std::int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, std::mt19937_64& rng) {
+  std::vector<std::int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](std::int32_t a, std::int32_t b) {
+    return logits[static_cast<std::size_t>(a)] > logits[static_cast<std::size_t>(b)] ||
+           (logits[static_cast<std::size_t>(a)] == logits[static_cast<std::size_t>(b)] && a < b);
+  });
+  const double top = logits[static_cast<std::size_t>(idx[0])];
+  std::vector<double> prob(idx.size());
+  double total = 0;
+  for (std::size_t i = 0; i < idx.size(); ++i) total += prob[i] = std::exp((logits[static_cast<std::size_t>(idx[i])] - top) / p.temperature);
+  std::size_t keep = idx.size();
+  if (p.top_p < 1.0) {
+    double cum = 0;
+    std::size_t n = 0;
+    while (n < keep && cum < p.top_p * total) cum += prob[n++];
+    keep = std::max<std::size_t>(n, 1);
+  }
+  if (p.min_p > 0.0) {
+    std::size_t n = 1;
+    while (n < keep && prob[n] >= p.min_p * prob[0]) ++n;
+    keep = n;
+  }
+  total = std::accumulate(prob.begin(), prob.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+  double u = std::uniform_real_distribution<double>(0.0, total)(rng);
+  std::size_t pick = 0;
+  for (double acc = prob[0]; pick + 1 < keep && acc <= u; acc += prob[++pick]) {
+  }
+  return idx[pick];
+}
+
+TEST(Sampler, SelectionDrawsWhatTheSortedWalkDraws) {
+  std::mt19937_64 gen(20261130);
+  int compared = 0, mismatched = 0;
+  for (int c = 0; c < 3000; ++c) {
+    const std::size_t V = std::uniform_int_distribution<std::size_t>(1, 3000)(gen);
+    std::vector<float> l(V);
+    const int shape = c % 3;  // spread-out, peaked, or many exact ties
+    for (auto& x : l) {
+      x = shape == 0   ? std::normal_distribution<float>(0, 2)(gen)
+          : shape == 1 ? std::normal_distribution<float>(0, 8)(gen)
+                       : static_cast<float>(std::uniform_int_distribution<int>(0, 5)(gen));
+    }
+    SamplingParams p;
+    p.temperature = std::uniform_real_distribution<double>(0.2, 1.5)(gen);
+    p.top_p = c % 4 == 0 ? 1.0 : std::uniform_real_distribution<double>(0.05, 1.0)(gen);
+    p.min_p = c % 5 == 0 ? std::uniform_real_distribution<double>(0.0, 0.5)(gen) : 0.0;
+    const std::uint64_t seed = gen();
+    std::mt19937_64 a(seed), b(seed);
+    auto copy = l;
+    const std::int32_t got = sample_token(copy, p, {}, {}, {}, a).token;
+    const std::int32_t want = reference_draw(l, p, b);
+    ++compared;
+    mismatched += got != want;
+  }
+  // Sums in a different order may move a draw across a boundary only within rounding.
+  EXPECT_EQ(mismatched, 0) << "of " << compared;
 }
 
 }  // namespace
