@@ -27,6 +27,16 @@ using json = nlohmann::json;
 
 double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+// A client TLS context: the system's CA certificates, or no verification with --insecure.
+void set_up_tls(net::ssl::context& ctx, bool insecure) {
+  if (insecure) {
+    ctx.set_verify_mode(net::ssl::verify_none);
+  } else {
+    ctx.set_default_verify_paths();
+    ctx.set_verify_mode(net::ssl::verify_peer);
+  }
+}
+
 struct Run;
 
 template <class Stream>
@@ -329,13 +339,7 @@ Result<ServeBenchResult> run_serve_bench(const std::vector<PreparedRequest>& req
   if (reqs.empty()) return error(StatusCode::kInvalidArgument, "bench serve: no requests");
   Run run(reqs, o, *ep);
   if (ep->scheme == "https") {
-    auto& ctx = run.ssl.emplace(net::ssl::context::tls_client);
-    if (o.insecure) {
-      ctx.set_verify_mode(net::ssl::verify_none);
-    } else {
-      ctx.set_default_verify_paths();
-      ctx.set_verify_mode(net::ssl::verify_peer);
-    }
+    set_up_tls(run.ssl.emplace(net::ssl::context::tls_client), o.insecure);
   }
   beast::error_code ec;
   tcp::resolver resolver(run.ioc);
@@ -414,12 +418,7 @@ Result<std::pair<int, std::string>> http_call(const ServeBenchOptions& o, const 
     http::response<http::string_body> res;
     if (ep->scheme == "https") {
       net::ssl::context ctx(net::ssl::context::tls_client);
-      if (o.insecure) {
-        ctx.set_verify_mode(net::ssl::verify_none);
-      } else {
-        ctx.set_default_verify_paths();
-        ctx.set_verify_mode(net::ssl::verify_peer);
-      }
+      set_up_tls(ctx, o.insecure);
       beast::ssl_stream<beast::tcp_stream> s(ioc, ctx);
       SSL_set_tlsext_host_name(s.native_handle(), ep->host.c_str());
       beast::get_lowest_layer(s).expires_after(std::chrono::seconds(60));

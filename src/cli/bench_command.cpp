@@ -63,7 +63,6 @@ Command add_bench_command(CLI::App& app) {
       o.model.max_num_batched_tokens = std::max<std::int64_t>({8192, o.input_len, o.batch_size});
       o.model.max_model_len = o.input_len + o.output_len;
       const std::int64_t blocks_needed = o.batch_size * ((o.input_len + o.output_len + o.model.block_size - 1) / o.model.block_size);
-      if (o.model.num_kv_blocks == 0 && o.model.device == "cpu") o.model.num_kv_blocks = blocks_needed;
       auto m = o.model.load(blocks_needed * o.model.block_size);
       if (!m) return fail("latency", m.error());
       print_memory(*m->backend);

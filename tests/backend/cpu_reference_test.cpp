@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend_sequence.h"
 #include "test_paths.h"
 #include "test_util.h"
 
@@ -19,35 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// Runs one sequence through a backend: prefill, then decode, with a block table 0, 1, 2, ...
-class SingleSequence {
- public:
-  explicit SingleSequence(Backend& b) : b_(b) {}
-
-  // Appends `tokens`; returns logits for the positions in `want` (indices into `tokens`).
-  std::vector<float> step(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& want) {
-    const int bs = b_.kv_config().block_size;
-    std::vector<std::int32_t> positions;
-    std::vector<std::int64_t> slots;
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      std::int32_t p = len_++;
-      positions.push_back(p);
-      while (static_cast<std::int32_t>(table_.size()) * bs <= p) table_.push_back(static_cast<std::int32_t>(table_.size()));
-      slots.push_back(static_cast<std::int64_t>(table_[static_cast<std::size_t>(p / bs)]) * bs + p % bs);
-    }
-    SeqBatch seq{0, static_cast<std::int32_t>(tokens.size()), len_, table_};
-    std::vector<float> logits(want.size() * static_cast<std::size_t>(b_.config().vocab_size));
-    Batch batch{tokens, positions, slots, std::span<const SeqBatch>(&seq, 1), want};
-    Status s = b_.forward(batch, logits);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    return logits;
-  }
-
- private:
-  Backend& b_;
-  std::int32_t len_ = 0;
-  std::vector<std::int32_t> table_;
-};
+using SingleSequence = lmserve::testing::BackendSequence;
 
 std::int32_t argmax(const float* v, std::int64_t n) { return static_cast<std::int32_t>(std::max_element(v, v + n) - v); }
 

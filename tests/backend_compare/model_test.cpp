@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend_sequence.h"
 #include "compare_util.h"
 #include "test_paths.h"
 #include "test_util.h"
@@ -36,33 +37,7 @@ std::unique_ptr<Backend> cuda_backend(std::shared_ptr<const model::ModelWeights>
   return b ? std::move(*b) : nullptr;
 }
 
-// One sequence through a backend, block table 0, 1, 2, ...
-class Sequence {
- public:
-  explicit Sequence(Backend& b, std::int32_t first_block = 0) : b_(b), first_(first_block) {}
-  std::vector<float> step(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& want) {
-    const int bs = b_.kv_config().block_size;
-    std::vector<std::int32_t> positions;
-    std::vector<std::int64_t> slots;
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      std::int32_t p = len_++;
-      positions.push_back(p);
-      while (static_cast<std::int32_t>(table_.size()) * bs <= p) table_.push_back(first_ + static_cast<std::int32_t>(table_.size()));
-      slots.push_back(static_cast<std::int64_t>(table_[static_cast<std::size_t>(p / bs)]) * bs + p % bs);
-    }
-    backend::SeqBatch seq{0, static_cast<std::int32_t>(tokens.size()), len_, table_};
-    std::vector<float> logits(want.size() * static_cast<std::size_t>(b_.config().vocab_size));
-    Status s = b_.forward({tokens, positions, slots, std::span<const backend::SeqBatch>(&seq, 1), want}, logits);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    return logits;
-  }
-
- private:
-  Backend& b_;
-  std::int32_t first_;
-  std::int32_t len_ = 0;
-  std::vector<std::int32_t> table_;
-};
+using Sequence = lmserve::testing::BackendSequence;
 
 std::int32_t argmax(const float* v, std::int64_t n) { return static_cast<std::int32_t>(std::max_element(v, v + n) - v); }
 

@@ -45,8 +45,12 @@ std::vector<std::byte> as_act(const model::Tensor& t, std::int64_t offset, std::
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::unique_ptr<cuda::DeviceModel> m, KvCacheConfig kv, MemoryInfo mem)
-      : weights_(std::move(w)), model_(std::move(m)), kv_(kv), mem_(mem) {}
+  // The largest step the memory plan was made for (as the device model applies them).
+  struct Limits {
+    std::int64_t tokens = 0, seqs = 0, max_model_len = 0;
+  };
+  CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::unique_ptr<cuda::DeviceModel> m, KvCacheConfig kv, MemoryInfo mem, Limits limits)
+      : weights_(std::move(w)), model_(std::move(m)), kv_(kv), mem_(mem), limits_(limits) {}
 
   std::string_view name() const override { return "cuda"; }
   const model::ModelConfig& config() const override { return weights_->config(); }
@@ -56,6 +60,7 @@ class CudaBackend final : public Backend {
 
   Status forward(const Batch& b, std::span<float> logits) override {
     LMSERVE_RETURN_IF_ERROR(validate_batch(b, config(), kv_, logits.size()));
+    LMSERVE_RETURN_IF_ERROR(within_plan(b));
     const std::size_t S = b.seqs.size();
     start_.resize(S);
     len_.resize(S);
@@ -84,18 +89,30 @@ class CudaBackend final : public Backend {
       in.greedy_tokens = b.greedy_tokens.data();
     }
     cuda::StepTimes t;
-    if (std::string e = model_->forward(in, &t); !e.empty()) {
-      const bool too_big = e.find("larger than the backend was planned for") != std::string::npos || e.find("max_model_len") != std::string::npos;
-      return Status(too_big ? StatusCode::kInvalidArgument : StatusCode::kInternal, "cuda: " + e);
-    }
+    if (std::string e = model_->forward(in, &t); !e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
     return Status::ok();
   }
 
  private:
+  Status within_plan(const Batch& b) const {
+    const auto T = static_cast<std::int64_t>(b.tokens.size()), S = static_cast<std::int64_t>(b.seqs.size());
+    if (T > limits_.tokens || S > limits_.seqs) {
+      return Status(StatusCode::kInvalidArgument, "batch: " + std::to_string(T) + " tokens / " + std::to_string(S) +
+                                                      " sequences is larger than the backend was planned for (" + std::to_string(limits_.tokens) +
+                                                      " / " + std::to_string(limits_.seqs) + ")");
+    }
+    const std::int64_t bs = kv_.block_size, max_blocks = (limits_.max_model_len + bs - 1) / bs;
+    for (const auto& s : b.seqs) {
+      if ((s.context_len + bs - 1) / bs > max_blocks) return Status(StatusCode::kInvalidArgument, "batch: a sequence is longer than max_model_len");
+    }
+    return Status::ok();
+  }
+
   std::shared_ptr<const model::ModelWeights> weights_;
   std::unique_ptr<cuda::DeviceModel> model_;
   KvCacheConfig kv_;
   MemoryInfo mem_;
+  Limits limits_;
   std::vector<std::int32_t> start_, len_, ctx_;
   std::vector<const std::int32_t*> tables_;
 };
@@ -210,7 +227,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   mem.kv_cache_bytes = plan.kv;
   mem.used_bytes = plan.weights + plan.activations + plan.graphs + plan.kv;
   KvCacheConfig kv{o.kv_dtype, o.block_size, plan.num_blocks};
-  return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(m), kv, mem));
+  const CudaBackend::Limits limits{std::max(p.max_tokens, p.max_seqs), p.max_seqs, p.max_model_len};
+  return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(m), kv, mem, limits));
 }
 
 double measure_copy_bandwidth(int device) { return cuda::copy_bandwidth(device); }

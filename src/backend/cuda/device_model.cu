@@ -82,7 +82,6 @@ class CudaModel final : public DeviceModel {
     cudaDeviceProp prop{};
     LMSERVE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
     sms_ = prop.multiProcessorCount;
-    LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_at_start_, &total_));
     const std::size_t a = static_cast<std::size_t>(act_bytes(act_));
     const std::size_t H = d_.hidden, I = d_.intermediate, D = d_.head_dim;
     const std::size_t qkvd = (d_.heads + 2 * d_.kv_heads) * D;
@@ -173,7 +172,7 @@ class CudaModel final : public DeviceModel {
       blocks = static_cast<std::int64_t>(static_cast<double>(free_now) * 0.98 / static_cast<double>(block_bytes));
     }
     if (blocks < 1) {
-      return "no GPU memory left for the KV cache: " + describe(total, 0) + "; raise --gpu-memory-utilization or lower --max-num-batched-tokens";
+      return "no GPU memory left for the KV cache: " + describe(total) + "; raise --gpu-memory-utilization or lower --max-num-batched-tokens";
     }
     LMSERVE_TRY(allocate_kv(blocks, &kv_arena_));
     num_blocks_ = blocks;
@@ -235,10 +234,10 @@ class CudaModel final : public DeviceModel {
   }
 
  private:
-  std::string describe(std::size_t total, std::uint64_t kv) const {
+  std::string describe(std::size_t total) const {
     auto gib = [](double b) { return std::to_string(b / (1024.0 * 1024 * 1024)).substr(0, 6) + " GiB"; };
     return "total " + gib(static_cast<double>(total)) + ", weights " + gib(static_cast<double>(weight_bytes_)) + ", activations " +
-           gib(static_cast<double>(activation_bytes_)) + ", graphs " + gib(static_cast<double>(graph_bytes_)) + ", KV " + gib(static_cast<double>(kv));
+           gib(static_cast<double>(activation_bytes_)) + ", graphs " + gib(static_cast<double>(graph_bytes_));
   }
 
   // Brings rows [r0, r0 + R) of the step's output to the host: their tokens when every row of
@@ -602,7 +601,6 @@ class CudaModel final : public DeviceModel {
   PlanOptions o_;
   cudaStream_t stream_ = nullptr;
   int sms_ = 1;
-  std::size_t free_at_start_ = 0, total_ = 0;
   std::uint64_t weight_bytes_ = 0, activation_bytes_ = 0, graph_bytes_ = 0;
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<LayerBuffers> layers_;
