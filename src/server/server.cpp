@@ -84,7 +84,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   Session(Server::Impl& s, Args&&... args) : stream_(std::forward<Args>(args)...), timer_(stream_.get_executor()), s_(s) {}
   ~Session() {
     --s_.connections;
-    if (gen_) --s_.generations;
+    uncount_generation();
   }
 
   void start() {
@@ -440,6 +440,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
 
   void finish_stream() {
     gen_->writing = true;
+    uncount_generation();
     net::async_write(stream_, http::make_chunk_last(), [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
       bool keep = self->gen_->keep_alive && !ec;
       self->end_generation();
@@ -566,8 +567,17 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
   }
 
   void end_generation() {
-    if (gen_) --s_.generations;
+    uncount_generation();
     gen_.reset();
+  }
+
+  // A generation stops counting as in flight once its last bytes are queued: a client may
+  // start its next request as soon as it reads them, before our write completes.
+  void uncount_generation() {
+    if (gen_ && gen_->counted) {
+      gen_->counted = false;
+      --s_.generations;
+    }
   }
 
   struct Generation {
@@ -586,6 +596,7 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
     std::vector<double> itl;
     std::deque<std::string> out;
     bool writing = false, done = false, finished_stream = false, client_gone = false, keep_alive = true;
+    bool counted = true;  // in Impl::generations
   };
 
   Stream stream_;
