@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # Part-1 benchmarks on the GPU machine: Llama-3.1-8B shape, dummy bf16 weights. Each run's
 # full output goes to $OUT/<name>.log; the last lines are printed as a table.
-# Usage: [EXTRA="--device-sampling"] [BENCH_TIMEOUT=300] [LAT_BATCHES="1 8 64 256"]
-#        [N128=1000] [N1000=100] [N2048=64] scripts/device-bench.sh [latency|throughput|all]
+# Usage: [EXTRA="--host-sampling"] [BENCH_TIMEOUT=300] [LAT_BATCHES="1 8 64 256"]
+#        [TP_LENS="128 1000 2048"] [TP_KVS="bfloat16 fp8_e5m2"] [N128=1000] [N1000=100] [N2048=64]
+#        [DEADLINE=<epoch seconds>: runs that would start later are skipped]
+#        scripts/device-bench.sh [latency|throughput|all ...]   (in the order given)
 set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64
 L=.device/bundle/bin/lmserve
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M="--model tests/fixtures/configs/llama-3.1-8b --tokenizer .device/bundle/tok --load-format dummy ${EXTRA:-}"
-what=${1:-all}
 run() {  # name, args...
   local name=$1; shift
+  if [[ -n ${DEADLINE:-} && $(date +%s) -ge $DEADLINE ]]; then
+    printf '== %s: skipped (deadline)\n' "$name" >> "$OUT/table.txt"
+    return
+  fi
   local t0=$(date +%s)
   timeout ${BENCH_TIMEOUT:-300} "$L" bench "$@" > "$OUT/$name.log" 2>&1
   local rc=$? t1=$(date +%s)
@@ -19,15 +24,18 @@ run() {  # name, args...
   grep -E '^(backend|prefill|decode|bandwidth|requests|engine|throughput)' "$OUT/$name.log" >> "$OUT/table.txt"
   [[ $rc == 0 ]] || tail -3 "$OUT/$name.log" >> "$OUT/table.txt"
 }
-: > "$OUT/table.txt"
-if [[ $what == latency || $what == all ]]; then
-  for b in ${LAT_BATCHES:-1 8 64 256}; do run "latency_b$b" latency $M --batch-size $b --input-len 128 --output-len 256; done
-fi
-if [[ $what == throughput || $what == all ]]; then
-  for kv in bfloat16 fp8_e5m2; do
-    run "tp_128_$kv" throughput $M --kv-cache-dtype $kv --input-len 128 --output-len 128 --num-prompts ${N128:-1000}
-    run "tp_1000_$kv" throughput $M --kv-cache-dtype $kv --input-len 1000 --output-len 1000 --num-prompts ${N1000:-100}
-    run "tp_2048_$kv" throughput $M --kv-cache-dtype $kv --input-len 2048 --output-len 2048 --num-prompts ${N2048:-64}
-  done
-fi
+touch "$OUT/table.txt"
+for what in "${@:-all}"; do
+  if [[ $what == latency || $what == all ]]; then
+    for b in ${LAT_BATCHES:-1 8 64 256}; do run "latency_b$b" latency $M --batch-size $b --input-len 128 --output-len 256; done
+  fi
+  if [[ $what == throughput || $what == all ]]; then
+    for len in ${TP_LENS:-128 1000 2048}; do
+      n=N$len
+      for kv in ${TP_KVS:-bfloat16 fp8_e5m2}; do
+        run "tp_${len}_$kv" throughput $M --kv-cache-dtype $kv --input-len $len --output-len $len --num-prompts ${!n:-100}
+      done
+    done
+  fi
+done
 cat "$OUT/table.txt"

@@ -49,19 +49,37 @@ struct SeqBatch {
   std::span<const std::int32_t> block_table;
 };
 
+// How a backend that samples on the device may decide one logits row (Batch::sample_rows).
+// kGreedy: the argmax (ties: the lowest id). kRandom: a draw from softmax(logits /
+// temperature) restricted to the top_k largest logits (ties with the k-th are kept, as vLLM
+// does), then to the smallest set of largest logits whose probability mass reaches top_p
+// (ties kept), then to the tokens whose probability is at least min_p x the largest's. The
+// draw uses a counter-based generator at (key, counter), so a request's tokens do not depend
+// on what else is in the batch. kHost: the caller samples this row from its logits.
+struct RowSampling {
+  enum class Mode : std::uint8_t { kHost, kGreedy, kRandom };
+  Mode mode = Mode::kHost;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  std::int32_t top_k = 0;     // <= 0: off
+  std::uint64_t key = 0;      // the request's random stream
+  std::uint32_t counter = 0;  // which draw of it (the index of the token in the output)
+};
+
 struct Batch {
   std::span<const std::int32_t> tokens;
   std::span<const std::int32_t> positions;
   std::span<const std::int64_t> slot_mapping;
   std::span<const SeqBatch> seqs;
   std::span<const std::int32_t> logits_indices;
-  // Optional, one entry per logits row: greedy_rows[k] != 0 says row k is decided by a plain
-  // argmax (ties: the lowest id). A backend that can do that on the device may then write the
-  // token to greedy_tokens[k] instead of returning the row's logits (which are then left
-  // unspecified). The caller fills greedy_tokens with -1; a -1 left there means "sample from
-  // the logits yourself". Backends without device sampling ignore both.
-  std::span<const std::uint8_t> greedy_rows;
-  std::span<std::int32_t> greedy_tokens;
+  // Optional, one entry per logits row. A backend that samples on the device writes the token
+  // of every row whose mode is not kHost to sampled_tokens[k]; if no row is kHost it may leave
+  // the logits unspecified (only tokens cross to the host). The caller fills sampled_tokens
+  // with -1; a -1 left there means "sample from the logits yourself". Backends without device
+  // sampling ignore both.
+  std::span<const RowSampling> sample_rows;
+  std::span<std::int32_t> sampled_tokens;
 };
 
 // The start-up memory plan. On a GPU: weights, the activation peak of a maximal batch, CUDA

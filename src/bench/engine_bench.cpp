@@ -82,7 +82,7 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
     }
     logits.resize(static_cast<std::size_t>(B * V));
     // Every row is greedy: a backend with device sampling returns tokens instead of logits.
-    std::vector<std::uint8_t> greedy(static_cast<std::size_t>(B), 1);
+    std::vector<backend::RowSampling> greedy(static_cast<std::size_t>(B), {.mode = backend::RowSampling::Mode::kGreedy});
     std::vector<std::int32_t> picked(static_cast<std::size_t>(B), -1);
     LMSERVE_RETURN_IF_ERROR(b.forward({tokens, positions, slots, seqs, rows, greedy, picked}, logits));
     for (std::int64_t s = 0; s < B; ++s) {

@@ -21,7 +21,7 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_option("--threads", threads, "CPU threads (0: all cores)");
   app.add_option("--gpu-memory-utilization", gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
   app.add_flag("--enforce-eager", enforce_eager, "no CUDA graphs (CUDA backend)");
-  app.add_flag("--device-sampling", device_sampling, "greedy steps return tokens, not logits (CUDA backend; experimental)");
+  app.add_flag("--host-sampling", host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
 }
 
 Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) const {
@@ -58,7 +58,7 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
     co.max_num_batched_tokens = max_num_batched_tokens;
     co.max_model_len = max_model_len;
     co.enforce_eager = enforce_eager;
-    co.device_greedy = device_sampling;
+    co.device_sampling = !host_sampling;
     auto b = backend::make_cuda_backend(out.weights, co);
     if (b) {
       out.backend = std::move(*b);

@@ -27,7 +27,7 @@ struct ModelOptions {
   // CUDA backend: the memory plan and the largest step it is planned for.
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
-  bool device_sampling = false;
+  bool host_sampling = false;
   std::int64_t max_num_seqs = 256;
   std::int64_t max_num_batched_tokens = 8192;
   std::int64_t max_model_len = 0;  // 0: the model's

@@ -96,7 +96,7 @@ Command add_serve_command(CLI::App& app) {
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching, "automatic prefix caching")
       ->capture_default_str();
   app.add_flag("--enforce-eager", o->enforce_eager, "no CUDA graphs (CUDA backend)");
-  app.add_flag("--device-sampling", o->model.device_sampling, "greedy steps return tokens, not logits (CUDA backend; experimental)");
+  app.add_flag("--host-sampling", o->model.host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
   app.add_option("--seed", o->seed, "seed for requests without one")->capture_default_str();
   app.add_option("--chat-template", o->chat_template, "a .jinja file instead of the model's chat template");
   app.add_option("--tensor-parallel-size", o->tensor_parallel_size, "GPUs per replica (1 until tensor parallelism exists)")

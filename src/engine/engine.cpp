@@ -55,11 +55,24 @@ void RequestStream::set_times(const Times& t) {
 
 // ---- Engine ------------------------------------------------------------------------------
 
+namespace {
+
+// SplitMix64's finaliser: a request seed spread over all 64 bits of a device random stream key.
+std::uint64_t mix64(std::uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+
 struct Engine::Live {
   std::unique_ptr<Request> req;
   std::shared_ptr<RequestStream> stream;
   std::unique_ptr<OutputProcessor> out;
   std::mt19937_64 rng;
+  std::uint64_t device_key = 0;  // the request's random stream when the backend samples it
   std::int32_t index = 0;
   RequestId group = 0;
   RequestStream::Times times;
@@ -134,6 +147,7 @@ Expected<Submitted, SubmitError> Engine::submit(GenerateRequest g) {
     L->out = std::make_unique<OutputProcessor>(tokenizer_, r.params, eos_ids_);
     std::uint64_t seed = g.params.seed ? *g.params.seed + static_cast<std::uint64_t>(i) : options_.seed ^ (r.id * 0x9E3779B97F4A7C15ull);
     L->rng.seed(seed);
+    L->device_key = mix64(seed);
     L->index = i;
     L->group = first;
     L->times.arrival = Clock::now();
@@ -287,15 +301,26 @@ Status Engine::step() {
   const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
   if (logits_.size() < logits_rows.size() * vocab) logits_.resize(logits_rows.size() * vocab);
   std::span<float> logits(logits_.data(), logits_rows.size() * vocab);
-  // Rows whose sampling is a plain argmax may be decided on the device (backend.h).
-  std::vector<std::uint8_t> greedy_rows(sampled.size());
-  std::vector<std::int32_t> greedy_tokens(sampled.size(), -1);
+  // Rows that need nothing but the logits (no penalties, bias, log-probabilities or min_tokens
+  // masking) may be sampled by the backend itself (backend.h, RowSampling).
+  std::vector<backend::RowSampling> sample_rows(sampled.size());
+  std::vector<std::int32_t> sampled_tokens(sampled.size(), -1);
   for (std::size_t i = 0; i < sampled.size(); ++i) {
-    const auto& p = sampled[i]->params;
-    greedy_rows[i] = p.greedy() && !p.logprobs && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 &&
-                     p.logit_bias.empty() && static_cast<std::int64_t>(sampled[i]->output.size()) >= p.min_tokens;
+    const Request& r = *sampled[i];
+    const auto& p = r.params;
+    const bool plain = !p.logprobs && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 &&
+                       p.logit_bias.empty() && static_cast<std::int64_t>(r.output.size()) >= p.min_tokens;
+    if (!plain) continue;
+    auto& s = sample_rows[i];
+    s.mode = p.greedy() ? backend::RowSampling::Mode::kGreedy : backend::RowSampling::Mode::kRandom;
+    s.temperature = static_cast<float>(p.temperature);
+    s.top_p = static_cast<float>(p.top_p);
+    s.min_p = static_cast<float>(p.min_p);
+    s.top_k = p.top_k;
+    s.key = live_.at(r.id)->device_key;
+    s.counter = static_cast<std::uint32_t>(r.output.size());
   }
-  backend::Batch batch{tokens, positions, slots, seqs, logits_rows, greedy_rows, greedy_tokens};
+  backend::Batch batch{tokens, positions, slots, seqs, logits_rows, sample_rows, sampled_tokens};
 
   mu_.unlock();  // the device works without the lock: submit/abort stay responsive
   const auto fwd_start = Clock::now();
@@ -313,8 +338,8 @@ Status Engine::step() {
   sampler_pool_->parallel_for(sampled.size(), [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) {
       Request* r = sampled[i];
-      if (greedy_tokens[i] >= 0) {
-        results[i].token = greedy_tokens[i];
+      if (sampled_tokens[i] >= 0) {
+        results[i].token = sampled_tokens[i];
         continue;
       }
       std::span<float> row(logits.data() + i * vocab, vocab);

@@ -151,9 +151,10 @@ TEST(CudaBackend, PaddedGraphDecodeMatchesTheCpu) {
   }
 }
 
-// Device sampling: an all-greedy step returns the CPU's argmax tokens and no logits; a step
-// with one non-greedy row returns logits (tokens left -1) — through graphs and eagerly.
-TEST(CudaBackend, DeviceGreedyTokensAreTheCpuArgmax) {
+// Device sampling: greedy rows (and random rows with top_k 1) get the CPU's argmax; a step
+// whose rows are all decided returns no logits, a step with a host row returns every row's
+// logits and leaves that row's token -1 — through graphs and eagerly.
+TEST(CudaBackend, DeviceSampledGreedyTokensAreTheCpuArgmax) {
   LMSERVE_REQUIRE_GPU();
   auto w = model::ModelWeights::load(lmserve::testing::source_dir() / "models/demo", {.dtype = "float32"});
   ASSERT_TRUE(w);
@@ -167,7 +168,7 @@ TEST(CudaBackend, DeviceGreedyTokensAreTheCpuArgmax) {
     o.max_num_batched_tokens = 512;
     o.max_model_len = 1024;
     o.enforce_eager = eager;
-    o.device_greedy = true;
+    o.device_sampling = true;
     auto gpu = backend::make_cuda_backend(*w, o);
     ASSERT_TRUE(gpu) << gpu.error().to_string();
     auto cpu = backend::make_cpu_backend(*w, {.kv = {KvDtype::kFloat32, 16, 64}, .threads = 2});
@@ -188,19 +189,19 @@ TEST(CudaBackend, DeviceGreedyTokensAreTheCpuArgmax) {
       }
       std::vector<float> cl(5 * static_cast<std::size_t>(V)), gl(cl.size(), 7.0f);
       ASSERT_TRUE((*cpu)->forward({next, positions, slots, seqs, rows}, cl).is_ok());
-      std::vector<std::uint8_t> greedy(5, 1);
-      if (step == 3) greedy[2] = 0;  // one sampled row: the whole step comes back as logits
+      using Mode = backend::RowSampling::Mode;
+      std::vector<backend::RowSampling> modes(5, {.mode = Mode::kGreedy});
+      if (step == 3) modes[2].mode = Mode::kHost;  // a host row: every row's logits come back
+      if (step >= 4) modes[1] = {.mode = Mode::kRandom, .temperature = 0.7f, .top_k = 1, .key = 77, .counter = 9};
       std::vector<std::int32_t> picked(5, -1);
-      Status st = (*gpu)->forward({next, positions, slots, seqs, rows, greedy, picked}, gl);
+      Status st = (*gpu)->forward({next, positions, slots, seqs, rows, modes, picked}, gl);
       ASSERT_TRUE(st.is_ok()) << st.to_string();
       for (int s = 0; s < 5; ++s) {
         const std::int32_t want = argmax(&cl[static_cast<std::size_t>(s) * V], V);
         if (step == 3) {
-          EXPECT_EQ(picked[static_cast<std::size_t>(s)], -1) << "a mixed step returns logits";
-          EXPECT_EQ(argmax(&gl[static_cast<std::size_t>(s) * V], V), want);
-        } else {
-          EXPECT_EQ(picked[static_cast<std::size_t>(s)], want) << "step " << step << " row " << s;
+          EXPECT_EQ(argmax(&gl[static_cast<std::size_t>(s) * V], V), want) << "a mixed step returns logits";
         }
+        EXPECT_EQ(picked[static_cast<std::size_t>(s)], step == 3 && s == 2 ? -1 : want) << "step " << step << " row " << s;
         next[static_cast<std::size_t>(s)] = want;
       }
     }

@@ -65,8 +65,8 @@ class InstantBackend final : public backend::Backend {
     for (std::size_t k = 0; k < b.logits_indices.size(); ++k) {
       // A different winner per row and step, so detokenization sees varied tokens.
       const auto winner = static_cast<std::int32_t>((step_ * 7919 + k * 104729) % 120000 + 1000);
-      if (decides_ && k < b.greedy_rows.size() && b.greedy_rows[k]) {
-        b.greedy_tokens[k] = winner;
+      if (decides_ && k < b.sample_rows.size() && b.sample_rows[k].mode != backend::RowSampling::Mode::kHost) {
+        b.sampled_tokens[k] = winner;
         continue;
       }
       float* row = logits.data() + k * V;

@@ -58,7 +58,7 @@ std::unique_ptr<Engine> make_engine(const Loaded& m, std::int64_t blocks, Engine
     co.max_num_seqs = o.scheduler.max_num_seqs;
     co.max_num_batched_tokens = std::max(o.scheduler.max_num_batched_tokens, o.scheduler.max_num_seqs);
     co.max_model_len = o.scheduler.max_model_len;
-    co.device_greedy = true;  // greedy steps sampled on the device: these tests check it end to end
+    co.device_sampling = true;  // rows sampled on the device: these tests check it end to end
     b = backend::make_cuda_backend(m.weights, co);
   } else {
     b = backend::make_cpu_backend(m.weights, {.kv = {kv, block_size, blocks}, .threads = 2});
@@ -166,75 +166,112 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
 }
 
-// A backend that decides greedy rows itself (as the CUDA backend's device sampling does) and
-// poisons their logits: the engine must take its tokens for exactly the plain-greedy rows and
-// still sample the others from logits, with the same results as host sampling.
-class GreedyDeciding final : public backend::Backend {
+// A backend that decides rows itself (as the CUDA backend's device sampling does) and poisons
+// their logits: the engine must hand it exactly the rows that need nothing but logits, with
+// their sampling parameters and a per-request stream (key, counter), and still sample the other
+// rows from logits as before. Random rows get a token that is a function of (key, counter).
+class RowDeciding final : public backend::Backend {
  public:
-  explicit GreedyDeciding(std::unique_ptr<backend::Backend> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return "greedy-deciding"; }
+  explicit RowDeciding(std::unique_ptr<backend::Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return "row-deciding"; }
   const model::ModelConfig& config() const override { return inner_->config(); }
   const backend::KvCacheConfig& kv_config() const override { return inner_->kv_config(); }
   std::uint64_t kv_block_bytes() const override { return inner_->kv_block_bytes(); }
   backend::MemoryInfo memory() const override { return inner_->memory(); }
+  static std::int32_t drawn(std::uint64_t key, std::uint32_t counter, std::int64_t V) {
+    return static_cast<std::int32_t>((key ^ (counter * 0x9E3779B97F4A7C15ull)) % static_cast<std::uint64_t>(V));
+  }
   Status forward(const backend::Batch& b, std::span<float> logits) override {
     LMSERVE_RETURN_IF_ERROR(inner_->forward(b, logits));
     const auto V = static_cast<std::size_t>(config().vocab_size);
-    for (std::size_t k = 0; k < b.greedy_rows.size(); ++k) {
-      if (!b.greedy_rows[k]) continue;
+    for (std::size_t k = 0; k < b.sample_rows.size(); ++k) {
+      const backend::RowSampling& r = b.sample_rows[k];
+      if (r.mode == backend::RowSampling::Mode::kHost) continue;
       float* row = logits.data() + k * V;
-      b.greedy_tokens[k] = static_cast<std::int32_t>(std::max_element(row, row + V) - row);
+      if (r.mode == backend::RowSampling::Mode::kGreedy) {
+        b.sampled_tokens[k] = static_cast<std::int32_t>(std::max_element(row, row + V) - row);
+      } else {
+        b.sampled_tokens[k] = drawn(r.key, r.counter, static_cast<std::int64_t>(V));
+        random_.push_back(r);
+      }
       std::fill(row, row + V, std::nanf(""));
       ++decided_;
     }
     return Status::ok();
   }
-  std::atomic<int> decided_{0};
+  int decided_ = 0;
+  std::vector<backend::RowSampling> random_;
 
  private:
   std::unique_ptr<backend::Backend> inner_;
 };
 
-TEST(Engine, GreedyRowsDecidedByTheBackendGiveTheSameTokens) {
+TEST(Engine, RowsDecidedByTheBackendAreExactlyThePlainOnes) {
   if (on_cuda()) GTEST_SKIP() << "a CPU-side test of the engine's contract";
-  auto run = [&](bool deciding, int* decided) {
+  struct Run {
+    std::vector<std::vector<std::int32_t>> tokens;
+    int decided = 0;
+    std::vector<backend::RowSampling> random;
+  };
+  auto run = [&](bool deciding) {
     auto b = backend::make_cpu_backend(demo().weights, {.kv = {backend::KvDtype::kFloat32, 16, 64}, .threads = 2});
     EXPECT_TRUE(b);
     std::unique_ptr<backend::Backend> backend = std::move(*b);
-    GreedyDeciding* gd = nullptr;
+    RowDeciding* rd = nullptr;
     if (deciding) {
-      auto w = std::make_unique<GreedyDeciding>(std::move(backend));
-      gd = w.get();
+      auto w = std::make_unique<RowDeciding>(std::move(backend));
+      rd = w.get();
       backend = std::move(w);
     }
     EngineOptions o;
     o.scheduler.max_model_len = 1024;
     auto e = Engine::create(std::move(backend), demo().tokenizer, o);
     EXPECT_TRUE(e);
-    std::vector<SamplingParams> params(4, greedy(8));
-    params[1].temperature = 0.8;  // sampled: needs logits
+    std::vector<SamplingParams> params(5, greedy(8));
+    params[1].temperature = 0.75;  // plain random: the backend draws it
+    params[1].top_k = 40;
+    params[1].top_p = 0.875;
+    params[1].min_p = 0.0625;
     params[1].seed = 5;
     params[2].logprobs = 2;       // greedy with logprobs: needs logits
     params[3].min_tokens = 4;     // greedy once 4 tokens are out
     params[3].ignore_eos = false;
+    params[4].temperature = 0.8;  // a penalty: sampled on the host from logits
+    params[4].repetition_penalty = 1.2;
+    params[4].seed = 9;
     std::vector<std::shared_ptr<RequestStream>> streams;
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto sub = (*e)->submit({.prompt = {5, static_cast<std::int32_t>(17 + i), 99}, .params = params[i]});
       EXPECT_TRUE(sub);
       streams.push_back(sub->stream);
     }
-    std::vector<std::vector<std::int32_t>> out;
-    for (auto& s : streams) out.push_back(collect(s).tokens);
-    if (gd) *decided = gd->decided_.load();
+    Run out;
+    for (auto& s : streams) out.tokens.push_back(collect(s).tokens);
+    if (rd) {
+      out.decided = rd->decided_;
+      out.random = rd->random_;
+    }
     return out;
   };
-  int decided = 0;
-  auto plain = run(false, nullptr);
-  auto device = run(true, &decided);
-  EXPECT_EQ(device, plain);
-  // Request 0: 8 greedy rows; request 3: rows after the first 4 tokens; 1 and 2 never.
-  EXPECT_GE(decided, 8 + 3);
-  EXPECT_LE(decided, 8 + 4);
+  const Run host = run(false), device = run(true), again = run(true);
+  for (std::size_t i : {0u, 2u, 3u, 4u}) EXPECT_EQ(device.tokens[i], host.tokens[i]) << "request " << i;
+  // Request 0: 8 greedy rows; 1: 8 random rows; 3: the rows after its first 4 tokens; 2, 4 never.
+  EXPECT_GE(device.decided, 8 + 8 + 3);
+  EXPECT_LE(device.decided, 8 + 8 + 4);
+  ASSERT_EQ(device.random.size(), 8u);
+  const std::int64_t V = demo().weights->config().vocab_size;
+  for (std::uint32_t k = 0; k < 8; ++k) {
+    const backend::RowSampling& r = device.random[k];
+    EXPECT_EQ(r.counter, k) << "the draw index is the output token's index";
+    EXPECT_EQ(r.key, device.random[0].key) << "one stream per request";
+    EXPECT_FLOAT_EQ(r.temperature, 0.75f);
+    EXPECT_EQ(r.top_k, 40);
+    EXPECT_FLOAT_EQ(r.top_p, 0.875f);
+    EXPECT_FLOAT_EQ(r.min_p, 0.0625f);
+    EXPECT_EQ(device.tokens[1][k], RowDeciding::drawn(r.key, k, V));
+  }
+  EXPECT_EQ(again.tokens, device.tokens) << "the same seed gives the same stream";
+  EXPECT_NE(device.random[0].key, 5u) << "the seed is mixed, not used as the key";
 }
 
 // The device-memory signal stops admissions (running requests go on) and lets them resume.

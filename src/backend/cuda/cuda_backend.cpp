@@ -84,9 +84,11 @@ class CudaBackend final : public Backend {
                        b.logits_indices.data(),
                        static_cast<int>(b.logits_indices.size()),
                        logits.data()};
-    if (b.greedy_rows.size() == b.logits_indices.size() && b.greedy_tokens.size() == b.logits_indices.size()) {
-      in.greedy_rows = b.greedy_rows.data();
-      in.greedy_tokens = b.greedy_tokens.data();
+    if (b.sample_rows.size() == b.logits_indices.size() && b.sampled_tokens.size() == b.logits_indices.size()) {
+      specs_.resize(b.sample_rows.size());
+      for (std::size_t k = 0; k < specs_.size(); ++k) specs_[k] = to_spec(b.sample_rows[k]);
+      in.sample = specs_.data();
+      in.sampled_tokens = b.sampled_tokens.data();
     }
     cuda::StepTimes t;
     if (std::string e = model_->forward(in, &t); !e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
@@ -94,6 +96,19 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  static cuda::SampleSpec to_spec(const RowSampling& r) {
+    cuda::SampleSpec s;
+    s.mode = r.mode == RowSampling::Mode::kGreedy ? 1 : (r.mode == RowSampling::Mode::kRandom ? 2 : 0);
+    s.temperature = r.temperature;
+    s.top_p = r.top_p;
+    s.min_p = r.min_p;
+    s.top_k = r.top_k;
+    s.key_lo = static_cast<std::uint32_t>(r.key);
+    s.key_hi = static_cast<std::uint32_t>(r.key >> 32);
+    s.counter = r.counter;
+    return s;
+  }
+
   Status within_plan(const Batch& b) const {
     const auto T = static_cast<std::int64_t>(b.tokens.size()), S = static_cast<std::int64_t>(b.seqs.size());
     if (T > limits_.tokens || S > limits_.seqs) {
@@ -115,6 +130,7 @@ class CudaBackend final : public Backend {
   Limits limits_;
   std::vector<std::int32_t> start_, len_, ctx_;
   std::vector<const std::int32_t*> tables_;
+  std::vector<cuda::SampleSpec> specs_;
 };
 
 Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType act) {
@@ -205,7 +221,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   p.max_seqs = o.max_num_seqs;
   p.max_model_len = o.max_model_len > 0 ? o.max_model_len : c.max_position_embeddings;
   p.enforce_eager = o.enforce_eager;
-  p.device_greedy = o.device_greedy;
+  p.device_sampling = o.device_sampling;
   p.k_scales = o.k_scales;
   p.v_scales = o.v_scales;
   if (o.kv_dtype == KvDtype::kFp8E4M3 && o.k_scales.empty()) {

@@ -31,9 +31,9 @@ struct CudaBackendOptions {
   std::int64_t max_num_seqs = 256;             // sequences of the largest step
   std::int64_t max_model_len = 0;              // 0: the config's max_position_embeddings
   bool enforce_eager = false;                  // no CUDA graphs
-  // Steps whose every row is a plain argmax (Batch::greedy_rows) return tokens instead of
-  // logits. Off by default until it has been checked on a GPU (issue #6).
-  bool device_greedy = false;
+  // Rows the engine lets the backend decide (Batch::sample_rows) are sampled on the GPU and
+  // only their tokens cross to the host; off: every row's logits come back.
+  bool device_sampling = true;
   std::vector<float> k_scales, v_scales;       // fp8_e4m3, [layer * num_kv_heads + head]
 };
 

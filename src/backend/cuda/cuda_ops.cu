@@ -214,12 +214,25 @@ std::string attention(int act, const AttentionInput& in, const KvCacheHost& cach
   at.nkv = in.nkv;
   at.D = in.D;
   at.scale = 1.0f / std::sqrt(static_cast<float>(in.D));
+  at.single = single;
   at.splits = single ? std::max(1, in.splits) : 1;
   at.partial = static_cast<float*>(a.alloc(static_cast<std::size_t>(at.num_items) * in.nkv * at.splits * kAttnRows * (in.D + 2) * 4));
   at.out = a.alloc(static_cast<std::size_t>(T) * in.nh * in.D * static_cast<std::size_t>(act_bytes(A)));
   at.act = A;
   launch_attention(at, nullptr);
   *out = a.download_act(at.out, A, static_cast<std::size_t>(T) * in.nh * in.D);
+  return finish(a);
+}
+
+std::string sample(const std::vector<float>& logits, int V, const std::vector<SampleSpec>& specs, std::vector<std::int32_t>* tokens) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  if (logits.size() != specs.size() * static_cast<std::size_t>(V)) return "logits are not rows x V";
+  Arena a;
+  const int R = static_cast<int>(specs.size());
+  auto* out = static_cast<std::int32_t*>(a.alloc(specs.size() * 4));
+  launch_sample(a.upload(logits), R, V, a.upload(specs), out, nullptr);
+  tokens->assign(specs.size(), 0);
+  cudaMemcpy(tokens->data(), out, specs.size() * 4, cudaMemcpyDeviceToHost);
   return finish(a);
 }
 

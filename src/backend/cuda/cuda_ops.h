@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/device_model.h"
+
 namespace lmserve::cuda::ops {
 
 std::string embed(int act, const std::vector<float>& table, int hidden, const std::vector<std::int32_t>& tokens, std::vector<float>* x);
@@ -52,5 +54,8 @@ struct AttentionInput {
   int splits = 1;  // context splits for single-token sequences (decode)
 };
 std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out);
+
+// One token per row of `logits` ([specs.size(), V]) as the row's spec says (SampleSpec).
+std::string sample(const std::vector<float>& logits, int V, const std::vector<SampleSpec>& specs, std::vector<std::int32_t>* tokens);
 
 }  // namespace lmserve::cuda::ops

@@ -216,10 +216,11 @@ class CudaModel final : public DeviceModel {
       LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(bucket), stream_));
       LMSERVE_TRY(fetch(in, 0, in.num_rows, &device_s));
     } else {
-      LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, splits_for(num_items_, all_single_)));
+      LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, all_single_));
       for (int r0 = 0; r0 < in.num_rows; r0 += max_seqs_) {
         const int R = std::min(max_seqs_, in.num_rows - r0);
-        LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R));
+        LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R,
+                                 reinterpret_cast<const SampleSpec*>(meta_.as<char>() + off_sample_) + r0));
         LMSERVE_TRY(fetch(in, r0, R, &device_s));
       }
       if (in.num_rows == 0) LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -240,32 +241,34 @@ class CudaModel final : public DeviceModel {
            gib(static_cast<double>(activation_bytes_)) + ", graphs " + gib(static_cast<double>(graph_bytes_));
   }
 
-  // Brings rows [r0, r0 + R) of the step's output to the host: their tokens when every row of
-  // the step is greedy on the device, else their logits. Adds the wait to *device_s.
+  // Brings rows [r0, r0 + R) of the step's output to the host: the tokens of rows sampled on
+  // the device, and the logits unless every row of the step was. Adds the wait to *device_s.
   std::string fetch(const StepInput& in, int r0, int R, double* device_s) {
     const std::size_t V = static_cast<std::size_t>(d_.vocab);
-    const bool tokens = tokens_only(in);
+    const bool tokens = sampling_on(in), logits = !tokens || host_rows_;
     if (tokens) {
-      LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_tokens_, argmax_.p, static_cast<std::size_t>(R) * 4, cudaMemcpyDeviceToHost, stream_));
-    } else {
+      LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_tokens_, sampled_.p, static_cast<std::size_t>(R) * 4, cudaMemcpyDeviceToHost, stream_));
+    }
+    if (logits) {
       LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_.p, static_cast<std::size_t>(R) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
     const auto t1 = std::chrono::steady_clock::now();
     LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
     *device_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     if (tokens) {
-      std::memcpy(in.greedy_tokens + r0, host_tokens_, static_cast<std::size_t>(R) * 4);
-    } else {
-      std::memcpy(in.logits + static_cast<std::size_t>(r0) * V, host_logits_, static_cast<std::size_t>(R) * V * sizeof(float));
+      for (int r = 0; r < R; ++r) {
+        if (in.sample[r0 + r].mode > 0) in.sampled_tokens[r0 + r] = host_tokens_[r];
+      }
     }
+    if (logits) std::memcpy(in.logits + static_cast<std::size_t>(r0) * V, host_logits_, static_cast<std::size_t>(R) * V * sizeof(float));
     return {};
   }
 
   int splits_for(int items, bool single_token_items) const {
     if (!single_token_items) return 1;
     const std::int64_t work = static_cast<std::int64_t>(items) * d_.kv_heads;
-    if (work >= 2 * sms_) return 1;
-    return static_cast<int>(std::min<std::int64_t>(16, (2 * sms_ + work - 1) / work));
+    if (work >= 4 * sms_) return 1;
+    return static_cast<int>(std::min<std::int64_t>(16, (4 * sms_ + work - 1) / work));
   }
 
   std::string allocate_activations() {
@@ -282,8 +285,8 @@ class CudaModel final : public DeviceModel {
     LMSERVE_TRY(mlp_in_.alloc(T * I * a));
     LMSERVE_TRY(hrows_.alloc(R * H * a));
     LMSERVE_TRY(logits_.alloc(R * static_cast<std::size_t>(d_.vocab) * 4));
-    LMSERVE_TRY(argmax_.alloc(R * 4));
-    // Split-context partials: at most 2 x SMs + one wave of (item, head) blocks use splits.
+    LMSERVE_TRY(sampled_.alloc(R * 4));
+    // Split-context partials: at most 4 x SMs + one wave of (item, head) blocks use splits.
     std::size_t split_blocks = 0;
     for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n, true)));
     LMSERVE_TRY(partial_.alloc(split_blocks * kAttnRows * (D + 2) * 4));
@@ -308,6 +311,7 @@ class CudaModel final : public DeviceModel {
     off_item_cnt_ = take(T * 4);
     off_item_seq_ = take(T * 4);
     off_rows_ = take(T * 4);
+    off_sample_ = take(std::max<std::size_t>(T, R) * sizeof(SampleSpec));
     off_stride_ = take(4);
     off_tables_ = take(static_cast<std::size_t>(max_seqs_) * static_cast<std::size_t>(std::max(1, max_blocks_per_seq_)) * 4);
     LMSERVE_TRY(meta_.alloc(off));
@@ -390,11 +394,18 @@ class CudaModel final : public DeviceModel {
       auto* rows = reinterpret_cast<std::int32_t*>(s + off_rows_);
       std::memcpy(rows, in.logits_rows, static_cast<std::size_t>(in.num_rows) * 4);
     }
+    // Sampling specs, one per logits row; graph padding rows and rows without one: mode 0.
+    auto* specs = reinterpret_cast<SampleSpec*>(s + off_sample_);
+    host_rows_ = false;
+    for (int r = 0; r < std::max(in.num_rows, bucket); ++r) {
+      specs[r] = r < in.num_rows && in.sample ? in.sample[r] : SampleSpec{};
+      host_rows_ = host_rows_ || (r < in.num_rows && specs[r].mode <= 0);
+    }
     staged_bytes_ = off_tables_ + static_cast<std::size_t>(S) * stride * 4;
     return {};
   }
 
-  std::string enqueue_layers(int T, const char* items, int num_items, int splits) {
+  std::string enqueue_layers(int T, const char* items, int num_items, bool single) {
     char* m = meta_.as<char>();
     const auto* tokens = reinterpret_cast<const std::int32_t*>(m + off_tokens_);
     const auto* pos = reinterpret_cast<const std::int32_t*>(m + off_pos_);
@@ -454,7 +465,8 @@ class CudaModel final : public DeviceModel {
       at.nkv = nkv;
       at.D = D;
       at.scale = 1.0f / std::sqrt(static_cast<float>(D));
-      at.splits = splits;
+      at.single = single;
+      at.splits = splits_for(num_items, single);
       at.partial = partial_.as<float>();
       at.out = attn_.p;
       at.act = act_;
@@ -469,24 +481,17 @@ class CudaModel final : public DeviceModel {
     return {};
   }
 
-  std::string enqueue_head(const std::int32_t* rows, int R) {
+  std::string enqueue_head(const std::int32_t* rows, int R, const SampleSpec* specs) {
     const int H = static_cast<int>(d_.hidden);
     launch_add_rmsnorm(x_.as<float>(), nullptr, rows, R, H, final_norm_.p, act_, d_.eps, hrows_.p, stream_);
     LMSERVE_TRY(gemm_.run(d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), static_cast<int>(d_.vocab), R, H, act_, stream_));
-    // Part of every head (and so of every graph) when device sampling is on: a pass over the
-    // logits that is small next to the lm_head GEMM.
-    if (o_.device_greedy) launch_argmax(logits_.as<float>(), R, static_cast<int>(d_.vocab), argmax_.as<std::int32_t>(), stream_);
+    // Part of every head (and so of every graph) when device sampling is on: a few passes over
+    // the logits, small next to the lm_head GEMM; rows of mode 0 return at once.
+    if (o_.device_sampling) launch_sample(logits_.as<float>(), R, static_cast<int>(d_.vocab), specs, sampled_.as<std::int32_t>(), stream_);
     return {};
   }
 
-  // All rows greedy and device sampling on: only tokens come back.
-  bool tokens_only(const StepInput& in) const {
-    if (!o_.device_greedy || !in.greedy_rows || !in.greedy_tokens || in.num_rows == 0) return false;
-    for (int i = 0; i < in.num_rows; ++i) {
-      if (!in.greedy_rows[i]) return false;
-    }
-    return true;
-  }
+  bool sampling_on(const StepInput& in) const { return o_.device_sampling && in.sample && in.sampled_tokens && in.num_rows > 0; }
 
   // Sequences of `seq_len` pseudo-random tokens filling `tokens`, one logits row each.
   std::string run_dummy(int tokens, int seq_len) {
@@ -533,11 +538,10 @@ class CudaModel final : public DeviceModel {
     for (int b : buckets_) {
       // Warm up (cuBLASLt plans for this shape), then capture one decode step of b sequences.
       LMSERVE_TRY(run_dummy(b, 1));
-      const int splits = splits_for(b, true);
       cudaGraph_t graph = nullptr;
       LMSERVE_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      std::string e = enqueue_layers(b, decode_items_.as<char>(), b, splits);
-      if (e.empty()) e = enqueue_head(decode_items_.as<std::int32_t>() + 3 * max_seqs_, b);
+      std::string e = enqueue_layers(b, decode_items_.as<char>(), b, true);
+      if (e.empty()) e = enqueue_head(decode_items_.as<std::int32_t>() + 3 * max_seqs_, b, meta_.as<SampleSpec>() + off_sample_ / sizeof(SampleSpec));
       cudaError_t end = cudaStreamEndCapture(stream_, &graph);
       if (!e.empty()) return e;
       if (end != cudaSuccess) return std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
@@ -605,16 +609,16 @@ class CudaModel final : public DeviceModel {
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<LayerBuffers> layers_;
   DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
-  DeviceBuffer tmp_kv_, kv_arena_, argmax_;
+  DeviceBuffer tmp_kv_, kv_arena_, sampled_;
   Gemm gemm_;
   void* stage_ = nullptr;
   float* host_logits_ = nullptr;
   std::int32_t* host_tokens_ = nullptr;
-  std::size_t off_slots_ = 0, off_tokens_ = 0, off_pos_ = 0, off_item_tok_ = 0, off_item_cnt_ = 0, off_item_seq_ = 0, off_rows_ = 0,
+  std::size_t off_slots_ = 0, off_tokens_ = 0, off_pos_ = 0, off_item_tok_ = 0, off_item_cnt_ = 0, off_item_seq_ = 0, off_rows_ = 0, off_sample_ = 0,
               off_stride_ = 0, off_tables_ = 0, staged_bytes_ = 0;
   int max_tokens_ = 0, max_seqs_ = 0, max_blocks_per_seq_ = 0, num_items_ = 0;
   std::int64_t max_model_len_ = 0, num_blocks_ = 0, kv_blocks_now_ = 1;
-  bool all_single_ = false, calibrating_ = false;
+  bool all_single_ = false, calibrating_ = false, host_rows_ = false;
   std::vector<int> buckets_;
   std::map<int, cudaGraphExec_t> graphs_;
   std::vector<float> k_scales_host_, v_scales_host_;

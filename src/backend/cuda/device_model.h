@@ -11,6 +11,19 @@
 
 namespace lmserve::cuda {
 
+// How the device decides one logits row (backend.h, RowSampling): mode 0 leaves it to the
+// host (token -1), 1 takes the argmax (ties: the lowest id), 2 draws from softmax(logits /
+// temperature) restricted to the top_k largest logits (ties with the k-th kept), then to the
+// smallest set of largest logits whose mass reaches top_p (ties kept), then to those with
+// probability >= min_p x the largest; the draw is a Gumbel-max over Philox4x32-10 numbers
+// keyed by `key` at `counter`, so a row's token depends on nothing else in the batch.
+struct SampleSpec {
+  float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
+  std::int32_t top_k = 0;  // <= 0: off
+  std::uint32_t key_lo = 0, key_hi = 0, counter = 0;
+  std::int32_t mode = 0;
+};
+
 struct ModelDims {
   std::int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float eps = 1e-6f;
@@ -29,7 +42,7 @@ struct PlanOptions {
   double gpu_memory_utilization = 0.9;
   std::int64_t max_tokens = 8192, max_seqs = 256, max_model_len = 0;
   bool enforce_eager = false;
-  bool device_greedy = false;  // argmax on the device for all-greedy steps (StepInput::greedy_rows)
+  bool device_sampling = false;  // rows with a SampleSpec mode > 0 are decided on the device
   std::vector<float> k_scales, v_scales;
   std::vector<std::int32_t> calibration_tokens;  // fp8_e4m3 without scales
 };
@@ -54,10 +67,11 @@ struct StepInput {
   const std::int32_t* logits_rows = nullptr;
   int num_rows = 0;
   float* logits = nullptr;  // host, num_rows x vocab
-  // Optional (backend.h, Batch::greedy_rows): when every row is greedy and device_greedy is on,
-  // only greedy_tokens are written (logits left unspecified); otherwise greedy_tokens is untouched.
-  const std::uint8_t* greedy_rows = nullptr;
-  std::int32_t* greedy_tokens = nullptr;
+  // Optional, one per row (backend.h, Batch::sample_rows): with device_sampling on, rows of
+  // mode > 0 get their token in sampled_tokens; logits come back only if some row has mode 0
+  // (else they are left unspecified). Without device_sampling sampled_tokens is untouched.
+  const SampleSpec* sample = nullptr;
+  std::int32_t* sampled_tokens = nullptr;
 };
 
 struct StepTimes {

@@ -1,7 +1,90 @@
 #include "backend/cuda/gemm.cuh"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 namespace lmserve::cuda {
 namespace {
+
+// ---- thin products: a weight-streaming kernel -------------------------------------------
+// With a handful of token rows a step is bound by reading W once, not by the tensor cores:
+// each warp streams kGemvRows rows of W with 16-byte loads (the X rows, small and shared by
+// every warp, come through L1/L2) and keeps float32 sums for up to N token rows.
+constexpr int kGemvMaxN = 8, kGemvRows = 2, kGemvThreads = 256;
+
+template <Act A>
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 p;
+    if constexpr (A == Act::kBF16) {
+      p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    } else {
+      p = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    }
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+template <Act A, int N>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* w, const std::uint16_t* x, float* y, int m, int n, int k) {
+  const int lane = threadIdx.x & 31;
+  const int row0 = ((blockIdx.x * kGemvThreads + threadIdx.x) >> 5) * kGemvRows;
+  if (row0 >= m) return;
+  const int chunks = k / 8;
+  const uint4* wr[kGemvRows];
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) wr[r] = reinterpret_cast<const uint4*>(w + static_cast<std::int64_t>(min(row0 + r, m - 1)) * k);
+  float acc[kGemvRows][N] = {};
+#pragma unroll 2
+  for (int c = lane; c < chunks; c += 32) {
+    float wf[kGemvRows][8];
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) unpack8<A>(__ldg(wr[r] + c), wf[r]);
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      if (t < n) {
+        float xf[8];
+        unpack8<A>(__ldg(reinterpret_cast<const uint4*>(x + static_cast<std::int64_t>(t) * k) + c), xf);
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) {
+#pragma unroll
+          for (int v = 0; v < 8; ++v) acc[r][t] += wf[r][v] * xf[v];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float s = acc[r][t];
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0 && t < n && row0 + r < m) y[static_cast<std::int64_t>(t) * m + row0 + r] = s;
+    }
+  }
+}
+
+template <Act A>
+void launch_gemv(const void* w, const void* x, float* y, int m, int n, int k, cudaStream_t s) {
+  const auto* W = static_cast<const std::uint16_t*>(w);
+  const auto* X = static_cast<const std::uint16_t*>(x);
+  const int rows_per_block = kGemvThreads / 32 * kGemvRows;
+  const unsigned blocks = static_cast<unsigned>((m + rows_per_block - 1) / rows_per_block);
+  if (n == 1) {
+    gemv_kernel<A, 1><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
+  } else if (n == 2) {
+    gemv_kernel<A, 2><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
+  } else if (n <= 4) {
+    gemv_kernel<A, 4><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
+  } else {
+    gemv_kernel<A, 8><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 cudaDataType_t data_type(Act a) {
   switch (a) {
@@ -76,6 +159,14 @@ std::string Gemm::plan_for(int m, int n, int k, Act act, Plan** out) {
 
 std::string Gemm::run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
+  if (act != Act::kF32 && n <= kGemvMaxN && k % 8 == 0 && aligned16(w) && aligned16(x)) {
+    if (act == Act::kBF16) {
+      launch_gemv<Act::kBF16>(w, x, y, m, n, k, s);
+    } else {
+      launch_gemv<Act::kF16>(w, x, y, m, n, k, s);
+    }
+    return {};
+  }
   Plan* p = nullptr;
   if (std::string e = plan_for(m, n, k, act, &p); !e.empty()) return e;
   const float alpha = 1.0f, beta = 0.0f;

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/device_model.h"
+
 namespace lmserve::cuda {
 
 enum class Act { kF32, kBF16, kF16 };
@@ -70,6 +72,7 @@ struct AttnArgs {
   int block_size = 16, nh = 0, nkv = 0, D = 0;
   float scale = 1.0f;
   int splits = 1;             // > 1: the context is split and partials combined
+  bool single = false;        // every item is one token (decode): the streaming kernel when the group is <= 8
   float* partial = nullptr;   // [num_items, splits, kAttnRows, D + 2]
   void* out = nullptr;        // [T, nh * D] in act
   Act act = Act::kF32;
@@ -80,8 +83,9 @@ void launch_attention(const AttnArgs& a, cudaStream_t s);
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i], in act.
 void launch_silu_mul(const float* gu, int T, int I, void* out, Act act, cudaStream_t s);
 
-// tokens[r] = argmax of logits[r, 0..V) (ties: the lowest id), for r < R.
-void launch_argmax(const float* logits, int R, int V, std::int32_t* tokens, cudaStream_t s);
+// tokens[r] for r < R as specs[r] says (device_model.h, SampleSpec): -1 for mode 0, the
+// argmax of logits[r, 0..V) for mode 1, a draw for mode 2.
+void launch_sample(const float* logits, int R, int V, const SampleSpec* specs, std::int32_t* tokens, cudaStream_t s);
 
 void launch_float_to_act(const float* in, void* out, Act act, std::int64_t n, cudaStream_t s);
 void launch_act_to_float(const void* in, Act act, float* out, std::int64_t n, cudaStream_t s);
