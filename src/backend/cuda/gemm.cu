@@ -7,10 +7,12 @@ namespace lmserve::cuda {
 namespace {
 
 // ---- thin products: a weight-streaming kernel -------------------------------------------
-// With a handful of token rows a step is bound by reading W once, not by the tensor cores:
-// each warp streams kGemvRows rows of W with 16-byte loads (the X rows, small and shared by
-// every warp, come through L1/L2) and keeps float32 sums for up to N token rows.
-constexpr int kGemvMaxN = 8, kGemvRows = 2, kGemvThreads = 256;
+// With one or two token rows a step is bound by reading W once, not by the tensor cores: each
+// warp streams kGemvRows rows of W with 16-byte loads (the X rows, small and shared by every
+// warp, come through L1/L2) and keeps float32 sums for up to N token rows. Measured on the
+// H200 (docs/perf.md): 6.68 -> 6.03 ms per 8B decode step at one row, but 9.6 -> 15.9 ms at
+// eight, where the per-byte instruction count outgrows the memory time: so at most two.
+constexpr int kGemvMaxN = 2, kGemvRows = 2, kGemvThreads = 256;
 
 template <Act A>
 __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
@@ -75,12 +77,8 @@ void launch_gemv(const void* w, const void* x, float* y, int m, int n, int k, cu
   const unsigned blocks = static_cast<unsigned>((m + rows_per_block - 1) / rows_per_block);
   if (n == 1) {
     gemv_kernel<A, 1><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
-  } else if (n == 2) {
-    gemv_kernel<A, 2><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
-  } else if (n <= 4) {
-    gemv_kernel<A, 4><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
   } else {
-    gemv_kernel<A, 8><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
+    gemv_kernel<A, 2><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
   }
 }
 

@@ -1,5 +1,5 @@
 // Matrix products: Y[n, m] (float32, row-major) = X[n, k] * W[m, k]^T, with X and W in the
-// model's dtype and a float32 accumulator. Up to 8 rows of 16-bit X: a weight-streaming kernel
+// model's dtype and a float32 accumulator. One or two rows of 16-bit X: a weight-streaming kernel
 // of our own (gemm.cu); otherwise cuBLASLt (bf16/f16 tensor cores, or exact float32 without TF32). Plans (layouts + the heuristic's algorithm) are cached per shape, so a
 // shape seen once can be captured into a CUDA graph. Not thread-safe: one per backend.
 #pragma once

@@ -415,6 +415,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
         sum += e;
       }
       sum = warp_sum(sum);
+      __syncwarp();  // every lane has read s_m[h] before lane 0 replaces it
       if (lane == 0) {
         const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
         s_alpha[h] = alpha;
