@@ -3,7 +3,8 @@
 //
 // latency: batch_size sequences of input_len random tokens are prefilled (in chunks of at most
 // max_tokens_per_step tokens), then output_len - 1 decode steps run with greedy tokens; every
-// step is timed end to end (forward, logits to the host, argmax). With a copy bandwidth, the
+// step is timed end to end (forward and the argmax: on the device with device sampling, only
+// the tokens crossing to the host; else logits to the host, argmax there). With a copy bandwidth, the
 // bound of a step is (weight bytes + KV bytes read) / bandwidth: what a memory-bound decode
 // step cannot beat.
 //
