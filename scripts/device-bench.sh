@@ -4,7 +4,9 @@
 # Usage: [EXTRA="--host-sampling"] [BENCH_TIMEOUT=300] [LAT_BATCHES="1 8 64 256"]
 #        [TP_LENS="128 1000 2048"] [TP_KVS="bfloat16 fp8_e5m2"] [N128=1000] [N1000=100] [N2048=64]
 #        [DEADLINE=<epoch seconds>: runs that would start later are skipped]
-#        scripts/device-bench.sh [latency|throughput|all ...]   (in the order given)
+#        [NMIX=1000] (mixed: log-normal lengths, medians 400 in / 200 out, clipped at 4096, next to
+#        the uniform run of the same means)
+#        scripts/device-bench.sh [latency|throughput|mixed|all ...]   (in the order given)
 set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64
 L=.device/bundle/bin/lmserve
@@ -21,7 +23,7 @@ run() {  # name, args...
   timeout ${BENCH_TIMEOUT:-300} "$L" bench "$@" > "$OUT/$name.log" 2>&1
   local rc=$? t1=$(date +%s)
   printf '== %s (rc=%d, %d s): lmserve bench %s\n' "$name" $rc $((t1 - t0)) "$*" >> "$OUT/table.txt"
-  grep -E '^(backend|prefill|decode|bandwidth|requests|engine|throughput)' "$OUT/$name.log" >> "$OUT/table.txt"
+  grep -E '^(backend|prefill|decode|bandwidth|requests|engine|throughput|====|mixed lengths)' "$OUT/$name.log" >> "$OUT/table.txt"
   [[ $rc == 0 ]] || tail -3 "$OUT/$name.log" >> "$OUT/table.txt"
 }
 touch "$OUT/table.txt"
@@ -35,6 +37,12 @@ for what in "${@:-all}"; do
       for kv in ${TP_KVS:-bfloat16 fp8_e5m2}; do
         run "tp_${len}_$kv" throughput $M --kv-cache-dtype $kv --input-len $len --output-len $len --num-prompts ${!n:-100}
       done
+    done
+  fi
+  if [[ $what == mixed || $what == all ]]; then
+    for kv in ${TP_KVS:-bfloat16 fp8_e5m2}; do
+      run "mixed_$kv" throughput $M --kv-cache-dtype $kv --dataset-name mixed --mixed-input-median 400 --mixed-output-median 200 \
+        --mixed-max-input-len 4096 --mixed-max-output-len 4096 --num-prompts ${NMIX:-1000} --compare-uniform
     done
   fi
 done

@@ -1,10 +1,14 @@
 // lmserve bench latency | throughput (in-process, CPU or CUDA); bench serve is issue #7.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "backend/cuda/cuda_backend.h"
 #include "bench/engine_bench.h"
+#include "bench/load.h"
 #include "cli/commands.h"
 #include "cli/model_options.h"
 
@@ -25,6 +29,18 @@ void print_memory(const backend::Backend& b) {
               static_cast<long long>(kv.num_blocks * kv.block_size), std::string(backend::kv_dtype_name(kv.dtype)).c_str(), kv.block_size);
 }
 
+void print_throughput(const bench::ThroughputResult& r) {
+  const double s = r.seconds;
+  std::printf("requests %lld, prompt tokens %lld, output tokens %lld, %.2f s\n", static_cast<long long>(r.requests),
+              static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.output_tokens), s);
+  std::printf("engine: %llu steps, forward %.2f s, host %.2f s (%.1f%% of step time), preemptions %lld\n",
+              static_cast<unsigned long long>(r.stats.steps_total), r.stats.forward_seconds_total, r.stats.host_seconds_total,
+              100.0 * r.stats.host_seconds_total / std::max(1e-9, r.stats.host_seconds_total + r.stats.forward_seconds_total),
+              static_cast<long long>(r.stats.preemptions_total));
+  std::printf("throughput: %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n", static_cast<double>(r.requests) / s,
+              static_cast<double>(r.output_tokens) / s, static_cast<double>(r.output_tokens + r.prompt_tokens) / s);
+}
+
 }  // namespace
 
 Command add_bench_command(CLI::App& app) {
@@ -33,6 +49,10 @@ Command add_bench_command(CLI::App& app) {
     std::int64_t batch_size = 8, input_len = 128, output_len = 128, num_prompts = 100;
     std::uint64_t seed = 0;
     std::int64_t max_num_seqs = 256, max_num_batched_tokens = 8192;
+    std::string dataset = "random";  // throughput: random (fixed lengths) or mixed (log-normal)
+    bench::DatasetOptions mix;
+    double mixed_sigma = 0.8;
+    bool compare_uniform = false;
   };
   auto lat = std::make_shared<Opts>();
   auto thr = std::make_shared<Opts>();
@@ -50,7 +70,16 @@ Command add_bench_command(CLI::App& app) {
   throughput->add_option("--output-len", thr->output_len, "tokens generated per request")->capture_default_str();
   throughput->add_option("--max-num-seqs", thr->max_num_seqs, "sequences in a batch at most")->capture_default_str();
   throughput->add_option("--max-num-batched-tokens", thr->max_num_batched_tokens, "tokens per step at most")->capture_default_str();
-  throughput->add_option("--seed", thr->seed, "random prompt tokens")->capture_default_str();
+  throughput->add_option("--seed", thr->seed, "random prompt tokens (and mixed lengths)")->capture_default_str();
+  throughput->add_option("--dataset-name", thr->dataset, "random (--input-len/--output-len) or mixed (log-normal lengths)")
+      ->check(CLI::IsMember({"random", "mixed"}))
+      ->capture_default_str();
+  throughput->add_option("--mixed-input-median", thr->mix.input_median, "mixed: median prompt tokens")->capture_default_str();
+  throughput->add_option("--mixed-output-median", thr->mix.output_median, "mixed: median output tokens")->capture_default_str();
+  throughput->add_option("--mixed-sigma", thr->mixed_sigma, "mixed: sigma of log length (both)")->capture_default_str();
+  throughput->add_option("--mixed-max-input-len", thr->mix.max_input_len, "mixed: clip prompts at")->capture_default_str();
+  throughput->add_option("--mixed-max-output-len", thr->mix.max_output_len, "mixed: clip outputs at")->capture_default_str();
+  throughput->add_flag("--compare-uniform", thr->compare_uniform, "mixed: also run uniform lengths with the same means and compare");
   auto* serve = app.add_subcommand("serve", "load test an OpenAI-compatible endpoint (streaming; datasets, sweeps, goodput)");
   Command serve_run = add_bench_serve(*serve);
 
@@ -84,33 +113,64 @@ Command add_bench_command(CLI::App& app) {
       return 0;
     }
     auto& o = *thr;
+    // Per-request lengths of a mixed run, and the uniform run with the same means.
+    bench::ThroughputOptions to{o.num_prompts, o.input_len, o.output_len, {}, {}, o.seed};
+    std::int64_t longest = o.input_len + o.output_len;
+    std::optional<bench::ThroughputOptions> uniform;
+    if (o.dataset == "mixed") {
+      o.mix.name = "mixed";
+      o.mix.num_prompts = o.num_prompts;
+      o.mix.seed = o.seed;
+      o.mix.input_sigma = o.mix.output_sigma = o.mixed_sigma;
+      auto specs = bench::make_dataset(o.mix);
+      if (!specs) return fail("throughput", specs.error());
+      longest = 0;
+      for (const auto& r : *specs) {
+        to.input_lens.push_back(r.input_len);
+        to.output_lens.push_back(r.output_len);
+        longest = std::max(longest, r.input_len + r.output_len);
+      }
+      if (o.compare_uniform) {
+        const auto [mi, mo] = bench::mean_lengths(*specs);
+        uniform = bench::ThroughputOptions{o.num_prompts, std::max<std::int64_t>(1, std::llround(mi)), std::max<std::int64_t>(1, std::llround(mo)),
+                                           {}, {}, o.seed + 1};
+        longest = std::max(longest, uniform->input_len + uniform->output_len);
+      }
+    } else if (o.compare_uniform) {
+      return fail("throughput", Status(StatusCode::kInvalidArgument, "--compare-uniform compares a mixed run (--dataset-name mixed)"));
+    }
     o.model.max_num_seqs = o.max_num_seqs;
     o.model.max_num_batched_tokens = std::max(o.max_num_batched_tokens, o.max_num_seqs);
-    o.model.max_model_len = o.input_len + o.output_len;
-    auto m = o.model.load(std::max<std::int64_t>(o.max_num_seqs, 16) * (o.input_len + o.output_len));
+    o.model.max_model_len = longest;
+    auto m = o.model.load(std::max<std::int64_t>(o.max_num_seqs, 16) * longest);
     if (!m) return fail("throughput", m.error());
     print_memory(*m->backend);
     engine::EngineOptions eo;
     eo.scheduler.max_num_seqs = o.max_num_seqs;
     eo.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
-    eo.scheduler.max_model_len = o.input_len + o.output_len;
+    eo.scheduler.max_model_len = longest;
     eo.scheduler.lanes = {{"default", 0.0, 0.0, std::max<std::int64_t>(o.num_prompts, 1)}};
     eo.scheduler.kv_watermark = 0.99;
     const std::int64_t vocab = m->weights->config().vocab_size;
     auto e = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
     if (!e) return fail("throughput", e.error());
-    bench::ThroughputOptions to{o.num_prompts, o.input_len, o.output_len, {}, {}, o.seed};
     auto r = bench::run_throughput(**e, vocab, to);
     if (!r) return fail("throughput", r.error());
-    const double s = r->seconds;
-    std::printf("requests %lld, prompt tokens %lld, output tokens %lld, %.2f s\n", static_cast<long long>(r->requests),
-                static_cast<long long>(r->prompt_tokens), static_cast<long long>(r->output_tokens), s);
-    std::printf("engine: %llu steps, forward %.2f s, host %.2f s (%.1f%% of step time), preemptions %lld\n",
-                static_cast<unsigned long long>(r->stats.steps_total), r->stats.forward_seconds_total, r->stats.host_seconds_total,
-                100.0 * r->stats.host_seconds_total / std::max(1e-9, r->stats.host_seconds_total + r->stats.forward_seconds_total),
-                static_cast<long long>(r->stats.preemptions_total));
-    std::printf("throughput: %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n", static_cast<double>(r->requests) / s,
-                static_cast<double>(r->output_tokens) / s, static_cast<double>(r->output_tokens + r->prompt_tokens) / s);
+    if (o.dataset == "mixed") {
+      std::printf("==== mixed: log-normal lengths, medians %.0f in / %.0f out, sigma %.2f, clipped at %lld / %lld\n", o.mix.input_median,
+                  o.mix.output_median, o.mixed_sigma, static_cast<long long>(o.mix.max_input_len), static_cast<long long>(o.mix.max_output_len));
+    }
+    print_throughput(*r);
+    if (uniform) {
+      auto u = bench::run_throughput(**e, vocab, *uniform);
+      if (!u) return fail("throughput", u.error());
+      std::printf("==== uniform: %lld in / %lld out (the mixed run's mean lengths)\n", static_cast<long long>(uniform->input_len),
+                  static_cast<long long>(uniform->output_len));
+      print_throughput(*u);
+      const double mixed_tps = static_cast<double>(r->output_tokens) / r->seconds, uni_tps = static_cast<double>(u->output_tokens) / u->seconds;
+      std::printf("mixed lengths reach %.1f%% of the uniform run's output tokens/s (%.1f vs %.1f): size on the mixed number\n",
+                  100.0 * mixed_tps / std::max(1e-9, uni_tps), mixed_tps, uni_tps);
+    }
     return 0;
   };
 }

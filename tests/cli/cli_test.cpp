@@ -161,6 +161,30 @@ TEST(Cli, BenchLatencyAndThroughputReportTheirNumbers) {
   EXPECT_EQ(run("bench latency --model " + model_dir() + " --device cpu --output-len 1").exit_code, 2);
 }
 
+// The seed's lesson in the engine benchmark: a log-normal length mix next to the uniform run of
+// the same mean lengths, and the ratio printed; the mix's token counts are the dataset's.
+TEST(Cli, BenchThroughputComparesAMixedRunWithTheUniformOne) {
+  CommandRun r = run("bench throughput --model " + model_dir() +
+                     " --device cpu --threads 2 --num-prompts 8 --dataset-name mixed --mixed-input-median 24 --mixed-output-median 6"
+                     " --mixed-max-input-len 96 --mixed-max-output-len 16 --compare-uniform --seed 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(==== mixed[^\n]*\nrequests 8, prompt tokens ([0-9]+), output tokens ([0-9]+),)"))) << r.output;
+  const int prompt = std::stoi(m[1]), output = std::stoi(m[2]);
+  EXPECT_GE(prompt, 8 * 4);  // lengths are clipped to [4, max]
+  EXPECT_LE(prompt, 8 * 96);
+  EXPECT_LE(output, 8 * 16);
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(==== uniform: ([0-9]+) in / ([0-9]+) out[^\n]*\nrequests 8, prompt tokens ([0-9]+), output tokens ([0-9]+),)")))
+      << r.output;
+  EXPECT_EQ(std::stoi(m[3]), 8 * std::stoi(m[1]));
+  EXPECT_EQ(std::stoi(m[4]), 8 * std::stoi(m[2]));
+  EXPECT_NEAR(std::stod(m[1]), prompt / 8.0, 0.5) << "the uniform run has the mix's mean lengths";
+  EXPECT_NEAR(std::stod(m[2]), output / 8.0, 0.5);
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(mixed lengths reach [0-9.]+% of the uniform run's output tokens/s)"))) << r.output;
+  EXPECT_EQ(run("bench throughput --model " + model_dir() + " --device cpu --compare-uniform").exit_code, 2);
+  EXPECT_EQ(run("bench throughput --model " + model_dir() + " --device cpu --dataset-name zipf").exit_code, 2);
+}
+
 TEST(Cli, PerplexityPrintsItLast) {
   std::string file = write_temp("ppl.txt", "The quick brown fox jumps over the lazy dog. 床前明月光，疑是地上霜。");
   CommandRun r = run("perplexity --model " + model_dir() + " --file " + file + " --context 16");
