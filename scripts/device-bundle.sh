@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# Gathers what a GPU-machine run needs into .device/bundle (ignored by git), to pass in the
-# device tool's `carry`: the lmserve binary, the test binaries, and the shared libraries
-# they link that the GPU machine may lack (everything but libc/libstdc++ and CUDA's own,
-# which resolve there). On the GPU machine:
-#   export LD_LIBRARY_PATH=$PWD/.device/bundle/lib LMSERVE_SOURCE_DIR=$PWD
-#   .device/bundle/bin/lmserve version --self-test
-#   .device/bundle/tests/backend_devices_test
-# Usage: scripts/device-bundle.sh [PRESET]   (default release; build it first)
+# Gathers what a GPU-machine run needs into one compressed file, .device/carry/bundle.tar.gz
+# (ignored by git), to pass in the device tool's `carry` as ".device/carry": the lmserve binary,
+# the GPU test binaries, the shared libraries they link that the GPU machine may lack
+# (everything but libc/libstdc++ and CUDA's own, which resolve there), and a Llama 3 tokenizer
+# for the 8B-shaped benchmarks — stripped and packed, because a call carries 64 MiB at most
+# with the checkout. scripts/device-check.sh and scripts/device-bench.sh unpack it into
+# .device/bundle on the GPU machine by themselves.
+# Usage: [TESTS="backend_compare_test engine_e2e_test"] [TOKENIZER=DIR] scripts/device-bundle.sh [PRESET]
+#        (default release; build it first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-release}
 build="build/$preset"
 dest=.device/bundle
+tests=${TESTS:-backend_compare_test engine_e2e_test}
+tokenizer=${TOKENIZER:-../shared/data/tokenizers/Llama-3.2-3B-Instruct}
 [[ -x $build/lmserve ]] || { echo "device-bundle: build $preset first (make build PRESET=$preset)" >&2; exit 1; }
 
-rm -rf "$dest"
-mkdir -p "$dest/bin" "$dest/tests" "$dest/lib"
+rm -rf "$dest" .device/carry
+mkdir -p "$dest/bin" "$dest/tests" "$dest/lib" .device/carry
 cp "$build/lmserve" "$dest/bin/"
-find "$build/tests" -type f -executable -name '*_test' -exec cp {} "$dest/tests/" \;
+for t in $tests; do
+  f=$(find "$build/tests" -type f -executable -name "$t" | head -1)
+  [[ -n $f ]] || { echo "device-bundle: no test binary $t in $build/tests" >&2; exit 1; }
+  cp "$f" "$dest/tests/"
+done
 
 system_lib='^(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|linux-vdso|libcuda|libcublas|libcublasLt|libnccl|libnvidia-ml)\.so'
 for f in "$dest"/bin/* "$dest"/tests/*; do
@@ -25,5 +32,12 @@ for f in "$dest"/bin/* "$dest"/tests/*; do
 done | sort -u | while read -r name path; do
   [[ $name =~ $system_lib ]] || cp -L "$path" "$dest/lib/$name"
 done
+strip "$dest"/bin/* "$dest"/tests/* "$dest"/lib/* 2>/dev/null || true
+if [[ -d $tokenizer ]]; then
+  mkdir -p "$dest/tok"
+  cp "$tokenizer"/tokenizer*.json "$dest/tok/"
+  [[ -f $tokenizer/special_tokens_map.json ]] && cp "$tokenizer/special_tokens_map.json" "$dest/tok/"
+fi
+tar -C .device -czf .device/carry/bundle.tar.gz bundle
 du -sh "$dest" | awk '{print "device-bundle: " $1 " in '"$dest"'"}'
-ls "$dest/lib"
+du -sh .device/carry/bundle.tar.gz | awk '{print "device-bundle: " $1 " packed in .device/carry/bundle.tar.gz (carry \".device/carry\")"}'

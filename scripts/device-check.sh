@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Part-1 CUDA checks on the GPU machine, in one call (see scripts/device-bundle.sh):
+# Part-1 CUDA checks on the GPU machine, in one call (carry ".device/carry", made by
+# scripts/device-bundle.sh):
 # backend_compare, the engine tests on CUDA, compute-sanitizer, and one short benchmark.
 # Logs go to $OUT; a summary table is printed last. SANITIZE=0 skips compute-sanitizer;
 # MEM_FILTER / RACE_FILTER narrow the sanitizer runs (racecheck is slow: minutes on model tests).
 set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64 LMSERVE_SOURCE_DIR=$PWD
 B=.device/bundle
+# What scripts/device-bundle.sh packed, unpacked afresh (the GPU machine may keep an old one).
+if [[ -f .device/carry/bundle.tar.gz ]]; then rm -rf .device/bundle && tar -C .device -xzf .device/carry/bundle.tar.gz; fi
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 row() { printf '%-44s %s\n' "$1" "$2" >> "$OUT/summary.txt"; }

@@ -16,6 +16,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/devices.h"
 #include "test_paths.h"
 
 namespace lmserve::engine {
@@ -35,6 +36,17 @@ bool on_cuda() {
   const char* b = std::getenv("LMSERVE_TEST_BACKEND");
   return b && std::string(b) == "cuda";
 }
+
+// LMSERVE_TEST_BACKEND=cuda on a machine without a usable GPU: every test skips, with the reason.
+class CudaWanted final : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (!on_cuda()) return;
+    auto probe = probe_devices();
+    if (probe.devices.empty()) GTEST_SKIP() << "LMSERVE_TEST_BACKEND=cuda but no GPU: " << probe.reason;
+  }
+};
+[[maybe_unused]] ::testing::Environment* const cuda_wanted = ::testing::AddGlobalTestEnvironment(new CudaWanted);
 
 const Loaded& demo() {
   static Loaded l = [] {
