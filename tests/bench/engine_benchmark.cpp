@@ -49,7 +49,8 @@ BENCHMARK(BM_Generate)->Arg(1)->Arg(16)->Unit(benchmark::kSecond)->UseRealTime()
 
 // The engine's host work per step at the Llama-3.1-8B shape (vocabulary 128,256) with a
 // backend that costs nothing: what a GPU step pays on the CPU (scheduling, inputs, sampling,
-// detokenization, streams). Arg 0: batch size; arg 1: 1 = the backend decides greedy rows
+// detokenization, streams). Arg 0: batch size; arg 2: requests per batch slot (4: a waiting
+// queue three times the batch); arg 1: 1 = the backend decides the rows
 // (device sampling: tokens only), 0 = it returns every row's logits (the host takes argmax),
 // 2 = logits and requests sampled at temperature 1 (the OpenAI default), top_p 1.
 class InstantBackend final : public backend::Backend {
@@ -88,6 +89,7 @@ void BM_EngineHostStep(benchmark::State& state) {
   const auto batch = static_cast<int>(state.range(0));
   const bool decides = state.range(1) == 1;
   const bool sampled = state.range(1) == 2;
+  const int requests = batch * static_cast<int>(state.range(2));  // > batch: a waiting queue too
   auto config = model::load_config(lmserve::testing::source_dir() / "tests/fixtures/configs/llama-3.1-8b");
   auto tok = text::Tokenizer::load(lmserve::testing::shared_dir() / "data/tokenizers/Llama-3.2-3B-Instruct");
   if (!config || !tok) {
@@ -107,7 +109,7 @@ void BM_EngineHostStep(benchmark::State& state) {
   for (auto _ : state) {
     const auto before = (*eng)->stats();
     std::vector<std::shared_ptr<engine::RequestStream>> streams;
-    for (int i = 0; i < batch; ++i) {
+    for (int i = 0; i < requests; ++i) {
       std::vector<std::int32_t> prompt(kIn);
       for (int k = 0; k < kIn; ++k) prompt[static_cast<std::size_t>(k)] = (i * 131 + k * 7) % 100000 + 3;
       engine::SamplingParams p;
@@ -128,7 +130,17 @@ void BM_EngineHostStep(benchmark::State& state) {
   }
   state.counters["host_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * host / steps : 0);
 }
-BENCHMARK(BM_EngineHostStep)->Args({64, 0})->Args({64, 1})->Args({64, 2})->Args({256, 0})->Args({256, 1})->Args({256, 2})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_EngineHostStep)
+    ->Args({64, 0, 1})
+    ->Args({64, 1, 1})
+    ->Args({64, 2, 1})
+    ->Args({256, 0, 1})
+    ->Args({256, 1, 1})
+    ->Args({256, 2, 1})
+    ->Args({256, 1, 4})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 }  // namespace
 
