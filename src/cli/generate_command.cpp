@@ -87,11 +87,15 @@ Command add_perplexity_command(CLI::App& app) {
     ModelOptions model;
     std::string file;
     std::int64_t context = 512;
+    bool documents = false;
   };
   auto o = std::make_shared<Opts>();
   o->model.add_to(app);
   app.add_option("--file", o->file, "UTF-8 text to score")->required();
   app.add_option("--context", o->context, "window length in tokens")->capture_default_str();
+  app.add_flag("--documents", o->documents,
+               "score each document (separated by a blank line) on its own, followed by the tokenizer's end-of-text token "
+               "(<|endoftext|>, <|end_of_text|> or </s>, if it has one)");
   return [o]() {
     std::ifstream in(o->file, std::ios::binary);
     if (!in) return fail("perplexity", Status(StatusCode::kNotFound, "cannot read " + o->file));
@@ -102,8 +106,25 @@ Command add_perplexity_command(CLI::App& app) {
     if (o->context > m->weights->config().max_position_embeddings) {
       return fail("perplexity", Status(StatusCode::kInvalidArgument, "--context exceeds the model's max_position_embeddings"));
     }
-    auto tokens = m->tokenizer->encode(text, {.add_special_tokens = false});
-    auto r = engine::perplexity(*m->backend, tokens, o->context);
+    std::vector<std::vector<std::int32_t>> docs;
+    if (o->documents) {
+      std::optional<std::int32_t> eot;
+      for (const char* t : {"<|endoftext|>", "<|end_of_text|>", "</s>"}) {
+        if (!eot) eot = m->tokenizer->token_to_id(t);
+      }
+      for (std::size_t at = 0; at < text.size();) {
+        std::size_t end = text.find("\n\n", at);
+        if (end == std::string::npos) end = text.size();
+        std::string_view doc(text.data() + at, end - at);
+        at = end + 2;
+        if (doc.find_first_not_of(" \t\r\n") == std::string_view::npos) continue;
+        docs.push_back(m->tokenizer->encode(doc, {.add_special_tokens = false}));
+        if (eot) docs.back().push_back(*eot);
+      }
+    } else {
+      docs.push_back(m->tokenizer->encode(text, {.add_special_tokens = false}));
+    }
+    auto r = engine::perplexity(*m->backend, std::span<const std::vector<std::int32_t>>(docs), o->context);
     if (!r) return fail("perplexity", r.error());
     std::printf("tokens %lld, windows %lld, kv %s, mean nll %.6f, perplexity %.4f\n", static_cast<long long>(r->predicted),
                 static_cast<long long>(r->windows), std::string(backend::kv_dtype_name(m->backend->kv_config().dtype)).c_str(),

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "backend/backend.h"
 #include "common/status.h"
@@ -22,6 +23,11 @@ struct PerplexityResult {
 // `chunk` tokens (chunked prefill over the paged cache). The backend needs at least
 // ceil(context / block_size) KV blocks.
 Result<PerplexityResult> perplexity(backend::Backend& backend, std::span<const std::int32_t> tokens, std::int64_t context,
+                                    std::int64_t chunk = 128);
+
+// The same over documents each scored on its own (windows never cross a document), pooled
+// over every predicted token; documents of fewer than two tokens are skipped.
+Result<PerplexityResult> perplexity(backend::Backend& backend, std::span<const std::vector<std::int32_t>> documents, std::int64_t context,
                                     std::int64_t chunk = 128);
 
 }  // namespace lmserve::engine

@@ -195,6 +195,12 @@ TEST(Cli, PerplexityPrintsItLast) {
   EXPECT_GT(ppl, 1.0);
   EXPECT_LT(ppl, 6000.0);
   EXPECT_NE(run("perplexity --model " + model_dir() + " --file /nonexistent").exit_code, 0);
+  // --documents: blank-line separated documents, each scored alone and closed by <|endoftext|>
+  // (one window each; a blank-only tail is no document).
+  std::string docs = write_temp("docs.txt", "The quick brown fox.\n\n床前明月光，疑是地上霜。\n\n  \n");
+  CommandRun d = run("perplexity --model " + model_dir() + " --file " + docs + " --documents");
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_NE(d.output.find("windows 2,"), std::string::npos) << d.output;
 }
 
 // A raw HTTP exchange with Connection: close; returns the whole response ("" if refused).
