@@ -1,0 +1,120 @@
+// Device helpers shared by lmserve's CUDA kernels (kernels.cu, attention.cu, sample.cu):
+// loads and stores in the act and KV dtypes, warp reductions, and the switches that turn a
+// runtime Act / Kv into a template argument. CUDA-side header: backend/cuda only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/cuda/kernels.cuh"
+
+namespace lmserve::cuda {
+
+template <Act A>
+__device__ __forceinline__ float act_load(const void* p, std::int64_t i) {
+  if constexpr (A == Act::kF32) return static_cast<const float*>(p)[i];
+  if constexpr (A == Act::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if constexpr (A == Act::kF16) return __half2float(static_cast<const __half*>(p)[i]);
+}
+
+template <Act A>
+__device__ __forceinline__ void act_store(void* p, std::int64_t i, float v) {
+  if constexpr (A == Act::kF32) static_cast<float*>(p)[i] = v;
+  if constexpr (A == Act::kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  if constexpr (A == Act::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+}
+
+template <Kv K>
+__device__ __forceinline__ float kv_load(const void* p, std::int64_t i) {
+  if constexpr (K == Kv::kF32) return static_cast<const float*>(p)[i];
+  if constexpr (K == Kv::kBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if constexpr (K == Kv::kF16) return __half2float(static_cast<const __half*>(p)[i]);
+  if constexpr (K == Kv::kE5M2) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[i], __NV_E5M2)));
+  }
+  if constexpr (K == Kv::kE4M3) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[i], __NV_E4M3)));
+  }
+}
+
+// Rounds to nearest even and saturates to the largest finite value, as the CPU backend does.
+template <Kv K>
+__device__ __forceinline__ void kv_store(void* p, std::int64_t i, float v, float scale) {
+  if constexpr (K == Kv::kF32) static_cast<float*>(p)[i] = v;
+  if constexpr (K == Kv::kBF16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  if constexpr (K == Kv::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  if constexpr (K == Kv::kE5M2) static_cast<__nv_fp8_storage_t*>(p)[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+  if constexpr (K == Kv::kE4M3) static_cast<__nv_fp8_storage_t*>(p)[i] = __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// |v| >= 0, so the float's bit pattern orders like an int.
+__device__ __forceinline__ void atomic_max_abs(float* addr, float v) { atomicMax(reinterpret_cast<int*>(addr), __float_as_int(fabsf(v))); }
+
+// Eight consecutive cache elements (i is a multiple of 8) as floats, in one or two vector loads.
+template <Kv K>
+__device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&out)[8]) {
+  if constexpr (K == Kv::kF32) {
+    const float4* v = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+    const float4 a = v[0], b = v[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else if constexpr (K == Kv::kBF16 || K == Kv::kF16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p) + i);
+    const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float2 f;
+      if constexpr (K == Kv::kBF16) {
+        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
+      } else {
+        f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+      }
+      out[2 * k] = f.x;
+      out[2 * k + 1] = f.y;
+    }
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p) + i);
+    const std::uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const auto pair = static_cast<__nv_fp8x2_storage_t>(w[k / 2] >> (16 * (k % 2)));
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, K == Kv::kE5M2 ? __NV_E5M2 : __NV_E4M3)));
+      out[2 * k] = f.x;
+      out[2 * k + 1] = f.y;
+    }
+  }
+}
+
+inline int grid_for(std::int64_t n, int threads) {
+  std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
+}
+
+// Runs the statement with a compile-time Act / Kv named by the second argument.
+#define LMSERVE_WITH_ACT(act, A, ...)                          \
+  switch (act) {                                               \
+    case Act::kF32: { constexpr Act A = Act::kF32; __VA_ARGS__; } break;   \
+    case Act::kBF16: { constexpr Act A = Act::kBF16; __VA_ARGS__; } break; \
+    case Act::kF16: { constexpr Act A = Act::kF16; __VA_ARGS__; } break;   \
+  }
+#define LMSERVE_WITH_KV(kv, K, ...)                                        \
+  switch (kv) {                                                            \
+    case Kv::kF32: { constexpr Kv K = Kv::kF32; __VA_ARGS__; } break;      \
+    case Kv::kBF16: { constexpr Kv K = Kv::kBF16; __VA_ARGS__; } break;    \
+    case Kv::kF16: { constexpr Kv K = Kv::kF16; __VA_ARGS__; } break;      \
+    case Kv::kE5M2: { constexpr Kv K = Kv::kE5M2; __VA_ARGS__; } break;    \
+    case Kv::kE4M3: { constexpr Kv K = Kv::kE4M3; __VA_ARGS__; } break;    \
+  }
+
+}  // namespace lmserve::cuda
