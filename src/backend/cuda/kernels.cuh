@@ -1,4 +1,4 @@
-// Launchers for lmserve's CUDA kernels (kernels.cu). CUDA-side header: included only by files
+// Launchers for lmserve's CUDA kernels (kernels.cu, attention.cu, sample.cu). CUDA-side header: included only by files
 // in backend/cuda. Conventions: the residual stream and every GEMM output are float32; GEMM
 // inputs (normalised activations, attention output, SiLU output) are in the model's dtype
 // (`Act`); K/V live in the paged cache in `Kv` with the layout of backend/cpu/cpu_ops.h.
