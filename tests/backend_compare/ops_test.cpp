@@ -287,8 +287,9 @@ TEST_P(KvOps, PagedAttentionDecodeAndChunkedPrefill) {
     }
   }
   for (int act : {kF32, kBF16}) {
-    for (int mode = 0; mode < 3; ++mode) {  // decode, decode with the context split, chunked prefill
-      SCOPED_TRACE(std::string(act_name(act)) + (mode == 0 ? " decode" : (mode == 1 ? " split decode" : " chunked prefill")));
+    for (int mode = 0; mode < 4; ++mode) {  // decode, decode with the context split, chunked prefill, long chunks
+      static const char* const kModes[] = {" decode", " split decode", " chunked prefill", " long chunks"};
+      SCOPED_TRACE(std::string(act_name(act)) + kModes[mode]);
       ops::AttentionInput in;
       in.nh = nh;
       in.nkv = nkv;
@@ -298,8 +299,9 @@ TEST_P(KvOps, PagedAttentionDecodeAndChunkedPrefill) {
       std::vector<backend::SeqBatch> seqs;
       for (std::size_t s = 0; s < contexts.size(); ++s) {
         const int n = contexts[s];
-        // Prefill: the last up-to-13 positions are new, the rest a cached prefix.
-        const int q = mode == 2 ? std::min(n, 13) : 1;
+        // Prefill: the last up-to-13 (or, long chunks, up-to-200) positions are new, the rest a
+        // cached prefix: several items per sequence, causal masks inside key tiles.
+        const int q = mode == 2 ? std::min(n, 13) : (mode == 3 ? std::min(n, 200) : 1);
         in.seq_start.push_back(static_cast<std::int32_t>(in.positions.size()));
         in.seq_len.push_back(q);
         seqs.push_back({static_cast<std::int32_t>(in.positions.size()), q, n, in.tables[s]});
