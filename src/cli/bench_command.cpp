@@ -51,7 +51,6 @@ Command add_bench_command(CLI::App& app) {
     std::int64_t max_num_seqs = 256, max_num_batched_tokens = 8192;
     std::string dataset = "random";  // throughput: random (fixed lengths) or mixed (log-normal)
     bench::DatasetOptions mix;
-    double mixed_sigma = 0.8;
     bool compare_uniform = false;
   };
   auto lat = std::make_shared<Opts>();
@@ -74,11 +73,7 @@ Command add_bench_command(CLI::App& app) {
   throughput->add_option("--dataset-name", thr->dataset, "random (--input-len/--output-len) or mixed (log-normal lengths)")
       ->check(CLI::IsMember({"random", "mixed"}))
       ->capture_default_str();
-  throughput->add_option("--mixed-input-median", thr->mix.input_median, "mixed: median prompt tokens")->capture_default_str();
-  throughput->add_option("--mixed-output-median", thr->mix.output_median, "mixed: median output tokens")->capture_default_str();
-  throughput->add_option("--mixed-sigma", thr->mixed_sigma, "mixed: sigma of log length (both)")->capture_default_str();
-  throughput->add_option("--mixed-max-input-len", thr->mix.max_input_len, "mixed: clip prompts at")->capture_default_str();
-  throughput->add_option("--mixed-max-output-len", thr->mix.max_output_len, "mixed: clip outputs at")->capture_default_str();
+  add_mixed_length_options(*throughput, thr->mix);
   throughput->add_flag("--compare-uniform", thr->compare_uniform, "mixed: also run uniform lengths with the same means and compare");
   auto* serve = app.add_subcommand("serve", "load test an OpenAI-compatible endpoint (streaming; datasets, sweeps, goodput)");
   Command serve_run = add_bench_serve(*serve);
@@ -121,7 +116,6 @@ Command add_bench_command(CLI::App& app) {
       o.mix.name = "mixed";
       o.mix.num_prompts = o.num_prompts;
       o.mix.seed = o.seed;
-      o.mix.input_sigma = o.mix.output_sigma = o.mixed_sigma;
       auto specs = bench::make_dataset(o.mix);
       if (!specs) return fail("throughput", specs.error());
       longest = 0;
@@ -158,7 +152,7 @@ Command add_bench_command(CLI::App& app) {
     if (!r) return fail("throughput", r.error());
     if (o.dataset == "mixed") {
       std::printf("==== mixed: log-normal lengths, medians %.0f in / %.0f out, sigma %.2f, clipped at %lld / %lld\n", o.mix.input_median,
-                  o.mix.output_median, o.mixed_sigma, static_cast<long long>(o.mix.max_input_len), static_cast<long long>(o.mix.max_output_len));
+                  o.mix.output_median, o.mix.input_sigma, static_cast<long long>(o.mix.max_input_len), static_cast<long long>(o.mix.max_output_len));
     }
     print_throughput(*r);
     if (uniform) {

@@ -125,6 +125,18 @@ std::string plot_svg(const std::vector<std::pair<std::string, bench::ServeBenchR
 
 }  // namespace
 
+void add_mixed_length_options(CLI::App& app, bench::DatasetOptions& d) {
+  app.add_option("--mixed-input-median", d.input_median, "mixed: median prompt tokens")->capture_default_str();
+  app.add_option("--mixed-output-median", d.output_median, "mixed: median output tokens")->capture_default_str();
+  char sigma[32];
+  std::snprintf(sigma, sizeof sigma, "%g", d.input_sigma);
+  app.add_option_function<double>(
+         "--mixed-sigma", [&d](double s) { d.input_sigma = d.output_sigma = s; }, "mixed: sigma of log length (both)")
+      ->default_str(sigma);
+  app.add_option("--mixed-max-input-len", d.max_input_len, "mixed: clip prompts at")->capture_default_str();
+  app.add_option("--mixed-max-output-len", d.max_output_len, "mixed: clip outputs at")->capture_default_str();
+}
+
 Command add_bench_serve(CLI::App& app) {
   struct Opts {
     bench::ServeBenchOptions o;
@@ -132,7 +144,6 @@ Command add_bench_serve(CLI::App& app) {
     std::string rate = "inf", sweep, result_json, result_csv, plot, tokenizer;
     std::vector<std::string> headers, goodput;
     bool no_ignore_eos = false, compare_uniform = false;
-    double mixed_sigma = 0.8;
   };
   auto p = std::make_shared<Opts>();
   app.add_option("--base-url", p->o.base_url, "server address, http[s]://host:port")->capture_default_str();
@@ -151,11 +162,7 @@ Command add_bench_serve(CLI::App& app) {
   app.add_option("--random-input-len", p->d.input_len, "random: prompt tokens")->capture_default_str();
   app.add_option("--random-output-len", p->d.output_len, "random: output tokens")->capture_default_str();
   app.add_option("--random-range-ratio", p->d.range_ratio, "random: lengths uniform within +-ratio")->capture_default_str();
-  app.add_option("--mixed-input-median", p->d.input_median, "mixed: median prompt tokens")->capture_default_str();
-  app.add_option("--mixed-output-median", p->d.output_median, "mixed: median output tokens")->capture_default_str();
-  app.add_option("--mixed-sigma", p->mixed_sigma, "mixed: sigma of log length (both)")->capture_default_str();
-  app.add_option("--mixed-max-input-len", p->d.max_input_len, "mixed: clip prompts at")->capture_default_str();
-  app.add_option("--mixed-max-output-len", p->d.max_output_len, "mixed: clip outputs at")->capture_default_str();
+  add_mixed_length_options(app, p->d);
   app.add_option("--tokenizer", p->tokenizer, "tokenizer folder to build prompts (default: the server's /tokenize)");
   app.add_flag("--no-ignore-eos", p->no_ignore_eos, "let requests stop at end-of-sequence (default: exactly output_len tokens)");
   app.add_option("--seed", p->d.seed, "dataset and arrivals")->capture_default_str();
@@ -175,7 +182,6 @@ Command add_bench_serve(CLI::App& app) {
     }
     o.ignore_eos = !p->no_ignore_eos;
     o.seed = d.seed;
-    d.input_sigma = d.output_sigma = p->mixed_sigma;
     o.progress = isatty(2) != 0;
     o.request_rate = p->rate == "inf" ? INFINITY : std::strtod(p->rate.c_str(), nullptr);
     if (!(o.request_rate > 0)) return fail(Status(StatusCode::kInvalidArgument, "--request-rate must be positive or inf"));

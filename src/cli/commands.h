@@ -6,6 +6,10 @@
 
 #include <functional>
 
+namespace lmserve::bench {
+struct DatasetOptions;
+}
+
 namespace lmserve::cli {
 
 using Command = std::function<int()>;
@@ -19,6 +23,8 @@ Command add_perplexity_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_bench_serve(CLI::App& app);  // the `bench serve` subcommand
+// The log-normal length-mix flags (--mixed-*) of `bench serve` and `bench throughput`.
+void add_mixed_length_options(CLI::App& app, bench::DatasetOptions& d);
 Command add_plan_command(CLI::App& app);
 
 }  // namespace lmserve::cli

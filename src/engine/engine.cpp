@@ -303,6 +303,8 @@ Status Engine::step() {
   std::span<float> logits(logits_.data(), logits_rows.size() * vocab);
   // Rows that need nothing but the logits (no penalties, bias, log-probabilities or min_tokens
   // masking) may be sampled by the backend itself (backend.h, RowSampling).
+  std::vector<Live*> lives(sampled.size());
+  for (std::size_t i = 0; i < sampled.size(); ++i) lives[i] = live_.at(sampled[i]->id).get();
   std::vector<backend::RowSampling> sample_rows(sampled.size());
   std::vector<std::int32_t> sampled_tokens(sampled.size(), -1);
   for (std::size_t i = 0; i < sampled.size(); ++i) {
@@ -317,7 +319,7 @@ Status Engine::step() {
     s.top_p = static_cast<float>(p.top_p);
     s.min_p = static_cast<float>(p.min_p);
     s.top_k = p.top_k;
-    s.key = live_.at(r.id)->device_key;
+    s.key = lives[i]->device_key;
     s.counter = static_cast<std::uint32_t>(r.output.size());
   }
   backend::Batch batch{tokens, positions, slots, seqs, logits_rows, sample_rows, sampled_tokens};
@@ -332,8 +334,6 @@ Status Engine::step() {
   ++steps_;
 
   // Rows are independent (each request has its own generator): sample them in parallel.
-  std::vector<Live*> lives(sampled.size());
-  for (std::size_t i = 0; i < sampled.size(); ++i) lives[i] = live_.at(sampled[i]->id).get();
   std::vector<SampleResult> results(sampled.size());
   sampler_pool_->parallel_for(sampled.size(), [&](std::size_t b, std::size_t e) {
     for (std::size_t i = b; i < e; ++i) {

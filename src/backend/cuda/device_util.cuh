@@ -62,6 +62,23 @@ __device__ __forceinline__ float warp_max(float v) {
 // |v| >= 0, so the float's bit pattern orders like an int.
 __device__ __forceinline__ void atomic_max_abs(float* addr, float v) { atomicMax(reinterpret_cast<int*>(addr), __float_as_int(fabsf(v))); }
 
+// Eight bf16 or f16 values packed in 16 bytes, as floats.
+template <Act A>
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float2 p;
+    if constexpr (A == Act::kBF16) {
+      p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    } else {
+      p = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    }
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
 // Eight consecutive cache elements (i is a multiple of 8) as floats, in one or two vector loads.
 template <Kv K>
 __device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&out)[8]) {
@@ -70,19 +87,7 @@ __device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&
     const float4 a = v[0], b = v[1];
     out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
   } else if constexpr (K == Kv::kBF16 || K == Kv::kF16) {
-    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p) + i);
-    const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      float2 f;
-      if constexpr (K == Kv::kBF16) {
-        f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[k]));
-      } else {
-        f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
-      }
-      out[2 * k] = f.x;
-      out[2 * k + 1] = f.y;
-    }
+    unpack8<K == Kv::kBF16 ? Act::kBF16 : Act::kF16>(*reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p) + i), out);
   } else {
     const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p) + i);
     const std::uint32_t w[2] = {u.x, u.y};

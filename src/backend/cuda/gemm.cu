@@ -1,7 +1,6 @@
 #include "backend/cuda/gemm.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "backend/cuda/device_util.cuh"
 
 namespace lmserve::cuda {
 namespace {
@@ -13,22 +12,6 @@ namespace {
 // H200 (docs/perf.md): 6.68 -> 6.03 ms per 8B decode step at one row, but 9.6 -> 15.9 ms at
 // eight, where the per-byte instruction count outgrows the memory time: so at most two.
 constexpr int kGemvMaxN = 2, kGemvRows = 2, kGemvThreads = 256;
-
-template <Act A>
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
-  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float2 p;
-    if constexpr (A == Act::kBF16) {
-      p = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-    } else {
-      p = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
-    }
-    f[2 * i] = p.x;
-    f[2 * i + 1] = p.y;
-  }
-}
 
 template <Act A, int N>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* w, const std::uint16_t* x, float* y, int m, int n, int k) {
