@@ -11,7 +11,9 @@ set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64
 L=.device/bundle/bin/lmserve
 # What scripts/device-bundle.sh packed, unpacked afresh (the GPU machine may keep an old one).
-if [[ -f .device/carry/bundle.tar.gz ]]; then rm -rf .device/bundle && tar -C .device -xzf .device/carry/bundle.tar.gz; fi
+# BUNDLE picks another one (scripts/device-bundle.sh with NAME=...).
+bundle=${BUNDLE:-.device/carry/bundle.tar.gz}
+if [[ -f $bundle ]]; then rm -rf .device/bundle && tar -C .device -xzf "$bundle"; fi
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 M="--model tests/fixtures/configs/llama-3.1-8b --tokenizer .device/bundle/tok --load-format dummy ${EXTRA:-}"

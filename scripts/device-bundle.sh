@@ -6,8 +6,10 @@
 # for the 8B-shaped benchmarks — stripped and packed, because a call carries 64 MiB at most
 # with the checkout. scripts/device-check.sh and scripts/device-bench.sh unpack it into
 # .device/bundle on the GPU machine by themselves.
-# Usage: [TESTS="backend_compare_test engine_e2e_test"] [TOKENIZER=DIR] scripts/device-bundle.sh [PRESET]
-#        (default release; build it first)
+# Usage: [TESTS="backend_compare_test engine_e2e_test"] [TOKENIZER=DIR] [NAME=bundle]
+#        scripts/device-bundle.sh [PRESET]   (default release; build it first)
+# NAME=x packs .device/carry/x.tar.gz instead, so that two builds (say main and a branch) travel
+# in one call; the device scripts take BUNDLE=.device/carry/x.tar.gz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-release}
@@ -17,7 +19,8 @@ tests=${TESTS:-backend_compare_test engine_e2e_test}
 tokenizer=${TOKENIZER:-../shared/data/tokenizers/Llama-3.2-3B-Instruct}
 [[ -x $build/lmserve ]] || { echo "device-bundle: build $preset first (make build PRESET=$preset)" >&2; exit 1; }
 
-rm -rf "$dest" .device/carry
+name=${NAME:-bundle}
+rm -rf "$dest" ".device/carry/$name.tar.gz"
 mkdir -p "$dest/bin" "$dest/tests" "$dest/lib" .device/carry
 cp "$build/lmserve" "$dest/bin/"
 for t in $tests; do
@@ -38,6 +41,6 @@ if [[ -d $tokenizer ]]; then
   cp "$tokenizer"/tokenizer*.json "$dest/tok/"
   [[ -f $tokenizer/special_tokens_map.json ]] && cp "$tokenizer/special_tokens_map.json" "$dest/tok/"
 fi
-tar -C .device -czf .device/carry/bundle.tar.gz bundle
+tar -C .device -czf ".device/carry/$name.tar.gz" bundle
 du -sh "$dest" | awk '{print "device-bundle: " $1 " in '"$dest"'"}'
-du -sh .device/carry/bundle.tar.gz | awk '{print "device-bundle: " $1 " packed in .device/carry/bundle.tar.gz (carry \".device/carry\")"}'
+du -sh ".device/carry/$name.tar.gz" | awk '{print "device-bundle: " $1 " packed in .device/carry/'"$name"'.tar.gz (carry \".device/carry\")"}'

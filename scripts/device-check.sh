@@ -8,7 +8,9 @@ set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64 LMSERVE_SOURCE_DIR=$PWD
 B=.device/bundle
 # What scripts/device-bundle.sh packed, unpacked afresh (the GPU machine may keep an old one).
-if [[ -f .device/carry/bundle.tar.gz ]]; then rm -rf .device/bundle && tar -C .device -xzf .device/carry/bundle.tar.gz; fi
+# BUNDLE picks another one (scripts/device-bundle.sh with NAME=...).
+bundle=${BUNDLE:-.device/carry/bundle.tar.gz}
+if [[ -f $bundle ]]; then rm -rf .device/bundle && tar -C .device -xzf "$bundle"; fi
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 row() { printf '%-44s %s\n' "$1" "$2" >> "$OUT/summary.txt"; }
