@@ -166,4 +166,20 @@ Result<ThroughputResult> run_throughput(engine::Engine& e, std::int64_t V, const
   return r;
 }
 
+ModelFlops model_flops(const model::ModelConfig& c, const std::vector<std::int64_t>& input_lens, const std::vector<std::int64_t>& output_lens) {
+  const double q = static_cast<double>(c.num_heads * c.head_dim), kv = static_cast<double>(c.num_kv_heads * c.head_dim);
+  const double H = static_cast<double>(c.hidden_size), I = static_cast<double>(c.intermediate_size), L = static_cast<double>(c.num_layers);
+  const double per_token = 2.0 * L * (H * (q + 2 * kv) + q * H + 3.0 * H * I), head = 2.0 * H * static_cast<double>(c.vocab_size);
+  // A query at context length n (keys 1..n): 2 * n * head_dim for QK^T and as much for PV, per head.
+  const double per_key = 4.0 * L * q;
+  ModelFlops f;
+  for (std::size_t i = 0; i < input_lens.size() && i < output_lens.size(); ++i) {
+    const double n = static_cast<double>(input_lens[i]), m = static_cast<double>(std::max<std::int64_t>(1, output_lens[i]));
+    const double tokens = n + m - 1;  // contexts 1 .. n + m - 1
+    f.matmul += per_token * tokens + head * m;
+    f.attention += per_key * tokens * (tokens + 1) / 2;
+  }
+  return f;
+}
+
 }  // namespace lmserve::bench

@@ -20,6 +20,7 @@
 #include "backend/backend.h"
 #include "common/status.h"
 #include "engine/engine.h"
+#include "model/config.h"
 
 namespace lmserve::bench {
 
@@ -54,5 +55,17 @@ struct ThroughputResult {
 };
 
 Result<ThroughputResult> run_throughput(engine::Engine& engine, std::int64_t vocab_size, const ThroughputOptions& options);
+
+// The floating-point operations a run of requests asks of the model (multiply-add = 2), the
+// usual count for a prefill's share of the matrix rate: every processed token (the prompt's,
+// then each output token but the last) through every projection; the LM head once per output
+// token (a prefill computes logits only for its last position); attention's QK^T and PV over
+// the token's causal context (itself included). Norms, RoPE and activations are left out.
+struct ModelFlops {
+  double matmul = 0, attention = 0;
+  double total() const { return matmul + attention; }
+};
+// input_lens[i] / output_lens[i]: request i's prompt and output tokens (output >= 1).
+ModelFlops model_flops(const model::ModelConfig& config, const std::vector<std::int64_t>& input_lens, const std::vector<std::int64_t>& output_lens);
 
 }  // namespace lmserve::bench

@@ -41,6 +41,21 @@ void print_throughput(const bench::ThroughputResult& r) {
               static_cast<double>(r.output_tokens) / s, static_cast<double>(r.output_tokens + r.prompt_tokens) / s);
 }
 
+// Model FLOPs of a run (bench::model_flops) per second, and their share of the matrix rate.
+void print_flops(const bench::ThroughputResult& r, const model::ModelConfig& config, const bench::ThroughputOptions& o, double matmul_rate) {
+  std::vector<std::int64_t> in = o.input_lens, out = o.output_lens;
+  if (in.empty()) {
+    in.assign(static_cast<std::size_t>(o.num_prompts), o.input_len);
+    out.assign(static_cast<std::size_t>(o.num_prompts), o.output_len);
+  }
+  const bench::ModelFlops f = bench::model_flops(config, in, out);
+  const double rate = f.total() / std::max(1e-9, r.seconds);
+  std::printf("model FLOPs: %.4g TFLOP (matmul %.4g, attention %.4g) in %.2f s = %.4g TFLOP/s", f.total() / 1e12, f.matmul / 1e12,
+              f.attention / 1e12, r.seconds, rate / 1e12);
+  if (matmul_rate > 0) std::printf(" = %.1f%% of the measured bf16 matrix rate (%.0f TFLOP/s)", 100.0 * rate / matmul_rate, matmul_rate / 1e12);
+  std::printf("\n");
+}
+
 }  // namespace
 
 Command add_bench_command(CLI::App& app) {
@@ -146,6 +161,8 @@ Command add_bench_command(CLI::App& app) {
     eo.scheduler.lanes = {{"default", 0.0, 0.0, std::max<std::int64_t>(o.num_prompts, 1)}};
     eo.scheduler.kv_watermark = 0.99;
     const std::int64_t vocab = m->weights->config().vocab_size;
+    const model::ModelConfig config = m->weights->config();
+    const double matmul_rate = m->backend->name() == "cuda" ? backend::measure_matmul_rate(0) : 0;
     auto e = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
     if (!e) return fail("throughput", e.error());
     auto r = bench::run_throughput(**e, vocab, to);
@@ -155,12 +172,14 @@ Command add_bench_command(CLI::App& app) {
                   o.mix.output_median, o.mix.input_sigma, static_cast<long long>(o.mix.max_input_len), static_cast<long long>(o.mix.max_output_len));
     }
     print_throughput(*r);
+    print_flops(*r, config, to, matmul_rate);
     if (uniform) {
       auto u = bench::run_throughput(**e, vocab, *uniform);
       if (!u) return fail("throughput", u.error());
       std::printf("==== uniform: %lld in / %lld out (the mixed run's mean lengths)\n", static_cast<long long>(uniform->input_len),
                   static_cast<long long>(uniform->output_len));
       print_throughput(*u);
+      print_flops(*u, config, *uniform, matmul_rate);
       const double mixed_tps = static_cast<double>(r->output_tokens) / r->seconds, uni_tps = static_cast<double>(u->output_tokens) / u->seconds;
       std::printf("mixed lengths reach %.1f%% of the uniform run's output tokens/s (%.1f vs %.1f): size on the mixed number\n",
                   100.0 * mixed_tps / std::max(1e-9, uni_tps), mixed_tps, uni_tps);

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <numeric>
 
+#include "bench/engine_bench.h"
 #include "bench/serve_bench.h"
+#include "model/config.h"
 #include "plan/plan.h"
 
 namespace lmserve::bench {
@@ -138,6 +140,30 @@ TEST(ServeBench, BaseUrls) {
   EXPECT_EQ(b->port, "443");
   EXPECT_FALSE(parse_base_url("ftp://x"));
   EXPECT_FALSE(parse_base_url("http://host:port"));
+}
+
+}  // namespace
+}  // namespace lmserve::bench
+
+namespace lmserve::bench {
+namespace {
+
+TEST(ModelFlops, LlamaEightBPrefillAndDecodeCountedByHand) {
+  auto c = model::load_config(std::filesystem::path(LMSERVE_SOURCE_DIR) / "tests/fixtures/configs/llama-3.1-8b");
+  ASSERT_TRUE(c) << c.error().to_string();
+  // Per token through the projections: 2 * 32 layers * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336);
+  // the LM head 2 * 4096 * 128256; attention 4 * 32 layers * 32 heads * 128 per key of context.
+  const double proj = 2.0 * 32 * (4096.0 * 6144 + 4096.0 * 4096 + 3.0 * 4096 * 14336), head = 2.0 * 4096 * 128256, key = 4.0 * 32 * 32 * 128;
+  EXPECT_DOUBLE_EQ(proj, 13958643712.0);
+  // One 8192-token prefill with one output token: contexts 1 .. 8192.
+  ModelFlops f = model_flops(*c, {8192}, {1});
+  EXPECT_DOUBLE_EQ(f.matmul, proj * 8192 + head);
+  EXPECT_DOUBLE_EQ(f.attention, key * 8192.0 * 8193 / 2);
+  EXPECT_NEAR(f.total() / 1e12, 131.9, 0.1);  // 114.4 TFLOP of projections and the head + 17.6 of attention
+  // Two requests: 3 in / 2 out (contexts 1..4) and 1 in / 3 out (contexts 1..3).
+  f = model_flops(*c, {3, 1}, {2, 3});
+  EXPECT_DOUBLE_EQ(f.matmul, proj * (4 + 3) + head * (2 + 3));
+  EXPECT_DOUBLE_EQ(f.attention, key * (10 + 6));
 }
 
 }  // namespace

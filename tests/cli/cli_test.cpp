@@ -158,6 +158,9 @@ TEST(Cli, BenchLatencyAndThroughputReportTheirNumbers) {
   // Exactly num_prompts x output_len tokens (ignore_eos), counted from the engine's usage.
   EXPECT_NE(thr.output.find("requests 6, prompt tokens 96, output tokens 30,"), std::string::npos) << thr.output;
   EXPECT_TRUE(std::regex_search(thr.output, std::regex(R"(throughput: [0-9.]+ requests/s, [0-9.]+ output tokens/s)"))) << thr.output;
+  // The model FLOPs line (bench::model_flops, tested by hand in tests/bench), no matrix rate on the CPU.
+  EXPECT_TRUE(std::regex_search(thr.output, std::regex(R"(model FLOPs: [0-9.e+-]+ TFLOP \(matmul [0-9.e+-]+, attention [0-9.e+-]+\) in [0-9.]+ s = [0-9.e+-]+ TFLOP/s\n)")))
+      << thr.output;
   EXPECT_EQ(run("bench latency --model " + model_dir() + " --device cpu --output-len 1").exit_code, 2);
 }
 

@@ -44,5 +44,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
 // Device-to-device copy bandwidth in bytes/s, measured with 1 GiB buffers (the roofline the
 // latency benchmark divides by). 0 when no GPU can be used.
 double measure_copy_bandwidth(int device);
+// bf16 matrix-product rate in FLOP/s (8192^3, random values, the backend's GEMM path: the
+// ceiling a prefill's model FLOPs are compared with). 0 when no GPU can be used.
+double measure_matmul_rate(int device);
 
 }  // namespace lmserve::backend

@@ -1,8 +1,10 @@
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
@@ -210,6 +212,17 @@ class CudaModel final : public DeviceModel {
     }
     LMSERVE_TRY(stage(in, decode ? bucket : 0));
     LMSERVE_CUDA_TRY(cudaSetDevice(device_));
+    // LMSERVE_CUDA_PROFILE_STEP=N brackets the N-th step with cudaProfilerStart/Stop, so that
+    // `ncu --profile-from-start off` (with --enforce-eager: kernel by kernel) sees one step;
+    // decode:N and prefill:N count only steps of one-token items, or only the others.
+    static const std::pair<int, int> profile = [] {  // (kind: 0 any, 1 decode, 2 prefill; N)
+      const std::string v = std::getenv("LMSERVE_CUDA_PROFILE_STEP") ? std::getenv("LMSERVE_CUDA_PROFILE_STEP") : "";
+      const int kind = v.rfind("decode:", 0) == 0 ? 1 : (v.rfind("prefill:", 0) == 0 ? 2 : 0);
+      return std::pair{kind, std::atoi(v.c_str() + (kind == 0 ? 0 : v.find(':') + 1))};
+    }();
+    const int kind = in.num_tokens == in.num_seqs ? 1 : 2;
+    const bool profiled = profile.second > 0 && (profile.first == 0 || profile.first == kind) && ++steps_ == profile.second;
+    if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStart());
     LMSERVE_CUDA_TRY(cudaMemcpyAsync(meta_.p, stage_, staged_bytes_, cudaMemcpyHostToDevice, stream_));
     double device_s = 0;
     if (decode) {
@@ -226,6 +239,7 @@ class CudaModel final : public DeviceModel {
       if (in.num_rows == 0) LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
     }
     LMSERVE_CUDA_TRY(cudaGetLastError());
+    if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStop());
     if (times) {
       times->device_seconds = device_s;
       times->host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - device_s;
@@ -619,6 +633,7 @@ class CudaModel final : public DeviceModel {
   int max_tokens_ = 0, max_seqs_ = 0, max_blocks_per_seq_ = 0, num_items_ = 0;
   std::int64_t max_model_len_ = 0, num_blocks_ = 0, kv_blocks_now_ = 1;
   bool all_single_ = false, calibrating_ = false, host_rows_ = false;
+  int steps_ = 0;  // forward() calls of the kind LMSERVE_CUDA_PROFILE_STEP counts
   std::vector<int> buckets_;
   std::map<int, cudaGraphExec_t> graphs_;
   std::vector<float> k_scales_host_, v_scales_host_;
@@ -665,6 +680,47 @@ double copy_bandwidth(int device) {
   cudaFree(b);
   // A copy reads and writes every byte.
   return ms > 0 ? 2.0 * static_cast<double>(bytes) * kReps / (ms / 1000.0) : 0;
+}
+
+namespace {
+
+// Values in [-1, 1) from a hash of the index, as bf16.
+__global__ void fill_random_bf16_kernel(std::uint16_t* p, std::int64_t n, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float v = static_cast<float>(h >> 8) / 8388608.0f - 1.0f;
+    p[i] = static_cast<std::uint16_t>(__float_as_uint(v) >> 16);
+  }
+}
+
+}  // namespace
+
+double matmul_rate(int device) {
+  if (cudaSetDevice(device) != cudaSuccess) return 0;
+  constexpr int kN = 8192, kReps = 10;
+  const std::size_t elems = static_cast<std::size_t>(kN) * kN;
+  DeviceBuffer a, b, c;
+  Gemm gemm;
+  if (!a.alloc(elems * 2).empty() || !b.alloc(elems * 2).empty() || !c.alloc(elems * 4).empty() || !gemm.init(64ull << 20).empty()) return 0;
+  fill_random_bf16_kernel<<<1024, 256>>>(a.as<std::uint16_t>(), static_cast<std::int64_t>(elems), 1u);
+  fill_random_bf16_kernel<<<1024, 256>>>(b.as<std::uint16_t>(), static_cast<std::int64_t>(elems), 2u);
+  if (!gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr).empty()) return 0;  // plan and warm up
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  for (int i = 0; i < kReps; ++i) gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  const bool ok = cudaGetLastError() == cudaSuccess;
+  return ok && ms > 0 ? 2.0 * kN * static_cast<double>(kN) * kN * kReps / (ms / 1000.0) : 0;
 }
 
 }  // namespace lmserve::cuda
