@@ -654,32 +654,37 @@ bool kernels_support(std::int64_t head_dim, std::int64_t group) {
   return attention_supports(static_cast<int>(head_dim), static_cast<int>(group));
 }
 
-double copy_bandwidth(int device) {
-  if (cudaSetDevice(device) != cudaSuccess) return 0;
-  const std::size_t bytes = 1ull << 30;
-  void *a = nullptr, *b = nullptr;
-  if (cudaMalloc(&a, bytes) != cudaSuccess) return 0;
-  if (cudaMalloc(&b, bytes) != cudaSuccess) {
-    cudaFree(a);
-    return 0;
-  }
+namespace {
+
+// Milliseconds that `reps` runs of work() take on the default stream (after one untimed run).
+template <typename Work>
+float elapsed_ms(int reps, Work&& work) {
+  work();
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);  // warm up
-  constexpr int kReps = 10;
   cudaEventRecord(e0);
-  for (int i = 0; i < kReps; ++i) cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  for (int i = 0; i < reps; ++i) work();
   cudaEventRecord(e1);
   cudaEventSynchronize(e1);
   float ms = 0;
   cudaEventElapsedTime(&ms, e0, e1);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  cudaFree(a);
-  cudaFree(b);
+  return cudaGetLastError() == cudaSuccess ? ms : 0.0f;
+}
+
+}  // namespace
+
+double copy_bandwidth(int device) {
+  if (cudaSetDevice(device) != cudaSuccess) return 0;
+  constexpr std::size_t kBytes = 1ull << 30;
+  constexpr int kReps = 10;
+  DeviceBuffer a, b;
+  if (!a.alloc(kBytes).empty() || !b.alloc(kBytes).empty()) return 0;
+  const float ms = elapsed_ms(kReps, [&] { cudaMemcpy(b.p, a.p, kBytes, cudaMemcpyDeviceToDevice); });
   // A copy reads and writes every byte.
-  return ms > 0 ? 2.0 * static_cast<double>(bytes) * kReps / (ms / 1000.0) : 0;
+  return ms > 0 ? 2.0 * static_cast<double>(kBytes) * kReps / (ms / 1000.0) : 0;
 }
 
 namespace {
@@ -707,20 +712,9 @@ double matmul_rate(int device) {
   if (!a.alloc(elems * 2).empty() || !b.alloc(elems * 2).empty() || !c.alloc(elems * 4).empty() || !gemm.init(64ull << 20).empty()) return 0;
   fill_random_bf16_kernel<<<1024, 256>>>(a.as<std::uint16_t>(), static_cast<std::int64_t>(elems), 1u);
   fill_random_bf16_kernel<<<1024, 256>>>(b.as<std::uint16_t>(), static_cast<std::int64_t>(elems), 2u);
-  if (!gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr).empty()) return 0;  // plan and warm up
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0);
-  for (int i = 0; i < kReps; ++i) gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  const bool ok = cudaGetLastError() == cudaSuccess;
-  return ok && ms > 0 ? 2.0 * kN * static_cast<double>(kN) * kN * kReps / (ms / 1000.0) : 0;
+  if (!gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr).empty()) return 0;  // the plan, checked once
+  const float ms = elapsed_ms(kReps, [&] { gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr); });
+  return ms > 0 ? 2.0 * kN * static_cast<double>(kN) * kN * kReps / (ms / 1000.0) : 0;
 }
 
 }  // namespace lmserve::cuda
