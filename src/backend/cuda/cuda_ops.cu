@@ -174,10 +174,11 @@ std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::v
 std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out) {
   if (auto e = need_gpu(); !e.empty()) return e;
   if (!attention_supports(in.D, in.nh / in.nkv)) return "unsupported head_dim / group";
+  configure_attention_kernels();
   Arena a;
   const Act A = static_cast<Act>(act);
   const int T = static_cast<int>(in.positions.size());
-  const int group = in.nh / in.nkv, per_item = std::max(1, kAttnRows / group);
+  const int group = in.nh / in.nkv, per_item = attention_item_tokens(in.D, group, A);
   std::vector<std::int32_t> it_tok, it_cnt, it_seq;
   bool single = true;
   for (std::size_t s = 0; s < in.seq_start.size(); ++s) {

@@ -84,6 +84,8 @@ class CudaModel final : public DeviceModel {
     cudaDeviceProp prop{};
     LMSERVE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
     sms_ = prop.multiProcessorCount;
+    configure_attention_kernels();
+    LMSERVE_CUDA_TRY(cudaGetLastError());
     const std::size_t a = static_cast<std::size_t>(act_bytes(act_));
     const std::size_t H = d_.hidden, I = d_.intermediate, D = d_.head_dim;
     const std::size_t qkvd = (d_.heads + 2 * d_.kv_heads) * D;
@@ -388,8 +390,8 @@ class CudaModel final : public DeviceModel {
       }
     }
     if (bucket == 0) {
-      // Attention items: runs of consecutive tokens of one sequence, kAttnRows rows each.
-      const int per_item = std::max<int>(1, kAttnRows / static_cast<int>(d_.heads / d_.kv_heads));
+      // Attention items: runs of consecutive tokens of one sequence (kernels.cuh).
+      const int per_item = attention_item_tokens(static_cast<int>(d_.head_dim), static_cast<int>(d_.heads / d_.kv_heads), act_);
       auto* it_tok = reinterpret_cast<std::int32_t*>(s + off_item_tok_);
       auto* it_cnt = reinterpret_cast<std::int32_t*>(s + off_item_cnt_);
       auto* it_seq = reinterpret_cast<std::int32_t*>(s + off_item_seq_);
