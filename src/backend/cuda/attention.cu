@@ -1,7 +1,6 @@
 // Paged attention kernels (kernels.cuh, launch_attention): a tiled kernel for prefill and
 // chunks (query rows of one item staged together), a streaming kernel for decode steps, and
 // the combine of context splits.
-#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
@@ -339,14 +338,17 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
   }
 }
 
-// ---- prefill attention on the tensor cores (WMMA, 16x16x16, float32 accumulators) ----------
+// ---- prefill attention on the tensor cores (mma.sync m16n8k16, float32 accumulators) --------
 // One block of 4 warps per (item, KV head): kMmaRows rows = the item's query tokens x the
-// group's heads (warp w owns rows 16w..16w+15). Per tile of 64 keys: S = Q K^T (bf16/f16
-// inputs), causal mask and online softmax in shared memory, P rounded to the input type, and
-// O += P V with O kept in shared memory in float32 (rescaled by each row's alpha first).
-// Rows in shared memory are padded (kMmaPad16 / kMmaPad32 elements) so that the fragment loads
-// of a column do not all hit one bank; 16-bit K/V caches of the model's type come in by cp.async.
-constexpr int kMmaThreads = 128, kMmaKeys = 64, kMmaPad16 = 8, kMmaPad32 = 4;
+// group's heads; warp w owns rows 16w..16w+15 and keeps their Q fragments, running max and sum
+// and the O accumulators in registers (flash-attention style). Per tile of 64 keys: S = Q K^T
+// from K in shared memory (ldmatrix), the causal mask and the online softmax on the S
+// fragments, P rounded to the input type and reused as the A operand of O += P V (V by
+// ldmatrix.trans). K/V tiles are double-buffered: 16-bit caches of the model's type come in by
+// cp.async while the previous tile is used; other caches are converted by the threads.
+// Shared-memory rows are padded by kMmaPad elements so that ldmatrix's eight rows fall in
+// different banks.
+constexpr int kMmaThreads = 128, kMmaKeys = 64, kMmaPad = 8;
 
 template <Act A>
 struct MmaType;
@@ -354,43 +356,63 @@ template <>
 struct MmaType<Act::kBF16> {
   using T = __nv_bfloat16;
   static __device__ __forceinline__ T from(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(unsigned u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u)); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 };
 template <>
 struct MmaType<Act::kF16> {
   using T = __half;
   static __device__ __forceinline__ T from(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(unsigned u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 };
+
+// Four 8x8 matrices of 16-bit values from shared memory; lane l gives the address of row l % 8
+// of matrix l / 8 (16-byte aligned); .trans hands each thread a column pair instead of a row pair.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 
 template <int D, Act A>
 constexpr std::size_t mma_smem_bytes() {
   using T = typename MmaType<A>::T;
-  return static_cast<std::size_t>(kMmaRows) * (D + kMmaPad16) * sizeof(T) * 1       // Q
-         + static_cast<std::size_t>(kMmaKeys) * (D + kMmaPad16) * sizeof(T) * 2      // K, V
-         + static_cast<std::size_t>(kMmaRows) * (kMmaKeys + kMmaPad32) * 4           // S
-         + static_cast<std::size_t>(kMmaRows) * (kMmaKeys + kMmaPad16) * sizeof(T)   // P
-         + static_cast<std::size_t>(kMmaRows) * (D + kMmaPad32) * 4                  // O
-         + static_cast<std::size_t>(kMmaRows) * 4 * 4;                               // m, l, alpha, query position
+  return (static_cast<std::size_t>(kMmaRows) + 4 * kMmaKeys) * (D + kMmaPad) * sizeof(T)  // Q; K, V double-buffered
+         + static_cast<std::size_t>(kMmaRows) * sizeof(int);                             // query positions
 }
 
 template <int D, Kv K, Act A>
 __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
-  namespace wmma = nvcuda::wmma;
   using M = MmaType<A>;
   using T = typename M::T;
-  constexpr int R = kMmaRows, BN = kMmaKeys;
-  // Leading dimensions (elements) of Q, K, V / S / P / O.
-  constexpr int LQ = D + kMmaPad16, LS = BN + kMmaPad32, LP = BN + kMmaPad16, LO = D + kMmaPad32;
+  constexpr int R = kMmaRows, BN = kMmaKeys, LD = D + kMmaPad, KD = D / 16, ND = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + R * LQ;
-  T* sV = sK + BN * LQ;
-  float* sS = reinterpret_cast<float*>(sV + BN * LQ);
-  T* sP = reinterpret_cast<T*>(sS + R * LS);
-  float* sO = reinterpret_cast<float*>(sP + R * LP);
-  float* s_m = sO + R * LO;
-  float* s_l = s_m + R;
-  float* s_alpha = s_l + R;
-  int* s_qpos = reinterpret_cast<int*>(s_alpha + R);
+  T* sK = sQ + R * LD;              // [2][BN][LD]
+  T* sV = sK + 2 * BN * LD;         // [2][BN][LD]
+  int* s_qpos = reinterpret_cast<int*>(sV + 2 * BN * LD);
 
   const int item = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = a.nh / a.nkv;
@@ -401,14 +423,9 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
     const int r = i / D, d = i % D;
     float v = 0.0f;
     if (r < rows) v = a.q[static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D + d];
-    sQ[r * LQ + d] = M::from(v);
-    sO[r * LO + d] = 0.0f;
+    sQ[r * LD + d] = M::from(v);
   }
-  if (tid < R) {
-    s_qpos[tid] = tid < rows ? a.positions[tok0 + tid / G] : -1;
-    s_m[tid] = -INFINITY;
-    s_l[tid] = 0.0f;
-  }
+  if (tid < R) s_qpos[tid] = tid < rows ? a.positions[tok0 + tid / G] : -1;
   const int kv_len = a.positions[tok0 + cnt - 1] + 1;
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
   const void* kc = a.kv_ptrs[2 * a.layer];
@@ -417,120 +434,170 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   // A cache of the model's 16-bit type without scales is copied as it is.
   constexpr bool kSameType = (K == Kv::kBF16 && A == Act::kBF16) || (K == Kv::kF16 && A == Act::kF16);
   const bool raw = kSameType && !a.k_scale && !a.v_scale;
-  const int r0 = warp * 16;
-  __syncthreads();
-  for (int t0 = 0; t0 < kv_len; t0 += BN) {
-    // K and V tiles in the MMA input type (zeros past the context).
-    if (raw) {
-      for (int i = tid; i < BN * D / 8; i += kMmaThreads) {
-        const int j = i / (D / 8), d0 = (i % (D / 8)) * 8, p = t0 + j;
-        T* dk = sK + j * LQ + d0;
-        T* dv = sV + j * LQ + d0;
-        if (p < kv_len) {
-          const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
-          const std::int64_t at = (slot * a.nkv + g) * D + d0;
-          cp_async16(dk, static_cast<const T*>(kc) + at);
-          cp_async16(dv, static_cast<const T*>(vc) + at);
-        } else {
-          *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
-          *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
-        }
+  const int tiles = (kv_len + BN - 1) / BN;
+
+  // Tile t's K and V into buffer t % 2: by cp.async (then committed as one group) or converted.
+  auto load_tile = [&](int t) {
+    T* dk = sK + (t % 2) * BN * LD;
+    T* dv = sV + (t % 2) * BN * LD;
+    for (int i = tid; i < BN * D / 8; i += kMmaThreads) {
+      const int j = i / (D / 8), d0 = (i % (D / 8)) * 8, p = t * BN + j;
+      T* rk = dk + j * LD + d0;
+      T* rv = dv + j * LD + d0;
+      if (p >= kv_len) {
+        *reinterpret_cast<uint4*>(rk) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(rv) = make_uint4(0, 0, 0, 0);
+        continue;
       }
-      cp_async_commit();
-      cp_async_wait<0>();
-    }
-    for (int i = tid; !raw && i < BN * D / 8; i += kMmaThreads) {
-      const int j = i / (D / 8), d0 = (i % (D / 8)) * 8, p = t0 + j;
-      float kx[8], vx[8];
-      if (p < kv_len) {
-        const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
-        const std::int64_t at = (slot * a.nkv + g) * D + d0;
+      const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
+      const std::int64_t at = (slot * a.nkv + g) * D + d0;
+      if (raw) {
+        cp_async16(rk, static_cast<const T*>(kc) + at);
+        cp_async16(rv, static_cast<const T*>(vc) + at);
+      } else {
+        float kx[8], vx[8];
         kv_load8<K>(kc, at, kx);
         kv_load8<K>(vc, at, vx);
-      } else {
 #pragma unroll
-        for (int v = 0; v < 8; ++v) kx[v] = vx[v] = 0.0f;
-      }
-#pragma unroll
-      for (int v = 0; v < 8; ++v) {
-        sK[j * LQ + d0 + v] = M::from(kx[v] * ks);
-        sV[j * LQ + d0 + v] = M::from(vx[v] * vs);
-      }
-    }
-    __syncthreads();
-    // S (this warp's 16 rows x 64 keys) = Q K^T.
-    {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_frag[BN / 16];
-#pragma unroll
-      for (int c = 0; c < BN / 16; ++c) wmma::fill_fragment(s_frag[c], 0.0f);
-#pragma unroll
-      for (int k = 0; k < D; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qa;
-        wmma::load_matrix_sync(qa, sQ + r0 * LQ + k, LQ);
-#pragma unroll
-        for (int c = 0; c < BN / 16; ++c) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kb;
-          wmma::load_matrix_sync(kb, sK + c * 16 * LQ + k, LQ);
-          wmma::mma_sync(s_frag[c], qa, kb, s_frag[c]);
+        for (int v = 0; v < 8; ++v) {
+          rk[v] = M::from(kx[v] * ks);
+          rv[v] = M::from(vx[v] * vs);
         }
       }
-#pragma unroll
-      for (int c = 0; c < BN / 16; ++c) wmma::store_matrix_sync(sS + r0 * LS + c * 16, s_frag[c], LS, wmma::mem_row_major);
     }
-    __syncwarp();
-    // Online softmax: two lanes per row, 32 keys each.
-    {
-      const int r = r0 + lane / 2, half = lane % 2;
-      const int qpos = s_qpos[r];
-      float mx = -INFINITY;
-      for (int j = half * 32; j < half * 32 + 32; ++j) {
-        const int p = t0 + j;
-        const float x = (p <= qpos && p < kv_len) ? sS[r * LS + j] * a.scale : -INFINITY;
-        sS[r * LS + j] = x;
-        mx = fmaxf(mx, x);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      const float m_old = s_m[r], m_new = fmaxf(m_old, mx);
-      float sum = 0.0f;
-      for (int j = half * 32; j < half * 32 + 32; ++j) {
-        const float e = m_new == -INFINITY ? 0.0f : expf(sS[r * LS + j] - m_new);
-        const T pe = M::from(e);
-        sP[r * LP + j] = pe;
-        sum += static_cast<float>(pe);
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      __syncwarp();
-      if (half == 0) {
-        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-        s_alpha[r] = alpha;
-        s_l[r] = s_l[r] * alpha + sum;
-        s_m[r] = m_new;
-      }
-    }
-    __syncwarp();
-    // O (this warp's rows) = alpha * O + P V.
-    for (int i = lane; i < 16 * D; i += 32) sO[(r0 + i / D) * LO + i % D] *= s_alpha[r0 + i / D];
-    __syncwarp();
+    cp_async_commit();
+  };
+
+  load_tile(0);
+  __syncthreads();  // Q and the query positions are in place
+  // This warp's Q fragments (A operands, one per 16 columns of D).
+  const int r0 = warp * 16;
+  unsigned qf[KD][4];
 #pragma unroll
-    for (int c = 0; c < D / 16; ++c) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_frag;
-      wmma::load_matrix_sync(o_frag, sO + r0 * LO + c * 16, LO, wmma::mem_row_major);
-#pragma unroll
-      for (int k = 0; k < BN; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vb;
-        wmma::load_matrix_sync(pa, sP + r0 * LP + k, LP);
-        wmma::load_matrix_sync(vb, sV + k * LQ + c * 16, LQ);
-        wmma::mma_sync(o_frag, pa, vb, o_frag);
-      }
-      wmma::store_matrix_sync(sO + r0 * LO + c * 16, o_frag, LO, wmma::mem_row_major);
-    }
-    __syncthreads();  // K/V tiles are replaced next
+  for (int kk = 0; kk < KD; ++kk) {
+    const int m = lane / 8;
+    ldmatrix_x4(qf[kk], sQ + (r0 + (m % 2) * 8 + lane % 8) * LD + kk * 16 + (m / 2) * 8);
   }
-  for (int i = tid; i < rows * D; i += kMmaThreads) {
-    const int r = i / D, d = i % D;
-    const std::int64_t at = static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D + d;
-    act_store<A>(a.out, at, s_l[r] > 0.0f ? sO[r * LO + d] / s_l[r] : 0.0f);
+  // Each thread holds rows r0 + lane / 4 (index 0) and r0 + lane / 4 + 8 (index 1).
+  const int qpos[2] = {s_qpos[r0 + lane / 4], s_qpos[r0 + lane / 4 + 8]};
+  int top = max(qpos[0], qpos[1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+  const float scale = a.scale * 1.4426950408889634f;  // exp2 domain
+  float o_acc[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) {
+      load_tile(t + 1);
+      cp_async_wait<1>();  // tile t has landed; t + 1 may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int t0 = t * BN;
+    if (t0 <= top) {  // some row of this warp sees a key of the tile
+      const T* k_tile = sK + (t % 2) * BN * LD;
+      const T* v_tile = sV + (t % 2) * BN * LD;
+      // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
+      float s[BN / 8][4];
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+#pragma unroll
+        for (int n = 0; n < BN / 8; n += 2) {
+          // Matrices: keys of fragment n (d lo, d hi), then of fragment n + 1.
+          const int m = lane / 8;
+          unsigned b[4];
+          ldmatrix_x4(b, k_tile + ((n + m / 2) * 8 + lane % 8) * LD + kk * 16 + (m % 2) * 8);
+          M::mma(s[n], qf[kk], b[0], b[1]);
+          M::mma(s[n + 1], qf[kk], b[2], b[3]);
+        }
+      }
+      // Mask, scale, online softmax; P rounded to T and summed as rounded.
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int p = t0 + n * 8 + (lane % 4) * 2 + (e % 2), h = e / 2;
+          const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] * scale : -INFINITY;
+          s[n][e] = x;
+          mx[h] = fmaxf(mx[h], x);
+        }
+      }
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float m_new = fmaxf(m_run[h], mx[h]);
+        alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
+        m_run[h] = m_new;
+      }
+      unsigned pf[BN / 16][4];  // P as A operands, one per 16 keys
+      float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) {
+        float e4[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          e4[e] = m_run[h] == -INFINITY ? 0.0f : exp2f(s[n][e] - m_run[h]);
+        }
+        const unsigned lo = M::pack(e4[0], e4[1]), hi = M::pack(e4[2], e4[3]);
+        const float2 rl = M::unpack(lo), rh = M::unpack(hi);
+        sum[0] += rl.x + rl.y;
+        sum[1] += rh.x + rh.y;
+        // Fragment n is keys 8n..8n+7: the low (n even) or high (n odd) half of 16-key step n / 2.
+        pf[n / 2][(n % 2) * 2 + 0] = lo;
+        pf[n / 2][(n % 2) * 2 + 1] = hi;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + sum[h];
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        o_acc[n][0] *= alpha[0];
+        o_acc[n][1] *= alpha[0];
+        o_acc[n][2] *= alpha[1];
+        o_acc[n][3] *= alpha[1];
+      }
+      // O += P V: B operands from V (keys x d) transposed by ldmatrix.
+#pragma unroll
+      for (int j = 0; j < BN / 16; ++j) {
+#pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+          const int m = lane / 8;
+          unsigned b[4];
+          ldmatrix_x4_trans(b, v_tile + (j * 16 + (m % 2) * 8 + lane % 8) * LD + (n + m / 2) * 8);
+          M::mma(o_acc[n], pf[j], b[0], b[1]);
+          M::mma(o_acc[n + 1], pf[j], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // buffer t % 2 is refilled by the next iteration's load of tile t + 2
+  }
+  // The row sums over the quad (each thread summed its own columns).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + lane / 4 + h * 8;
+    if (r >= rows) continue;
+    const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
+    const std::int64_t base = static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const int d = n * 8 + (lane % 4) * 2;
+      act_store<A>(a.out, base + d, o_acc[n][2 * h] * inv);
+      act_store<A>(a.out, base + d + 1, o_acc[n][2 * h + 1] * inv);
+    }
   }
 }
 
