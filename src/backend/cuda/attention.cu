@@ -642,29 +642,51 @@ void run_prefill_mma(const AttnArgs& a, cudaStream_t s) {
   prefill_mma_kernel<D, K, A><<<grid, kMmaThreads, smem, s>>>(a);
 }
 
+// Partials of split contexts summed into the output: one block per (item, KV head), one thread
+// per output element of the item's rows where it can.
+template <int D>
+void combine_splits(const AttnArgs& a, cudaStream_t s) {
+  if (a.splits <= 1 || a.num_items == 0) return;
+  dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv));
+  LMSERVE_WITH_ACT(a.act, A, (attention_combine_kernel<A><<<grid, std::min(1024, kAttnRows * D), 0, s>>>(a)));
+}
+
 template <int D>
 void run_attention(const AttnArgs& a, cudaStream_t s) {
-  dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv), static_cast<unsigned>(a.splits));
   const int group = a.nh / a.nkv;
-  if (a.single && group <= 4) {
-    LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (decode_attention_kernel<D, K, A, 4><<<grid, kDecodeThreads, kDecodeRingBytes, s>>>(a))));
-  } else if (a.single && group <= 8) {
-    LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (decode_attention_kernel<D, K, A, 8><<<grid, kDecodeThreads, kDecodeRingBytes, s>>>(a))));
-  } else if (!a.single && mma_prefill(D, a.act)) {
+  AttnArgs rest = a;  // what the prefill kernels take
+  if (a.num_single > 0 && group <= 8) {
+    AttnArgs d = a;
+    d.num_items = a.num_single;
+    dim3 grid(static_cast<unsigned>(d.num_items), static_cast<unsigned>(d.nkv), static_cast<unsigned>(d.splits));
+    if (group <= 4) {
+      LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (decode_attention_kernel<D, K, A, 4><<<grid, kDecodeThreads, kDecodeRingBytes, s>>>(d))));
+    } else {
+      LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (decode_attention_kernel<D, K, A, 8><<<grid, kDecodeThreads, kDecodeRingBytes, s>>>(d))));
+    }
+    combine_splits<D>(d, s);
+    rest.item_token += a.num_single;
+    rest.item_count += a.num_single;
+    rest.item_seq += a.num_single;
+    rest.num_items -= a.num_single;
+    rest.num_single = 0;
+    rest.splits = 1;
+  } else if (a.num_single < a.num_items) {
+    rest.splits = 1;  // the tiled kernel splits contexts only when every item is one token
+  }
+  if (rest.num_items == 0) return;
+  if (mma_prefill(D, rest.act) && rest.num_single < rest.num_items) {
     if constexpr (D == 64 || D == 128) {
-      if (a.act == Act::kBF16) {
-        LMSERVE_WITH_KV(a.kv, K, (run_prefill_mma<D, K, Act::kBF16>(a, s)));
+      if (rest.act == Act::kBF16) {
+        LMSERVE_WITH_KV(rest.kv, K, (run_prefill_mma<D, K, Act::kBF16>(rest, s)));
       } else {
-        LMSERVE_WITH_KV(a.kv, K, (run_prefill_mma<D, K, Act::kF16>(a, s)));
+        LMSERVE_WITH_KV(rest.kv, K, (run_prefill_mma<D, K, Act::kF16>(rest, s)));
       }
     }
   } else {
-    LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (attention_kernel<D, K, A><<<grid, kAttnThreads, 0, s>>>(a))));
-  }
-  if (a.splits > 1) {
-    dim3 cgrid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv));
-    // One thread per output element of the item's rows where it can.
-    LMSERVE_WITH_ACT(a.act, A, (attention_combine_kernel<A><<<cgrid, std::min(1024, kAttnRows * D), 0, s>>>(a)));
+    dim3 grid(static_cast<unsigned>(rest.num_items), static_cast<unsigned>(rest.nkv), static_cast<unsigned>(rest.splits));
+    LMSERVE_WITH_ACT(rest.act, A, LMSERVE_WITH_KV(rest.kv, K, (attention_kernel<D, K, A><<<grid, kAttnThreads, 0, s>>>(rest))));
+    combine_splits<D>(rest, s);
   }
 }
 

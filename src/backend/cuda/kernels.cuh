@@ -56,7 +56,10 @@ struct QkvRopeArgs {
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s);
 
 // Work items: item i covers tokens item_token[i] .. + item_count[i] - 1 of sequence
-// item_seq[i] (consecutive positions), item_count[i] = at most attention_item_tokens().
+// item_seq[i] (consecutive positions), item_count[i] = at most attention_item_tokens(). The
+// first num_single items have one token each (decode rows, also inside a mixed step): they go
+// to the streaming decode kernel (groups <= 8), split along the context when splits > 1; the
+// other items go to the prefill kernel, unsplit.
 struct AttnArgs {
   const float* q = nullptr;  // [T, nh * D]
   void* const* kv_ptrs = nullptr;
@@ -73,9 +76,9 @@ struct AttnArgs {
   const std::int32_t* bt_stride = nullptr;     // device scalar, so graphs stay valid
   int block_size = 16, nh = 0, nkv = 0, D = 0;
   float scale = 1.0f;
-  int splits = 1;             // > 1: the context is split and partials combined
-  bool single = false;        // every item is one token (decode): the streaming kernel when the group is <= 8
-  float* partial = nullptr;   // [num_items, splits, kAttnRows, D + 2]
+  int num_single = 0;         // items [0, num_single) are one token each
+  int splits = 1;             // > 1: the one-token items' contexts are split and partials combined
+  float* partial = nullptr;   // [num_single, nkv, splits, kAttnRows, D + 2]
   void* out = nullptr;        // [T, nh * D] in act
   Act act = Act::kF32;
 };
