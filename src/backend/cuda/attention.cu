@@ -177,6 +177,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
   __shared__ float s_m[GM], s_l[GM], s_alpha[GM];
   const int item = blockIdx.x, g = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
   const int G = a.nh / a.nkv, lane = tid & 31, warp = tid >> 5;
+  pdl_wait();
+  pdl_release();
   const int tok = a.item_token[item], seq = a.item_seq[item];
   const int row = tid / TPR, d0 = (tid % TPR) * 8;
   const std::int64_t qrow = static_cast<std::int64_t>(tok) * a.nh * D + static_cast<std::int64_t>(g) * G * D;
@@ -603,6 +605,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
 
 template <Act A>
 __global__ void attention_combine_kernel(AttnArgs a) {
+  pdl_wait();
+  pdl_release();
   const int item = blockIdx.x, g = blockIdx.y, D = a.D;
   const int group = a.nh / a.nkv;
   const int tok0 = a.item_token[item], rows = a.item_count[item] * group;
@@ -648,7 +652,7 @@ template <int D>
 void combine_splits(const AttnArgs& a, cudaStream_t s) {
   if (a.splits <= 1 || a.num_items == 0) return;
   dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv));
-  LMSERVE_WITH_ACT(a.act, A, (attention_combine_kernel<A><<<grid, std::min(1024, kAttnRows * D), 0, s>>>(a)));
+  LMSERVE_WITH_ACT(a.act, A, (launch_pdl(attention_combine_kernel<A>, grid, dim3(std::min(1024, kAttnRows * D)), 0, s, a)));
 }
 
 template <int D>
@@ -660,9 +664,9 @@ void run_attention(const AttnArgs& a, cudaStream_t s) {
     d.num_items = a.num_single;
     dim3 grid(static_cast<unsigned>(d.num_items), static_cast<unsigned>(d.nkv), static_cast<unsigned>(d.splits));
     if (group <= 4) {
-      LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (decode_attention_kernel<D, K, A, 4><<<grid, kDecodeThreads, kDecodeRingBytes, s>>>(d))));
+      LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 4>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
     } else {
-      LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (decode_attention_kernel<D, K, A, 8><<<grid, kDecodeThreads, kDecodeRingBytes, s>>>(d))));
+      LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 8>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
     }
     combine_splits<D>(d, s);
     rest.item_token += a.num_single;

@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) wr[r] = reinterpret_cast<const uint4*>(w + static_cast<std::int64_t>(min(row0 + r, m - 1)) * k);
   float acc[kGemvRows][N] = {};
-  for (int c0 = part * 32 + lane; c0 < chunks; c0 += stride * kGemvLoads) {
-    uint4 raw[kGemvLoads][kGemvRows];
+  uint4 raw[kGemvLoads][kGemvRows];
+  auto load_w = [&](int c0) {
 #pragma unroll
     for (int u = 0; u < kGemvLoads; ++u) {
       const int c = c0 + u * stride;
@@ -40,6 +40,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
         if (c < chunks) raw[u][r] = __ldg(wr[r] + c);
       }
     }
+  };
+  // The first weights are asked for before the wait for the previous kernel (no kernel writes
+  // W): under programmatic dependent launch the stream starts during that kernel's tail.
+  load_w(part * 32 + lane);
+  pdl_wait();
+  pdl_release();
+  for (int c0 = part * 32 + lane; c0 < chunks; c0 += stride * kGemvLoads) {
+    if (c0 != part * 32 + lane) load_w(c0);
 #pragma unroll
     for (int u = 0; u < kGemvLoads; ++u) {
       const int c = c0 + u * stride;
@@ -48,7 +56,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
       for (int t = 0; t < N; ++t) {
         if (t < n) {
           float xf[8];
-          unpack8<A>(__ldg(reinterpret_cast<const uint4*>(x + static_cast<std::int64_t>(t) * k) + c), xf);
+          // X was written by the previous kernel: read through L2 only.
+          unpack8<A>(__ldcg(reinterpret_cast<const uint4*>(x + static_cast<std::int64_t>(t) * k) + c), xf);
 #pragma unroll
           for (int r = 0; r < kGemvRows; ++r) {
             float wf[8];
@@ -98,9 +107,9 @@ void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, float* y,
   const int rows_per_block = kGemvThreads / 32 / S * kGemvRows;
   const unsigned blocks = static_cast<unsigned>((m + rows_per_block - 1) / rows_per_block);
   if (n == 1) {
-    gemv_kernel<A, 1, S><<<blocks, kGemvThreads, 0, s>>>(w, x, y, m, n, k);
+    launch_pdl(gemv_kernel<A, 1, S>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k);
   } else {
-    gemv_kernel<A, 2, S><<<blocks, kGemvThreads, 0, s>>>(w, x, y, m, n, k);
+    launch_pdl(gemv_kernel<A, 2, S>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k);
   }
 }
 
