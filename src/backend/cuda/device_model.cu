@@ -280,9 +280,10 @@ class CudaModel final : public DeviceModel {
     return {};
   }
 
-  int splits_for(int items, bool single_token_items) const {
-    if (!single_token_items) return 1;
-    const std::int64_t work = static_cast<std::int64_t>(items) * d_.kv_heads;
+  // Key splits for the decode kernel's one-token items (none in a step without them).
+  int splits_for(int single_items) const {
+    if (single_items <= 0) return 1;
+    const std::int64_t work = static_cast<std::int64_t>(single_items) * d_.kv_heads;
     if (work >= 4 * sms_) return 1;
     return static_cast<int>(std::min<std::int64_t>(16, (4 * sms_ + work - 1) / work));
   }
@@ -304,7 +305,7 @@ class CudaModel final : public DeviceModel {
     LMSERVE_TRY(sampled_.alloc(R * 4));
     // Split-context partials: at most 4 x SMs + one wave of (item, head) blocks use splits.
     std::size_t split_blocks = 0;
-    for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n, true)));
+    for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n)));
     LMSERVE_TRY(partial_.alloc(split_blocks * kAttnRows * (D + 2) * 4));
     LMSERVE_TRY(kv_ptrs_.alloc(2 * d_.layers * sizeof(void*)));
     LMSERVE_TRY(k_scale_.alloc(d_.layers * d_.kv_heads * 4));
@@ -486,7 +487,7 @@ class CudaModel final : public DeviceModel {
       at.D = D;
       at.scale = 1.0f / std::sqrt(static_cast<float>(D));
       at.num_single = num_single;
-      at.splits = splits_for(num_single, true);
+      at.splits = splits_for(num_single);
       at.partial = partial_.as<float>();
       at.out = attn_.p;
       at.act = act_;
