@@ -1,6 +1,8 @@
 // Paged attention kernels (kernels.cuh, launch_attention): a tiled kernel for prefill and
 // chunks (query rows of one item staged together), a streaming kernel for decode steps, and
 // the combine of context splits.
+
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/device_util.cuh"
@@ -11,6 +13,15 @@ namespace {
 
 constexpr int kAttnThreads = 128;
 constexpr int kKeyTile = 32;
+// A context split covers at least this many keys: short contexts use fewer of the planned
+// splits (the blocks of the others return at once, and the combine skips them).
+constexpr int kMinSplitKeys = 64;
+
+// Keys per split of a kv_len-key context planned for `splits` splits: a multiple of kKeyTile.
+__device__ __forceinline__ int split_keys(int kv_len, int splits) {
+  const int per = max((kv_len + splits - 1) / splits, kMinSplitKeys);
+  return (per + kKeyTile - 1) / kKeyTile * kKeyTile;
+}
 
 // One block per (work item, KV head, context split). The item's query rows (tokens x the
 // group's heads) attend to KV tiles staged in shared memory, so each K/V element is read
@@ -41,9 +52,9 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
     s_l[tid] = 0.0f;
   }
   const int kv_len = a.positions[tok0 + cnt - 1] + 1;
-  int per = (kv_len + a.splits - 1) / a.splits;
-  per = (per + kKeyTile - 1) / kKeyTile * kKeyTile;
+  const int per = split_keys(kv_len, a.splits);
   const int begin = split * per, end = min(kv_len, begin + per);
+  if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
   const void* kc = a.kv_ptrs[2 * a.layer];
   const void* vc = a.kv_ptrs[2 * a.layer + 1];
@@ -128,21 +139,46 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
 }
 
 // Decode attention (every item is one query token): one block per (item, KV head, split)
-// streams the split's keys in chunks. A K or V row is read once for the whole GQA group with
-// 8-element vector loads, D / 8 threads per row; each of the group's GM (>= G) query heads
-// keeps its running max and sum. Scores of a chunk go through shared memory; the per-row
-// partial outputs are summed at the end.
+// streams the split's keys in chunks of kDecodeChunk. K and V rows reach shared memory by
+// cp.async through a ring of kDecodeRing tiles (8 KB each; the order of use: a chunk's K
+// tiles, then its V tiles), so up to seven tiles per block are in flight without holding a
+// register: loads issued one at a time by the threads that use them left a long context
+// streaming at ~1.1 TB/s (one 16-byte load per thread in flight). A row is read once for the
+// whole GQA group, D / 8 threads per row with 8 elements each; each of the group's GM (>= G)
+// query heads keeps its running max and sum. Scores of a chunk go through shared memory; the
+// per-row partial outputs are summed at the end (in the ring's memory).
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeChunk = 256;
+constexpr int kDecodeTileBytes = 8192, kDecodeRing = 8;
+constexpr int kDecodeRingBytes = kDecodeTileBytes * kDecodeRing;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+template <Kv K>
+inline constexpr int kKvElemBytes = K == Kv::kF32 ? 4 : (K == Kv::kBF16 || K == Kv::kF16 ? 2 : 1);
 
 template <int D, Kv K, Act A, int GM>
 __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnArgs a) {
   constexpr int TPR = D / 8, RPP = kDecodeThreads / TPR;
+  constexpr int kRowBytes = D * kKvElemBytes<K>, kUnits = kRowBytes / 16;
+  constexpr int KS = kDecodeTileBytes / kRowBytes < kDecodeChunk ? kDecodeTileBytes / kRowBytes : kDecodeChunk;  // keys per tile
+  static_assert(kRowBytes % 16 == 0 && kDecodeChunk % KS == 0, "tiles of whole 16-byte rows");
+  static_assert(static_cast<std::size_t>(RPP) * GM * D * sizeof(float) <= kDecodeRingBytes, "the final sums fit in the ring");
+  extern __shared__ __align__(16) unsigned char s_ring[];
   __shared__ float s_p[GM][kDecodeChunk];
-  __shared__ float s_red[RPP][GM][D];
   __shared__ float s_m[GM], s_l[GM], s_alpha[GM];
   const int item = blockIdx.x, g = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
   const int G = a.nh / a.nkv, lane = tid & 31, warp = tid >> 5;
+  pdl_wait();
+  pdl_release();
   const int tok = a.item_token[item], seq = a.item_seq[item];
   const int row = tid / TPR, d0 = (tid % TPR) * 8;
   const std::int64_t qrow = static_cast<std::int64_t>(tok) * a.nh * D + static_cast<std::int64_t>(g) * G * D;
@@ -160,48 +196,78 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
     s_l[tid] = 0.0f;
   }
   const int kv_len = a.positions[tok] + 1;
-  int per = (kv_len + a.splits - 1) / a.splits;
-  per = (per + kKeyTile - 1) / kKeyTile * kKeyTile;
+  const int per = split_keys(kv_len, a.splits);
   const int begin = split * per, end = min(kv_len, begin + per);
+  if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
-  const void* kc = a.kv_ptrs[2 * a.layer];
-  const void* vc = a.kv_ptrs[2 * a.layer + 1];
+  const char* kc = static_cast<const char*>(a.kv_ptrs[2 * a.layer]);
+  const char* vc = static_cast<const char*>(a.kv_ptrs[2 * a.layer + 1]);
   const float kscale = (a.k_scale ? a.k_scale[g] : 1.0f) * a.scale, vs = a.v_scale ? a.v_scale[g] : 1.0f;
-  auto at = [&](int p) {
-    const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
-    return (slot * a.nkv + g) * D + d0;
+
+  // Tile i of the split, in the order of use: chunk c holds nt(c) K tiles then nt(c) V tiles
+  // (nt = kDecodeChunk / KS but for the last, shorter chunk).
+  const int chunks = (end - begin + kDecodeChunk - 1) / kDecodeChunk;
+  const int last_n = end - begin - (chunks - 1) * kDecodeChunk, last_nt = (last_n + KS - 1) / KS;
+  const int tiles = (chunks - 1) * 2 * (kDecodeChunk / KS) + 2 * last_nt;
+  auto issue = [&](int i) {
+    if (i < tiles) {
+      const int c = i / (2 * (kDecodeChunk / KS)), r = i % (2 * (kDecodeChunk / KS));
+      const int nt = c == chunks - 1 ? last_nt : kDecodeChunk / KS;
+      const bool is_v = r >= nt;
+      const int k0 = begin + c * kDecodeChunk + (is_v ? r - nt : r) * KS, n = min(KS, end - k0);
+      const char* base = is_v ? vc : kc;
+      unsigned char* dst = s_ring + (i % kDecodeRing) * kDecodeTileBytes;
+      for (int u = tid; u < n * kUnits; u += kDecodeThreads) {
+        const int j = u / kUnits, w = u % kUnits, p = k0 + j;
+        const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
+        cp_async16(dst + j * kRowBytes + w * 16, base + ((slot * a.nkv + g) * D) * kKvElemBytes<K> + w * 16);
+      }
+    }
+    cp_async_commit();  // one group per tile index, empty past the end, so the waits count tiles
   };
-  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kDecodeRing - 1; ++i) issue(i);
+  int i = 0;
+  // Tile i has landed for every thread, tile i - 1's slot is free again, tile i + ring - 1 is asked for.
+  auto next_tile = [&]() -> const void* {
+    cp_async_wait<kDecodeRing - 2>();
+    __syncthreads();
+    issue(i + kDecodeRing - 1);
+    return s_ring + (i % kDecodeRing) * kDecodeTileBytes;
+  };
   for (int c0 = begin; c0 < end; c0 += kDecodeChunk) {
-    const int n = min(kDecodeChunk, end - c0);
+    const int n = min(kDecodeChunk, end - c0), nt = (n + KS - 1) / KS;
     // Scores. The trip count is the same for every thread, so the row's shuffles converge.
-    for (int j0 = 0; j0 < n; j0 += RPP) {
-      const int j = j0 + row;
-      const bool ok = j < n;
-      float k[8];
-      if (ok) {
-        kv_load8<K>(kc, at(c0 + j), k);
-      } else {
+    for (int t = 0; t < nt; ++t, ++i) {
+      const void* tile = next_tile();
+      for (int j0 = 0; j0 < KS; j0 += RPP) {
+        const int j = t * KS + j0 + row;
+        const bool ok = j < n;
+        float k[8];
+        if (ok) {
+          kv_load8<K>(tile, static_cast<std::int64_t>(j0 + row) * D + d0, k);
+        } else {
 #pragma unroll
-        for (int v = 0; v < 8; ++v) k[v] = 0.0f;
-      }
-      float dot[GM];
-#pragma unroll
-      for (int h = 0; h < GM; ++h) {
-        float s = 0.0f;
-#pragma unroll
-        for (int v = 0; v < 8; ++v) s += q[h][v] * k[v];
-        dot[h] = s;
-      }
-#pragma unroll
-      for (int o = TPR / 2; o > 0; o >>= 1) {
-#pragma unroll
-        for (int h = 0; h < GM; ++h) dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], o);
-      }
-      if (ok && d0 == 0) {
+          for (int v = 0; v < 8; ++v) k[v] = 0.0f;
+        }
+        float dot[GM];
 #pragma unroll
         for (int h = 0; h < GM; ++h) {
-          if (h < G) s_p[h][j] = dot[h] * kscale;
+          float s = 0.0f;
+#pragma unroll
+          for (int v = 0; v < 8; ++v) s += q[h][v] * k[v];
+          dot[h] = s;
+        }
+#pragma unroll
+        for (int o = TPR / 2; o > 0; o >>= 1) {
+#pragma unroll
+          for (int h = 0; h < GM; ++h) dot[h] += __shfl_xor_sync(0xffffffffu, dot[h], o);
+        }
+        if (ok && d0 == 0) {
+#pragma unroll
+          for (int h = 0; h < GM; ++h) {
+            if (h < G) s_p[h][j] = dot[h] * kscale;
+          }
         }
       }
     }
@@ -232,28 +298,33 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
 #pragma unroll
       for (int v = 0; v < 8; ++v) acc[h][v] *= alpha;
     }
-    for (int j = row; j < n; j += RPP) {
-      float x[8];
-      kv_load8<K>(vc, at(c0 + j), x);
+    for (int t = 0; t < nt; ++t, ++i) {
+      const void* tile = next_tile();
+      for (int jj = row; jj < KS && t * KS + jj < n; jj += RPP) {
+        float x[8];
+        kv_load8<K>(tile, static_cast<std::int64_t>(jj) * D + d0, x);
 #pragma unroll
-      for (int h = 0; h < GM; ++h) {
-        if (h < G) {
-          const float p = s_p[h][j] * vs;
+        for (int h = 0; h < GM; ++h) {
+          if (h < G) {
+            const float p = s_p[h][t * KS + jj] * vs;
 #pragma unroll
-          for (int v = 0; v < 8; ++v) acc[h][v] += p * x[v];
+            for (int v = 0; v < 8; ++v) acc[h][v] += p * x[v];
+          }
         }
       }
     }
-    __syncthreads();
   }
+  cp_async_wait<0>();
+  __syncthreads();  // every tile used: the ring holds the per-row sums now
+  auto s_red = reinterpret_cast<float (*)[GM][D]>(s_ring);
 #pragma unroll
   for (int h = 0; h < GM; ++h) {
 #pragma unroll
     for (int v = 0; v < 8; ++v) s_red[row][h][d0 + v] = acc[h][v];
   }
   __syncthreads();
-  for (int i = tid; i < G * D; i += kDecodeThreads) {
-    const int h = i / D, d = i % D;
+  for (int e = tid; e < G * D; e += kDecodeThreads) {
+    const int h = e / D, d = e % D;
     float o = 0.0f;
     for (int r = 0; r < RPP; ++r) o += s_red[r][h][d];
     if (a.splits == 1) {
@@ -269,18 +340,287 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
   }
 }
 
+// ---- prefill attention on the tensor cores (mma.sync m16n8k16, float32 accumulators) --------
+// One block of 4 warps per (item, KV head): kMmaRows rows = the item's query tokens x the
+// group's heads; warp w owns rows 16w..16w+15 and keeps their Q fragments, running max and sum
+// and the O accumulators in registers (flash-attention style). Per tile of 64 keys: S = Q K^T
+// from K in shared memory (ldmatrix), the causal mask and the online softmax on the S
+// fragments, P rounded to the input type and reused as the A operand of O += P V (V by
+// ldmatrix.trans). K/V tiles are double-buffered: 16-bit caches of the model's type come in by
+// cp.async while the previous tile is used; other caches are converted by the threads.
+// Shared-memory rows are padded by kMmaPad elements so that ldmatrix's eight rows fall in
+// different banks.
+constexpr int kMmaThreads = 128, kMmaKeys = 64, kMmaPad = 8;
+
+template <Act A>
+struct MmaType;
+template <>
+struct MmaType<Act::kBF16> {
+  using T = __nv_bfloat16;
+  static __device__ __forceinline__ T from(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(unsigned u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u)); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaType<Act::kF16> {
+  using T = __half;
+  static __device__ __forceinline__ T from(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(unsigned u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Four 8x8 matrices of 16-bit values from shared memory; lane l gives the address of row l % 8
+// of matrix l / 8 (16-byte aligned); .trans hands each thread a column pair instead of a row pair.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <int D, Act A>
+constexpr std::size_t mma_smem_bytes() {
+  using T = typename MmaType<A>::T;
+  return (static_cast<std::size_t>(kMmaRows) + 4 * kMmaKeys) * (D + kMmaPad) * sizeof(T)  // Q; K, V double-buffered
+         + static_cast<std::size_t>(kMmaRows) * sizeof(int);                             // query positions
+}
+
+template <int D, Kv K, Act A>
+__global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
+  using M = MmaType<A>;
+  using T = typename M::T;
+  constexpr int R = kMmaRows, BN = kMmaKeys, LD = D + kMmaPad, KD = D / 16, ND = D / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sK = sQ + R * LD;              // [2][BN][LD]
+  T* sV = sK + 2 * BN * LD;         // [2][BN][LD]
+  int* s_qpos = reinterpret_cast<int*>(sV + 2 * BN * LD);
+
+  const int item = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int G = a.nh / a.nkv;
+  const int tok0 = a.item_token[item], cnt = a.item_count[item], seq = a.item_seq[item];
+  const int rows = cnt * G;
+  const int qstride = a.nh * D;
+  for (int i = tid; i < R * D; i += kMmaThreads) {
+    const int r = i / D, d = i % D;
+    float v = 0.0f;
+    if (r < rows) v = a.q[static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D + d];
+    sQ[r * LD + d] = M::from(v);
+  }
+  if (tid < R) s_qpos[tid] = tid < rows ? a.positions[tok0 + tid / G] : -1;
+  const int kv_len = a.positions[tok0 + cnt - 1] + 1;
+  const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
+  const void* kc = a.kv_ptrs[2 * a.layer];
+  const void* vc = a.kv_ptrs[2 * a.layer + 1];
+  const float ks = a.k_scale ? a.k_scale[g] : 1.0f, vs = a.v_scale ? a.v_scale[g] : 1.0f;
+  // A cache of the model's 16-bit type without scales is copied as it is.
+  constexpr bool kSameType = (K == Kv::kBF16 && A == Act::kBF16) || (K == Kv::kF16 && A == Act::kF16);
+  const bool raw = kSameType && !a.k_scale && !a.v_scale;
+  const int tiles = (kv_len + BN - 1) / BN;
+
+  // Tile t's K and V into buffer t % 2: by cp.async (then committed as one group) or converted.
+  auto load_tile = [&](int t) {
+    T* dk = sK + (t % 2) * BN * LD;
+    T* dv = sV + (t % 2) * BN * LD;
+    for (int i = tid; i < BN * D / 8; i += kMmaThreads) {
+      const int j = i / (D / 8), d0 = (i % (D / 8)) * 8, p = t * BN + j;
+      T* rk = dk + j * LD + d0;
+      T* rv = dv + j * LD + d0;
+      if (p >= kv_len) {
+        *reinterpret_cast<uint4*>(rk) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(rv) = make_uint4(0, 0, 0, 0);
+        continue;
+      }
+      const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
+      const std::int64_t at = (slot * a.nkv + g) * D + d0;
+      if (raw) {
+        cp_async16(rk, static_cast<const T*>(kc) + at);
+        cp_async16(rv, static_cast<const T*>(vc) + at);
+      } else {
+        float kx[8], vx[8];
+        kv_load8<K>(kc, at, kx);
+        kv_load8<K>(vc, at, vx);
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+          rk[v] = M::from(kx[v] * ks);
+          rv[v] = M::from(vx[v] * vs);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  load_tile(0);
+  __syncthreads();  // Q and the query positions are in place
+  // This warp's Q fragments (A operands, one per 16 columns of D).
+  const int r0 = warp * 16;
+  unsigned qf[KD][4];
+#pragma unroll
+  for (int kk = 0; kk < KD; ++kk) {
+    const int m = lane / 8;
+    ldmatrix_x4(qf[kk], sQ + (r0 + (m % 2) * 8 + lane % 8) * LD + kk * 16 + (m / 2) * 8);
+  }
+  // Each thread holds rows r0 + lane / 4 (index 0) and r0 + lane / 4 + 8 (index 1).
+  const int qpos[2] = {s_qpos[r0 + lane / 4], s_qpos[r0 + lane / 4 + 8]};
+  int top = max(qpos[0], qpos[1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+  const float scale = a.scale * 1.4426950408889634f;  // exp2 domain
+  float o_acc[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < tiles; ++t) {
+    if (t + 1 < tiles) {
+      load_tile(t + 1);
+      cp_async_wait<1>();  // tile t has landed; t + 1 may still be in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int t0 = t * BN;
+    if (t0 <= top) {  // some row of this warp sees a key of the tile
+      const T* k_tile = sK + (t % 2) * BN * LD;
+      const T* v_tile = sV + (t % 2) * BN * LD;
+      // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
+      float s[BN / 8][4];
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+#pragma unroll
+        for (int n = 0; n < BN / 8; n += 2) {
+          // Matrices: keys of fragment n (d lo, d hi), then of fragment n + 1.
+          const int m = lane / 8;
+          unsigned b[4];
+          ldmatrix_x4(b, k_tile + ((n + m / 2) * 8 + lane % 8) * LD + kk * 16 + (m % 2) * 8);
+          M::mma(s[n], qf[kk], b[0], b[1]);
+          M::mma(s[n + 1], qf[kk], b[2], b[3]);
+        }
+      }
+      // Mask, scale, online softmax; P rounded to T and summed as rounded.
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int p = t0 + n * 8 + (lane % 4) * 2 + (e % 2), h = e / 2;
+          const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] * scale : -INFINITY;
+          s[n][e] = x;
+          mx[h] = fmaxf(mx[h], x);
+        }
+      }
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float m_new = fmaxf(m_run[h], mx[h]);
+        alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
+        m_run[h] = m_new;
+      }
+      unsigned pf[BN / 16][4];  // P as A operands, one per 16 keys
+      float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int n = 0; n < BN / 8; ++n) {
+        float e4[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          e4[e] = m_run[h] == -INFINITY ? 0.0f : exp2f(s[n][e] - m_run[h]);
+        }
+        const unsigned lo = M::pack(e4[0], e4[1]), hi = M::pack(e4[2], e4[3]);
+        const float2 rl = M::unpack(lo), rh = M::unpack(hi);
+        sum[0] += rl.x + rl.y;
+        sum[1] += rh.x + rh.y;
+        // Fragment n is keys 8n..8n+7: the low (n even) or high (n odd) half of 16-key step n / 2.
+        pf[n / 2][(n % 2) * 2 + 0] = lo;
+        pf[n / 2][(n % 2) * 2 + 1] = hi;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + sum[h];
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        o_acc[n][0] *= alpha[0];
+        o_acc[n][1] *= alpha[0];
+        o_acc[n][2] *= alpha[1];
+        o_acc[n][3] *= alpha[1];
+      }
+      // O += P V: B operands from V (keys x d) transposed by ldmatrix.
+#pragma unroll
+      for (int j = 0; j < BN / 16; ++j) {
+#pragma unroll
+        for (int n = 0; n < ND; n += 2) {
+          const int m = lane / 8;
+          unsigned b[4];
+          ldmatrix_x4_trans(b, v_tile + (j * 16 + (m % 2) * 8 + lane % 8) * LD + (n + m / 2) * 8);
+          M::mma(o_acc[n], pf[j], b[0], b[1]);
+          M::mma(o_acc[n + 1], pf[j], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // buffer t % 2 is refilled by the next iteration's load of tile t + 2
+  }
+  // The row sums over the quad (each thread summed its own columns).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + lane / 4 + h * 8;
+    if (r >= rows) continue;
+    const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
+    const std::int64_t base = static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const int d = n * 8 + (lane % 4) * 2;
+      act_store<A>(a.out, base + d, o_acc[n][2 * h] * inv);
+      act_store<A>(a.out, base + d + 1, o_acc[n][2 * h + 1] * inv);
+    }
+  }
+}
+
 template <Act A>
 __global__ void attention_combine_kernel(AttnArgs a) {
+  pdl_wait();
+  pdl_release();
   const int item = blockIdx.x, g = blockIdx.y, D = a.D;
   const int group = a.nh / a.nkv;
   const int tok0 = a.item_token[item], rows = a.item_count[item] * group;
   const float* part = a.partial + (static_cast<std::int64_t>(item) * a.nkv + g) * a.splits * kAttnRows * (D + 2);
+  const int kv_len = a.positions[tok0 + a.item_count[item] - 1] + 1, per = split_keys(kv_len, a.splits);
+  const int used = (kv_len + per - 1) / per;
   for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
     float mx = -INFINITY;
-    for (int s = 0; s < a.splits; ++s) mx = fmaxf(mx, part[(s * kAttnRows + r) * (D + 2) + D]);
+#pragma unroll 4
+    for (int s = 0; s < used; ++s) mx = fmaxf(mx, part[(s * kAttnRows + r) * (D + 2) + D]);
     float l = 0.0f, o = 0.0f;
-    for (int s = 0; s < a.splits; ++s) {
+#pragma unroll 4
+    for (int s = 0; s < used; ++s) {
       const float* p = part + (s * kAttnRows + r) * (D + 2);
       if (p[D] == -INFINITY) continue;
       const float w = expf(p[D] - mx);
@@ -292,25 +632,100 @@ __global__ void attention_combine_kernel(AttnArgs a) {
   }
 }
 
+bool mma_prefill(int head_dim, Act act) { return (head_dim == 64 || head_dim == 128) && act != Act::kF32; }
+
+template <int D, Kv K, Act A>
+void run_prefill_mma(const AttnArgs& a, cudaStream_t s) {
+  constexpr std::size_t smem = mma_smem_bytes<D, A>();
+  static const bool configured = [] {
+    cudaFuncSetAttribute(prefill_mma_kernel<D, K, A>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    return true;
+  }();
+  (void)configured;
+  dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv));
+  prefill_mma_kernel<D, K, A><<<grid, kMmaThreads, smem, s>>>(a);
+}
+
+// Partials of split contexts summed into the output: one block per (item, KV head), one thread
+// per output element of the item's rows where it can.
+template <int D>
+void combine_splits(const AttnArgs& a, cudaStream_t s) {
+  if (a.splits <= 1 || a.num_items == 0) return;
+  dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv));
+  LMSERVE_WITH_ACT(a.act, A, (launch_pdl(attention_combine_kernel<A>, grid, dim3(std::min(1024, kAttnRows * D)), 0, s, a)));
+}
+
 template <int D>
 void run_attention(const AttnArgs& a, cudaStream_t s) {
-  dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv), static_cast<unsigned>(a.splits));
   const int group = a.nh / a.nkv;
-  if (a.single && group <= 4) {
-    LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (decode_attention_kernel<D, K, A, 4><<<grid, kDecodeThreads, 0, s>>>(a))));
-  } else if (a.single && group <= 8) {
-    LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (decode_attention_kernel<D, K, A, 8><<<grid, kDecodeThreads, 0, s>>>(a))));
-  } else {
-    LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (attention_kernel<D, K, A><<<grid, kAttnThreads, 0, s>>>(a))));
+  AttnArgs rest = a;  // what the prefill kernels take
+  if (a.num_single > 0 && group <= 8) {
+    AttnArgs d = a;
+    d.num_items = a.num_single;
+    dim3 grid(static_cast<unsigned>(d.num_items), static_cast<unsigned>(d.nkv), static_cast<unsigned>(d.splits));
+    if (group <= 4) {
+      LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 4>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
+    } else {
+      LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 8>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
+    }
+    combine_splits<D>(d, s);
+    rest.item_token += a.num_single;
+    rest.item_count += a.num_single;
+    rest.item_seq += a.num_single;
+    rest.num_items -= a.num_single;
+    rest.num_single = 0;
+    rest.splits = 1;
+  } else if (a.num_single < a.num_items) {
+    rest.splits = 1;  // the tiled kernel splits contexts only when every item is one token
   }
-  if (a.splits > 1) {
-    dim3 cgrid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv));
-    LMSERVE_WITH_ACT(a.act, A, (attention_combine_kernel<A><<<cgrid, 128, 0, s>>>(a)));
+  if (rest.num_items == 0) return;
+  if (mma_prefill(D, rest.act) && rest.num_single < rest.num_items) {
+    if constexpr (D == 64 || D == 128) {
+      if (rest.act == Act::kBF16) {
+        LMSERVE_WITH_KV(rest.kv, K, (run_prefill_mma<D, K, Act::kBF16>(rest, s)));
+      } else {
+        LMSERVE_WITH_KV(rest.kv, K, (run_prefill_mma<D, K, Act::kF16>(rest, s)));
+      }
+    }
+  } else {
+    dim3 grid(static_cast<unsigned>(rest.num_items), static_cast<unsigned>(rest.nkv), static_cast<unsigned>(rest.splits));
+    LMSERVE_WITH_ACT(rest.act, A, LMSERVE_WITH_KV(rest.kv, K, (attention_kernel<D, K, A><<<grid, kAttnThreads, 0, s>>>(rest))));
+    combine_splits<D>(rest, s);
   }
 }
 
 
 }  // namespace
+
+int attention_item_tokens(int head_dim, int group, Act act) {
+  return std::max(1, (mma_prefill(head_dim, act) ? kMmaRows : kAttnRows) / std::max(1, group));
+}
+
+namespace {
+
+template <int D, Kv K, Act A>
+void allow_decode_ring() {
+  cudaFuncSetAttribute(decode_attention_kernel<D, K, A, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDecodeRingBytes);
+  cudaFuncSetAttribute(decode_attention_kernel<D, K, A, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kDecodeRingBytes);
+}
+
+template <int D>
+void allow_decode_rings() {
+  for (Act act : {Act::kF32, Act::kBF16, Act::kF16}) {
+    for (Kv kv : {Kv::kF32, Kv::kBF16, Kv::kF16, Kv::kE5M2, Kv::kE4M3}) {
+      LMSERVE_WITH_ACT(act, A, LMSERVE_WITH_KV(kv, K, (allow_decode_ring<D, K, A>())));
+    }
+  }
+}
+
+}  // namespace
+
+void configure_attention_kernels() {
+  allow_decode_rings<16>();
+  allow_decode_rings<32>();
+  allow_decode_rings<64>();
+  allow_decode_rings<128>();
+}
 
 bool attention_supports(int head_dim, int group) {
   return (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128) && group >= 1 && group <= kAttnRows;

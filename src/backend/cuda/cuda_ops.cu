@@ -174,19 +174,24 @@ std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::v
 std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out) {
   if (auto e = need_gpu(); !e.empty()) return e;
   if (!attention_supports(in.D, in.nh / in.nkv)) return "unsupported head_dim / group";
+  configure_attention_kernels();
   Arena a;
   const Act A = static_cast<Act>(act);
   const int T = static_cast<int>(in.positions.size());
-  const int group = in.nh / in.nkv, per_item = std::max(1, kAttnRows / group);
+  const int group = in.nh / in.nkv, per_item = attention_item_tokens(in.D, group, A);
+  // Items as the model stages them: one-token sequences first, then the others' runs.
   std::vector<std::int32_t> it_tok, it_cnt, it_seq;
-  bool single = true;
-  for (std::size_t s = 0; s < in.seq_start.size(); ++s) {
-    for (int k = 0; k < in.seq_len[s]; k += per_item) {
-      it_tok.push_back(in.seq_start[s] + k);
-      it_cnt.push_back(std::min(per_item, in.seq_len[s] - k));
-      it_seq.push_back(static_cast<std::int32_t>(s));
-      single = single && it_cnt.back() == 1;
+  int num_single = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (std::size_t s = 0; s < in.seq_start.size(); ++s) {
+      if ((in.seq_len[s] == 1) != (pass == 0)) continue;
+      for (int k = 0; k < in.seq_len[s]; k += per_item) {
+        it_tok.push_back(in.seq_start[s] + k);
+        it_cnt.push_back(std::min(per_item, in.seq_len[s] - k));
+        it_seq.push_back(static_cast<std::int32_t>(s));
+      }
     }
+    if (pass == 0) num_single = static_cast<int>(it_tok.size());
   }
   std::int32_t stride = 1;
   for (const auto& t : in.tables) stride = std::max(stride, static_cast<std::int32_t>(t.size()));
@@ -214,9 +219,9 @@ std::string attention(int act, const AttentionInput& in, const KvCacheHost& cach
   at.nkv = in.nkv;
   at.D = in.D;
   at.scale = 1.0f / std::sqrt(static_cast<float>(in.D));
-  at.single = single;
-  at.splits = single ? std::max(1, in.splits) : 1;
-  at.partial = static_cast<float*>(a.alloc(static_cast<std::size_t>(at.num_items) * in.nkv * at.splits * kAttnRows * (in.D + 2) * 4));
+  at.num_single = num_single;
+  at.splits = num_single > 0 ? std::max(1, in.splits) : 1;
+  at.partial = static_cast<float*>(a.alloc(static_cast<std::size_t>(std::max(1, at.num_items)) * in.nkv * at.splits * kAttnRows * (in.D + 2) * 4));
   at.out = a.alloc(static_cast<std::size_t>(T) * in.nh * in.D * static_cast<std::size_t>(act_bytes(A)));
   at.act = A;
   launch_attention(at, nullptr);

@@ -84,6 +84,8 @@ class CudaModel final : public DeviceModel {
     cudaDeviceProp prop{};
     LMSERVE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
     sms_ = prop.multiProcessorCount;
+    configure_attention_kernels();
+    LMSERVE_CUDA_TRY(cudaGetLastError());
     const std::size_t a = static_cast<std::size_t>(act_bytes(act_));
     const std::size_t H = d_.hidden, I = d_.intermediate, D = d_.head_dim;
     const std::size_t qkvd = (d_.heads + 2 * d_.kv_heads) * D;
@@ -229,7 +231,7 @@ class CudaModel final : public DeviceModel {
       LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(bucket), stream_));
       LMSERVE_TRY(fetch(in, 0, in.num_rows, &device_s));
     } else {
-      LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, all_single_));
+      LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, num_single_));
       for (int r0 = 0; r0 < in.num_rows; r0 += max_seqs_) {
         const int R = std::min(max_seqs_, in.num_rows - r0);
         LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R,
@@ -278,9 +280,10 @@ class CudaModel final : public DeviceModel {
     return {};
   }
 
-  int splits_for(int items, bool single_token_items) const {
-    if (!single_token_items) return 1;
-    const std::int64_t work = static_cast<std::int64_t>(items) * d_.kv_heads;
+  // Key splits for the decode kernel's one-token items (none in a step without them).
+  int splits_for(int single_items) const {
+    if (single_items <= 0) return 1;
+    const std::int64_t work = static_cast<std::int64_t>(single_items) * d_.kv_heads;
     if (work >= 4 * sms_) return 1;
     return static_cast<int>(std::min<std::int64_t>(16, (4 * sms_ + work - 1) / work));
   }
@@ -302,7 +305,7 @@ class CudaModel final : public DeviceModel {
     LMSERVE_TRY(sampled_.alloc(R * 4));
     // Split-context partials: at most 4 x SMs + one wave of (item, head) blocks use splits.
     std::size_t split_blocks = 0;
-    for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n, true)));
+    for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n)));
     LMSERVE_TRY(partial_.alloc(split_blocks * kAttnRows * (D + 2) * 4));
     LMSERVE_TRY(kv_ptrs_.alloc(2 * d_.layers * sizeof(void*)));
     LMSERVE_TRY(k_scale_.alloc(d_.layers * d_.kv_heads * 4));
@@ -388,21 +391,24 @@ class CudaModel final : public DeviceModel {
       }
     }
     if (bucket == 0) {
-      // Attention items: runs of consecutive tokens of one sequence, kAttnRows rows each.
-      const int per_item = std::max<int>(1, kAttnRows / static_cast<int>(d_.heads / d_.kv_heads));
+      // Attention items: runs of consecutive tokens of one sequence (kernels.cuh); the
+      // one-token sequences first (the decode kernel's), then the others' runs.
+      const int per_item = attention_item_tokens(static_cast<int>(d_.head_dim), static_cast<int>(d_.heads / d_.kv_heads), act_);
       auto* it_tok = reinterpret_cast<std::int32_t*>(s + off_item_tok_);
       auto* it_cnt = reinterpret_cast<std::int32_t*>(s + off_item_cnt_);
       auto* it_seq = reinterpret_cast<std::int32_t*>(s + off_item_seq_);
       int n = 0;
-      all_single_ = true;
-      for (int i = 0; i < in.num_seqs; ++i) {
-        for (int k = 0; k < in.seq_len[i]; k += per_item) {
-          it_tok[n] = in.seq_start[i] + k;
-          it_cnt[n] = std::min(per_item, in.seq_len[i] - k);
-          it_seq[n] = i;
-          all_single_ = all_single_ && it_cnt[n] == 1;
-          ++n;
+      for (int pass = 0; pass < 2; ++pass) {
+        for (int i = 0; i < in.num_seqs; ++i) {
+          if ((in.seq_len[i] == 1) != (pass == 0)) continue;
+          for (int k = 0; k < in.seq_len[i]; k += per_item) {
+            it_tok[n] = in.seq_start[i] + k;
+            it_cnt[n] = std::min(per_item, in.seq_len[i] - k);
+            it_seq[n] = i;
+            ++n;
+          }
         }
+        if (pass == 0) num_single_ = n;
       }
       num_items_ = n;
       auto* rows = reinterpret_cast<std::int32_t*>(s + off_rows_);
@@ -419,7 +425,8 @@ class CudaModel final : public DeviceModel {
     return {};
   }
 
-  std::string enqueue_layers(int T, const char* items, int num_items, bool single) {
+  // items: the item arrays (token, count, sequence), the first num_single of one token each.
+  std::string enqueue_layers(int T, const char* items, int num_items, int num_single) {
     char* m = meta_.as<char>();
     const auto* tokens = reinterpret_cast<const std::int32_t*>(m + off_tokens_);
     const auto* pos = reinterpret_cast<const std::int32_t*>(m + off_pos_);
@@ -479,8 +486,8 @@ class CudaModel final : public DeviceModel {
       at.nkv = nkv;
       at.D = D;
       at.scale = 1.0f / std::sqrt(static_cast<float>(D));
-      at.single = single;
-      at.splits = splits_for(num_items, single);
+      at.num_single = num_single;
+      at.splits = splits_for(num_single);
       at.partial = partial_.as<float>();
       at.out = attn_.p;
       at.act = act_;
@@ -554,7 +561,7 @@ class CudaModel final : public DeviceModel {
       LMSERVE_TRY(run_dummy(b, 1));
       cudaGraph_t graph = nullptr;
       LMSERVE_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      std::string e = enqueue_layers(b, decode_items_.as<char>(), b, true);
+      std::string e = enqueue_layers(b, decode_items_.as<char>(), b, b);
       if (e.empty()) e = enqueue_head(decode_items_.as<std::int32_t>() + 3 * max_seqs_, b, meta_.as<SampleSpec>() + off_sample_ / sizeof(SampleSpec));
       cudaError_t end = cudaStreamEndCapture(stream_, &graph);
       if (!e.empty()) return e;
@@ -632,7 +639,8 @@ class CudaModel final : public DeviceModel {
               off_stride_ = 0, off_tables_ = 0, staged_bytes_ = 0;
   int max_tokens_ = 0, max_seqs_ = 0, max_blocks_per_seq_ = 0, num_items_ = 0;
   std::int64_t max_model_len_ = 0, num_blocks_ = 0, kv_blocks_now_ = 1;
-  bool all_single_ = false, calibrating_ = false, host_rows_ = false;
+  int num_single_ = 0;  // of the staged items, the one-token ones (they come first)
+  bool calibrating_ = false, host_rows_ = false;
   int steps_ = 0;  // forward() calls of the kind LMSERVE_CUDA_PROFILE_STEP counts
   std::vector<int> buckets_;
   std::map<int, cudaGraphExec_t> graphs_;

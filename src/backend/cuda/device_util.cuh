@@ -101,6 +101,35 @@ __device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&
   }
 }
 
+// Programmatic dependent launch (Hopper). A kernel started by launch_pdl() may begin while the
+// kernel before it in the stream is finishing; before pdl_wait() it may read only what no kernel
+// writes (weights), and after it everything earlier kernels did is complete and visible.
+// pdl_release() lets the next kernel start its own preamble. Outside a PDL launch both are
+// no-ops.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+// Whether launch_pdl() asks for programmatic dependent launch: yes unless LMSERVE_CUDA_PDL=0.
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, s>>>(args...) with programmatic stream serialization allowed
+// (pdl_enabled()): every kernel launched so must call pdl_wait() before it reads or writes
+// memory that an earlier kernel of the stream writes or reads.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, Args... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = s;
+  config.attrs = &attr;
+  config.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 inline int grid_for(std::int64_t n, int threads) {
   std::int64_t b = (n + threads - 1) / threads;
   return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));

@@ -11,32 +11,60 @@ namespace {
 // warp, come through L1/L2) and keeps float32 sums for up to N token rows. Measured on the
 // H200 (docs/perf.md): 6.68 -> 6.03 ms per 8B decode step at one row, but 9.6 -> 15.9 ms at
 // eight, where the per-byte instruction count outgrows the memory time: so at most two.
-constexpr int kGemvMaxN = 2, kGemvRows = 2, kGemvThreads = 256;
+// Each lane issues kGemvLoads loads per row before using any (8 KB in flight per warp), and
+// where W has few rows S warps share a pair of rows, each summing every S-th stretch of k, so
+// that at least kGemvWarpsPerSm warps per multiprocessor stream (the 4096-row projections of
+// an 8B model otherwise fill a fraction of the GPU and wait on latency).
+constexpr int kGemvMaxN = 2, kGemvRows = 2, kGemvThreads = 256, kGemvLoads = 4, kGemvWarpsPerSm = 24;
 
-template <Act A, int N>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* w, const std::uint16_t* x, float* y, int m, int n, int k) {
-  const int lane = threadIdx.x & 31;
-  const int row0 = ((blockIdx.x * kGemvThreads + threadIdx.x) >> 5) * kGemvRows;
-  if (row0 >= m) return;
-  const int chunks = k / 8;
+template <Act A, int N, int S>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* __restrict__ w, const std::uint16_t* __restrict__ x,
+                                                            float* __restrict__ y, int m, int n, int k) {
+  constexpr int kWarps = kGemvThreads / 32;
+  static_assert(kWarps % S == 0, "a block holds whole row groups");
+  __shared__ float red[kWarps][kGemvRows][N];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % S;
+  const int row0 = (static_cast<int>(blockIdx.x) * (kWarps / S) + warp / S) * kGemvRows;
+  const int chunks = k / 8, stride = 32 * S;
   const uint4* wr[kGemvRows];
 #pragma unroll
   for (int r = 0; r < kGemvRows; ++r) wr[r] = reinterpret_cast<const uint4*>(w + static_cast<std::int64_t>(min(row0 + r, m - 1)) * k);
   float acc[kGemvRows][N] = {};
-#pragma unroll 2
-  for (int c = lane; c < chunks; c += 32) {
-    float wf[kGemvRows][8];
+  uint4 raw[kGemvLoads][kGemvRows];
+  auto load_w = [&](int c0) {
 #pragma unroll
-    for (int r = 0; r < kGemvRows; ++r) unpack8<A>(__ldg(wr[r] + c), wf[r]);
+    for (int u = 0; u < kGemvLoads; ++u) {
+      const int c = c0 + u * stride;
 #pragma unroll
-    for (int t = 0; t < N; ++t) {
-      if (t < n) {
-        float xf[8];
-        unpack8<A>(__ldg(reinterpret_cast<const uint4*>(x + static_cast<std::int64_t>(t) * k) + c), xf);
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (c < chunks) raw[u][r] = __ldg(wr[r] + c);
+      }
+    }
+  };
+  // The first weights are asked for before the wait for the previous kernel (no kernel writes
+  // W): under programmatic dependent launch the stream starts during that kernel's tail.
+  load_w(part * 32 + lane);
+  pdl_wait();
+  pdl_release();
+  for (int c0 = part * 32 + lane; c0 < chunks; c0 += stride * kGemvLoads) {
+    if (c0 != part * 32 + lane) load_w(c0);
 #pragma unroll
-        for (int r = 0; r < kGemvRows; ++r) {
+    for (int u = 0; u < kGemvLoads; ++u) {
+      const int c = c0 + u * stride;
+      if (c >= chunks) continue;
 #pragma unroll
-          for (int v = 0; v < 8; ++v) acc[r][t] += wf[r][v] * xf[v];
+      for (int t = 0; t < N; ++t) {
+        if (t < n) {
+          float xf[8];
+          // X was written by the previous kernel: read through L2 only.
+          unpack8<A>(__ldcg(reinterpret_cast<const uint4*>(x + static_cast<std::int64_t>(t) * k) + c), xf);
+#pragma unroll
+          for (int r = 0; r < kGemvRows; ++r) {
+            float wf[8];
+            unpack8<A>(raw[u][r], wf);
+#pragma unroll
+            for (int v = 0; v < 8; ++v) acc[r][t] += wf[v] * xf[v];
+          }
         }
       }
     }
@@ -45,10 +73,43 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
   for (int r = 0; r < kGemvRows; ++r) {
 #pragma unroll
     for (int t = 0; t < N; ++t) {
-      float s = acc[r][t];
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      if (lane == 0 && t < n && row0 + r < m) y[static_cast<std::int64_t>(t) * m + row0 + r] = s;
+      const float v = warp_sum(acc[r][t]);
+      if (lane == 0) red[warp][r][t] = v;
     }
+  }
+  if constexpr (S > 1) __syncthreads();
+  if (part == 0 && lane == 0) {
+#pragma unroll
+    for (int r = 0; r < kGemvRows; ++r) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        float v = 0.0f;
+#pragma unroll
+        for (int p = 0; p < S; ++p) v += red[warp + p][r][t];
+        if (t < n && row0 + r < m) y[static_cast<std::int64_t>(t) * m + row0 + r] = v;
+      }
+    }
+  }
+}
+
+int multiprocessors() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    return n > 0 ? n : 1;
+  }();
+  return sms;
+}
+
+template <Act A, int S>
+void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, float* y, int m, int n, int k, cudaStream_t s) {
+  const int rows_per_block = kGemvThreads / 32 / S * kGemvRows;
+  const unsigned blocks = static_cast<unsigned>((m + rows_per_block - 1) / rows_per_block);
+  if (n == 1) {
+    launch_pdl(gemv_kernel<A, 1, S>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k);
+  } else {
+    launch_pdl(gemv_kernel<A, 2, S>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k);
   }
 }
 
@@ -56,12 +117,16 @@ template <Act A>
 void launch_gemv(const void* w, const void* x, float* y, int m, int n, int k, cudaStream_t s) {
   const auto* W = static_cast<const std::uint16_t*>(w);
   const auto* X = static_cast<const std::uint16_t*>(x);
-  const int rows_per_block = kGemvThreads / 32 * kGemvRows;
-  const unsigned blocks = static_cast<unsigned>((m + rows_per_block - 1) / rows_per_block);
-  if (n == 1) {
-    gemv_kernel<A, 1><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
+  // The fewest warps per row pair that give kGemvWarpsPerSm warps per multiprocessor (at most 8).
+  const std::int64_t pairs = (m + kGemvRows - 1) / kGemvRows, want = static_cast<std::int64_t>(kGemvWarpsPerSm) * multiprocessors();
+  if (pairs >= want) {
+    launch_gemv_split<A, 1>(W, X, y, m, n, k, s);
+  } else if (2 * pairs >= want) {
+    launch_gemv_split<A, 2>(W, X, y, m, n, k, s);
+  } else if (4 * pairs >= want) {
+    launch_gemv_split<A, 4>(W, X, y, m, n, k, s);
   } else {
-    gemv_kernel<A, 2><<<blocks, kGemvThreads, 0, s>>>(W, X, y, m, n, k);
+    launch_gemv_split<A, 8>(W, X, y, m, n, k, s);
   }
 }
 

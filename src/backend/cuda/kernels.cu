@@ -1,7 +1,10 @@
 // The elementwise and normalisation kernels of kernels.cuh: embedding, residual add + RMSNorm,
 // QKV bias / q-k norm / RoPE with the paged KV write, SiLU x mul, conversions. Attention is in
 // attention.cu, sampling in sample.cu.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.cuh"
@@ -10,59 +13,114 @@ namespace lmserve::cuda {
 
 int act_bytes(Act a) { return a == Act::kF32 ? 4 : 2; }
 
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LMSERVE_CUDA_PDL");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 namespace {
 
 template <Act A>
 __global__ void embed_kernel(const void* table, const std::int32_t* tokens, int H, float* x) {
+  pdl_wait();
+  pdl_release();
   const std::int64_t row = static_cast<std::int64_t>(tokens[blockIdx.x]) * H;
   float* out = x + static_cast<std::int64_t>(blockIdx.x) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = act_load<A>(table, row + i);
 }
 
 __global__ void add_kernel(float* x, const float* d, std::int64_t n) {
+  pdl_wait();
+  pdl_release();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     x[i] += d[i];
   }
 }
 
-constexpr int kNormThreads = 256;
+constexpr int kNormThreads = 1024;  // at most; a block has about H / 4 threads
+
+// One block per row, about H / 4 threads. The row is read with float4 loads, up to kNormLoads
+// per thread issued before any is used (one each for H <= 4096: the whole row in flight at
+// once), then normalised in a second pass.
+constexpr int kNormLoads = 4;
 
 template <Act A>
-__global__ void add_rmsnorm_kernel(float* x, const float* delta, const std::int32_t* rows, int H, const void* w, float eps, void* out) {
+__global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ delta, const std::int32_t* rows,
+                                                                   int H, const void* __restrict__ w, float eps, void* __restrict__ out) {
   __shared__ float partial[kNormThreads / 32];
+  const int threads = static_cast<int>(blockDim.x);
+  pdl_wait();
+  pdl_release();
   const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   float* xr = x + src * H;
+  const float* dr = delta ? delta + src * H : nullptr;
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) {
-    float v = xr[i];
-    if (delta) {
-      v += delta[src * H + i];
-      xr[i] = v;
+  if (H % 4 == 0) {
+    float4* x4 = reinterpret_cast<float4*>(xr);
+    const float4* d4 = reinterpret_cast<const float4*>(dr);
+    const int n4 = H / 4;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += threads * kNormLoads) {
+      float4 v[kNormLoads], d[kNormLoads];
+#pragma unroll
+      for (int u = 0; u < kNormLoads; ++u) {
+        const int i = i0 + u * threads;
+        if (i < n4) {
+          v[u] = x4[i];
+          if (d4) d[u] = d4[i];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kNormLoads; ++u) {
+        const int i = i0 + u * threads;
+        if (i >= n4) continue;
+        if (d4) {
+          v[u].x += d[u].x, v[u].y += d[u].y, v[u].z += d[u].z, v[u].w += d[u].w;
+          x4[i] = v[u];
+        }
+        ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+      }
     }
-    ss += v * v;
+  } else {
+    for (int i = threadIdx.x; i < H; i += threads) {
+      float v = xr[i];
+      if (dr) {
+        v += dr[i];
+        xr[i] = v;
+      }
+      ss += v * v;
+    }
   }
   ss = warp_sum(ss);
   if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = ss;
   __syncthreads();
   float total = 0.0f;
-  for (int i = 0; i < kNormThreads / 32; ++i) total += partial[i];
+  for (int i = 0; i < threads / 32; ++i) total += partial[i];
   const float inv = 1.0f / sqrtf(total / static_cast<float>(H) + eps);
   const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
+#pragma unroll 4
+  for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
 }
 
-// One block per token, one warp per head (q heads, k heads, v heads).
+// One warp per (token, head) over q heads, k heads, v heads: block (t, y) takes heads
+// y * warps .. y * warps + warps - 1 of token t.
+constexpr int kRopeThreads = 256;
+
 template <Act A, Kv K>
-__global__ void qkv_rope_kernel(QkvRopeArgs a) {
-  const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+__global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
+  const int t = blockIdx.x, lane = threadIdx.x & 31, warps = kRopeThreads / 32, warp = blockIdx.y * warps + (threadIdx.x >> 5);
+  pdl_wait();
+  pdl_release();
   const int D = a.D, half = D / 2, heads = a.nh + 2 * a.nkv;
   const float* row = a.qkv + static_cast<std::int64_t>(t) * heads * D;
   const std::int32_t pos = a.positions[t];
   const std::int64_t slot = a.slots[t];
   void* kc = a.kv_ptrs[2 * a.layer];
   void* vc = a.kv_ptrs[2 * a.layer + 1];
-  for (int hi = warp; hi < heads; hi += warps) {
+  for (int hi = warp; hi < heads; hi += warps * static_cast<int>(gridDim.y)) {
     const int base = hi * D;
     const bool is_q = hi < a.nh, is_k = !is_q && hi < a.nh + a.nkv;
     const int kvh = is_q ? 0 : (is_k ? hi - a.nh : hi - a.nh - a.nkv);
@@ -126,6 +184,8 @@ __global__ void qkv_rope_kernel(QkvRopeArgs a) {
 
 template <Act A>
 __global__ void silu_mul_kernel(const float* gu, int I, void* out) {
+  pdl_wait();
+  pdl_release();
   const std::int64_t t = blockIdx.y;
   const float* row = gu + t * 2 * I;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < I; i += gridDim.x * blockDim.x) {
@@ -161,30 +221,33 @@ __global__ void fill_kernel(float* p, float v, std::int64_t n) {
 
 void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s) {
   if (T == 0) return;
-  LMSERVE_WITH_ACT(act, A, (embed_kernel<A><<<T, 256, 0, s>>>(table, tokens, H, x)));
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(embed_kernel<A>, dim3(T), dim3(256), 0, s, table, tokens, H, x)));
 }
 
 void launch_add(float* x, const float* delta, std::int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  add_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, delta, n);
+  launch_pdl(add_kernel, dim3(grid_for(n, 256)), dim3(256), 0, s, x, delta, n);
 }
 
 void launch_add_rmsnorm(float* x, const float* delta, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps, void* out,
                         cudaStream_t s) {
   if (R == 0) return;
-  LMSERVE_WITH_ACT(act, A, (add_rmsnorm_kernel<A><<<R, kNormThreads, 0, s>>>(x, delta, rows, H, w, eps, out)));
+  const int threads = std::min(kNormThreads, std::max(32, (H / 4 + 31) / 32 * 32));
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(add_rmsnorm_kernel<A>, dim3(R), dim3(threads), 0, s, x, delta, rows, H, w, eps, out)));
 }
 
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
-  LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (qkv_rope_kernel<A, K><<<a.T, 256, 0, s>>>(a))));
+  const int heads = a.nh + 2 * a.nkv, warps = kRopeThreads / 32;
+  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>((heads + warps - 1) / warps));
+  LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (launch_pdl(qkv_rope_kernel<A, K>, grid, dim3(kRopeThreads), 0, s, a))));
 }
 
 
 void launch_silu_mul(const float* gu, int T, int I, void* out, Act act, cudaStream_t s) {
   if (T == 0) return;
   dim3 grid(static_cast<unsigned>((I + 255) / 256 > 64 ? 64 : (I + 255) / 256), static_cast<unsigned>(T));
-  LMSERVE_WITH_ACT(act, A, (silu_mul_kernel<A><<<grid, 256, 0, s>>>(gu, I, out)));
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(silu_mul_kernel<A>, grid, dim3(256), 0, s, gu, I, out)));
 }
 
 

@@ -19,6 +19,8 @@ int act_bytes(Act a);
 
 // Rows of query x heads one attention block handles (a GQA group of up to 16 heads).
 inline constexpr int kAttnRows = 16;
+// The tensor-core prefill kernel's rows per item (bf16/f16 models, head dim 64 or 128).
+inline constexpr int kMmaRows = 64;
 
 // x[t, :] = float(table[tokens[t], :]).
 void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s);
@@ -54,7 +56,10 @@ struct QkvRopeArgs {
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s);
 
 // Work items: item i covers tokens item_token[i] .. + item_count[i] - 1 of sequence
-// item_seq[i] (consecutive positions), item_count[i] * (nh / nkv) <= kAttnRows.
+// item_seq[i] (consecutive positions), item_count[i] = at most attention_item_tokens(). The
+// first num_single items have one token each (decode rows, also inside a mixed step): they go
+// to the streaming decode kernel (groups <= 8), split along the context when splits > 1; the
+// other items go to the prefill kernel, unsplit.
 struct AttnArgs {
   const float* q = nullptr;  // [T, nh * D]
   void* const* kv_ptrs = nullptr;
@@ -71,13 +76,19 @@ struct AttnArgs {
   const std::int32_t* bt_stride = nullptr;     // device scalar, so graphs stay valid
   int block_size = 16, nh = 0, nkv = 0, D = 0;
   float scale = 1.0f;
-  int splits = 1;             // > 1: the context is split and partials combined
-  bool single = false;        // every item is one token (decode): the streaming kernel when the group is <= 8
-  float* partial = nullptr;   // [num_items, splits, kAttnRows, D + 2]
+  int num_single = 0;         // items [0, num_single) are one token each
+  int splits = 1;             // > 1: the one-token items' contexts are split and partials combined
+  float* partial = nullptr;   // [num_single, nkv, splits, kAttnRows, D + 2]
   void* out = nullptr;        // [T, nh * D] in act
   Act act = Act::kF32;
 };
 bool attention_supports(int head_dim, int group);
+// Raises the attention kernels' shared-memory limits on the current device: once per device
+// before the first launch_attention (not inside a CUDA graph capture).
+void configure_attention_kernels();
+// Query tokens per attention item for a model: kMmaRows / group where the tensor-core prefill
+// kernel runs (16-bit acts, head dim 64 or 128), else kAttnRows / group; at least 1.
+int attention_item_tokens(int head_dim, int group, Act act);
 void launch_attention(const AttnArgs& a, cudaStream_t s);
 
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i], in act.

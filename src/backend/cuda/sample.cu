@@ -143,6 +143,8 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const float* log
   __shared__ int s_i[kSampleWarps];
   __shared__ unsigned long long s_u[kSampleWarps];
   __shared__ SelectShared sh;
+  pdl_wait();
+  pdl_release();
   const SampleSpec sp = specs[blockIdx.x];
   const float* row = logits + static_cast<std::int64_t>(blockIdx.x) * V;
   const int tid = threadIdx.x;
@@ -202,7 +204,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const float* log
 
 void launch_sample(const float* logits, int R, int V, const SampleSpec* specs, std::int32_t* tokens, cudaStream_t s) {
   if (R == 0) return;
-  sample_kernel<<<R, kSampleThreads, 0, s>>>(logits, V, specs, tokens);
+  launch_pdl(sample_kernel, dim3(R), dim3(kSampleThreads), 0, s, logits, V, specs, tokens);
 }
 
 }  // namespace lmserve::cuda
