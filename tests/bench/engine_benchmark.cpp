@@ -138,6 +138,7 @@ BENCHMARK(BM_EngineHostStep)
     ->Args({256, 1, 1})
     ->Args({256, 2, 1})
     ->Args({256, 1, 4})
+    ->Args({256, 1, 40})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(1);
