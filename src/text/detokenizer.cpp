@@ -16,8 +16,10 @@ std::string IncrementalDetokenizer::decode_range(std::size_t begin, std::size_t 
 std::string IncrementalDetokenizer::push(std::int32_t id) {
   ids_.push_back(id);
   // A byte-fallback group decodes as a whole (one invalid byte turns all of it into U+FFFD),
-  // so nothing is final until a token that is not a byte token closes the group.
-  if (tokenizer_->is_byte_fallback_token(id)) return {};
+  // so nothing is final until a token that is not a byte token closes the group. An id that
+  // decode() drops (unknown, or a skipped special token) closes nothing: the bytes on either
+  // side of it form one group.
+  if (tokenizer_->is_byte_fallback_token(id) || tokenizer_->decodes_to_nothing(id, skip_special_)) return {};
   std::string prefix_text = decode_range(prefix_offset_, read_offset_);
   std::string new_text = decode_range(prefix_offset_, ids_.size());
   // Hold back while the text ends in U+FFFD: the last bytes may complete with the next token.

@@ -411,6 +411,11 @@ bool Tokenizer::is_byte_fallback_token(std::int32_t id) const {
   return t != nullptr && t->size() == 6 && t->starts_with("<0x") && t->back() == '>';
 }
 
+bool Tokenizer::decodes_to_nothing(std::int32_t id, bool skip_special_tokens) const {
+  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) return skip_special_tokens && impl_->added[it->second].skippable;
+  return impl_->model->id_to_token(id) == nullptr;
+}
+
 bool Tokenizer::is_special(std::int32_t id) const {
   auto it = impl_->added_by_id.find(id);
   return it != impl_->added_by_id.end() && impl_->added[it->second].special;

@@ -74,6 +74,9 @@ class Tokenizer {
   // neighbours (ByteFallback): such a group decodes as a whole, so text ending in one may
   // still change when the next token arrives.
   bool is_byte_fallback_token(std::int32_t id) const;
+  // True when decode() drops `id`: an unknown id, or a skippable added token when special
+  // tokens are skipped. Such an id does not end a group of byte tokens around it.
+  bool decodes_to_nothing(std::int32_t id, bool skip_special_tokens) const;
 
  private:
   explicit Tokenizer(std::unique_ptr<TokenizerImpl> impl);
