@@ -138,6 +138,25 @@ TEST(Jinja, LimitsStopRunawayTemplates) {
   ASSERT_FALSE(recursive);
 }
 
+TEST(Jinja, ListsSharedThousandsOfTimesStayBounded) {
+  // Found by template_fuzz: lists share their elements, so each statement multiplies what
+  // printing the list walks by 2,000 (here ~1.6e13 elements after four); rendering must fail
+  // at the output limit rather than walk it all (it ran for minutes; ctest's timeout is the
+  // guard here, this test asserts only the outcome).
+  RenderOptions opt;
+  opt.max_output_bytes = 1 << 20;
+  const std::string grow = "{% set ns.a = ns.a * 2000, 7 %}";
+  auto out = render("{% set ns = namespace(a=1) %}" + grow + grow + grow + grow + "{{ ns.a }}", ojson::object(), opt);
+  ASSERT_FALSE(out);
+  EXPECT_EQ(out.error().code(), StatusCode::kResourceExhausted) << out.error().to_string();
+  auto json = render("{% set ns = namespace(a=1) %}" + grow + grow + grow + grow + "{{ ns.a | tojson | length }}", ojson::object(), opt);
+  ASSERT_FALSE(json);
+  EXPECT_EQ(json.error().code(), StatusCode::kResourceExhausted) << json.error().to_string();
+  auto same = render("{% set ns = namespace(a=1) %}" + grow + grow + grow + grow + "{{ ns.a == ns.a }}", ojson::object(), opt);
+  ASSERT_TRUE(same) << same.error().to_string();
+  EXPECT_EQ(*same, "True");
+}
+
 TEST(Jinja, TaintFollowsConcatenation) {
   auto t = Template::parse("<a>{{ x }}</a>{{ x | trim }}");
   ASSERT_TRUE(t);

@@ -507,6 +507,7 @@ Result<Value> Interpreter::apply_filter(const std::string& name, const Value& v,
     Value indent = args.get(0, "indent", Value::none());
     Value sort_keys = args.get(3, "sort_keys", Value::boolean(false));
     auto j = v.to_json(indent.is_number() ? static_cast<int>(indent.as_int()) : -1, sort_keys.truthy());
+    if (!j && j.error().code() == StatusCode::kResourceExhausted) return error(j.error());
     if (!j) return error(Status(StatusCode::kInvalidArgument, "TypeError: " + j.error().message()));
     return Value::string(std::move(*j), v.any_taint());
   }

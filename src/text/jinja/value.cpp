@@ -244,6 +244,7 @@ void json_string(const std::string& s, std::string& out) {
 
 Status json_value(const Value& v, int indent, bool sort_keys, int level, std::string& out) {
   if (level > Value::kMaxNesting) return Status(StatusCode::kInvalidArgument, "Circular reference detected");
+  if (out.size() > Value::kMaxTextBytes) return Status(StatusCode::kResourceExhausted, "tojson output too large");
   auto newline = [&](int lvl) {
     if (indent >= 0) {
       out += '\n';
@@ -325,29 +326,51 @@ Str Value::to_str() const {
   }
 }
 
-std::string Value::repr() const { return repr_at(0); }
+std::string Value::repr() const {
+  std::string out;
+  repr_into(0, out);
+  return out;
+}
 
-std::string Value::repr_at(int depth) const {
+void Value::repr_into(int depth, std::string& out) const {
+  if (out.size() > kMaxTextBytes) return;  // see kMaxTextBytes
   switch (kind_) {
-    case Kind::kString: return repr_string(s_->text);
+    case Kind::kString: out += repr_string(s_->text); return;
     case Kind::kArray: {
-      if (depth > kMaxNesting) return "[...]";
-      std::string out = "[";
-      for (std::size_t i = 0; i < a_->size(); ++i) out += (i ? ", " : "") + (*a_)[i].repr_at(depth + 1);
-      return out + "]";
+      if (depth > kMaxNesting) {
+        out += "[...]";
+        return;
+      }
+      out += '[';
+      for (std::size_t i = 0; i < a_->size() && out.size() <= kMaxTextBytes; ++i) {
+        if (i) out += ", ";
+        (*a_)[i].repr_into(depth + 1, out);
+      }
+      out += ']';
+      return;
     }
     case Kind::kObject: {
-      if (namespace_) return "<Namespace>";
-      if (depth > kMaxNesting) return "{...}";
-      std::string out = "{";
-      for (std::size_t i = 0; i < o_->items.size(); ++i) {
-        out += (i ? ", " : "") + repr_string(o_->items[i].first) + ": " + o_->items[i].second.repr_at(depth + 1);
+      if (namespace_) {
+        out += "<Namespace>";
+        return;
       }
-      return out + "}";
+      if (depth > kMaxNesting) {
+        out += "{...}";
+        return;
+      }
+      out += '{';
+      for (std::size_t i = 0; i < o_->items.size() && out.size() <= kMaxTextBytes; ++i) {
+        if (i) out += ", ";
+        out += repr_string(o_->items[i].first);
+        out += ": ";
+        o_->items[i].second.repr_into(depth + 1, out);
+      }
+      out += '}';
+      return;
     }
-    case Kind::kCallable: return "<function " + name_ + ">";
-    case Kind::kUndefined: return "Undefined";
-    default: return to_str().text;
+    case Kind::kCallable: out += "<function " + name_ + ">"; return;
+    case Kind::kUndefined: out += "Undefined"; return;
+    default: out += to_str().text; return;
   }
 }
 
@@ -357,17 +380,19 @@ Result<std::string> Value::to_json(int indent, bool sort_keys) const {
   return out;
 }
 
-bool Value::any_taint() const { return any_taint_at(0); }
+bool Value::any_taint() const {
+  std::size_t visits = 0;
+  return any_taint_at(0, visits);
+}
 
-bool Value::any_taint_at(int depth) const {
-  if (depth > kMaxNesting) return true;  // a cycle: assume the worst
+bool Value::any_taint_at(int depth, std::size_t& visits) const {
+  if (depth > kMaxNesting || ++visits > kMaxVisits) return true;  // a cycle, or too big to walk: assume the worst
   switch (kind_) {
     case Kind::kString: return s_->any_taint();
     case Kind::kArray:
-      return std::any_of(a_->begin(), a_->end(), [depth](const Value& v) { return v.any_taint_at(depth + 1); });
+      return std::any_of(a_->begin(), a_->end(), [&](const Value& v) { return v.any_taint_at(depth + 1, visits); });
     case Kind::kObject:
-      return std::any_of(o_->items.begin(), o_->items.end(),
-                         [depth](const auto& kv) { return kv.second.any_taint_at(depth + 1); });
+      return std::any_of(o_->items.begin(), o_->items.end(), [&](const auto& kv) { return kv.second.any_taint_at(depth + 1, visits); });
     default: return false;
   }
 }
@@ -410,6 +435,7 @@ bool values_equal_at(const Value& a, const Value& b, int depth) {
     case K::kString: return a.str().text == b.str().text;
     case K::kArray: {
       const auto &x = a.array_ref(), &y = b.array_ref();
+      if (&x == &y) return true;  // every element is itself, and Python compares elements by identity first
       if (x.size() != y.size()) return false;
       for (std::size_t i = 0; i < x.size(); ++i) {
         if (!values_equal_at(x[i], y[i], depth + 1)) return false;

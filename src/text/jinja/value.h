@@ -87,10 +87,17 @@ class Value {
   // Containers nest at most this deep in repr(), tojson and comparisons; a namespace can
   // hold itself ({% set ns.x = ns %}), and deeper nesting is treated as such a cycle.
   static constexpr int kMaxNesting = 256;  // Python's type name, for error messages
+  // Lists share their elements, so a few statements build a list that holds one list
+  // thousands of times over, itself holding another (found by template_fuzz): walking it
+  // takes time exponential in the statements. repr() and tojson stop after this many bytes
+  // (the render's output limit, 64 MiB by default, then fails), any_taint() after this many
+  // elements (answering "tainted", the safe side).
+  static constexpr std::size_t kMaxTextBytes = 64u << 20;
+  static constexpr std::size_t kMaxVisits = 1u << 22;
 
  private:
-  std::string repr_at(int depth) const;
-  bool any_taint_at(int depth) const;
+  void repr_into(int depth, std::string& out) const;
+  bool any_taint_at(int depth, std::size_t& visits) const;
 
   Kind kind_ = Kind::kUndefined;
   bool b_ = false;
