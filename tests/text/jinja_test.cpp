@@ -157,6 +157,20 @@ TEST(Jinja, ListsSharedThousandsOfTimesStayBounded) {
   EXPECT_EQ(*same, "True");
 }
 
+TEST(Jinja, IntegerArithmeticFollowsPythonOrFailsOutsideInt64) {
+  // Found by template_fuzz under UBSan: int64 overflow in +, -, *, ** was undefined behaviour.
+  auto ok = render("{{ 7 // -2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 2 ** 62 }} {{ (-1) ** 1000000000000 }} {{ 0 ** 0 }} "
+                   "{{ -9223372036854775807 - 1 }} {{ (-9223372036854775807 - 1) % 3 }} {{ (-9223372036854775807 - 1) // 2 }}");
+  ASSERT_TRUE(ok) << ok.error().to_string();
+  EXPECT_EQ(*ok, "-4 2 -2 4611686018427387904 1 1 -9223372036854775808 1 -4611686018427387904");
+  for (const char* src : {"{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}", "{{ 4294967296 * 4294967296 }}",
+                          "{{ 2 ** 63 }}", "{{ (-9223372036854775807 - 1) // -1 }}"}) {
+    auto r = render(src);
+    ASSERT_FALSE(r) << src;
+    EXPECT_NE(r.error().message().find("OverflowError"), std::string::npos) << src << ": " << r.error().message();
+  }
+}
+
 TEST(Jinja, TaintFollowsConcatenation) {
   auto t = Template::parse("<a>{{ x }}</a>{{ x | trim }}");
   ASSERT_TRUE(t);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "text/jinja/interpreter.h"
@@ -541,10 +542,16 @@ Result<Value> Interpreter::eval_binary(const Expr& e) {
   if (!numeric(l) || !numeric(r)) return unsupported();
   bool fl = l.kind() == K::kFloat || r.kind() == K::kFloat;
   double a = l.as_double(), b = r.as_double();
-  std::int64_t x = l.as_int(), y = r.as_int();
-  if (op == "+") return fl ? Value::number(a + b) : Value::integer(x + y);
-  if (op == "-") return fl ? Value::number(a - b) : Value::integer(x - y);
-  if (op == "*") return fl ? Value::number(a * b) : Value::integer(x * y);
+  std::int64_t x = l.as_int(), y = r.as_int(), v = 0;
+  // Python's ints have no bound; ours are 64-bit, and a result outside them is an error (not
+  // undefined behaviour; found by template_fuzz under UBSan).
+  auto checked = [&](bool overflow) -> Result<Value> {
+    if (overflow) return error(StatusCode::kInvalidArgument, "OverflowError: integer result outside the 64-bit range");
+    return Value::integer(v);
+  };
+  if (op == "+") return fl ? Value::number(a + b) : checked(__builtin_add_overflow(x, y, &v));
+  if (op == "-") return fl ? Value::number(a - b) : checked(__builtin_sub_overflow(x, y, &v));
+  if (op == "*") return fl ? Value::number(a * b) : checked(__builtin_mul_overflow(x, y, &v));
   if (op == "/") {
     if (b == 0) return error(StatusCode::kInvalidArgument, "ZeroDivisionError: division by zero");
     return Value::number(a / b);
@@ -555,14 +562,24 @@ Result<Value> Interpreter::eval_binary(const Expr& e) {
       double q = std::floor(a / b);
       return op == "//" ? Value::number(q) : Value::number(a - q * b);
     }
-    std::int64_t q = floor_div(x, y);
-    return op == "//" ? Value::integer(q) : Value::integer(x - q * y);
+    if (y == -1) {  // x // -1 = -x (overflows only for the smallest int), x % -1 = 0
+      if (op == "%") return Value::integer(0);
+      return checked(__builtin_sub_overflow(std::int64_t{0}, x, &v));
+    }
+    if (op == "//") return Value::integer(floor_div(x, y));
+    std::int64_t rem = x % y;  // the sign of y, as Python's (rem + y stays in range: |rem| < |y|)
+    if (rem != 0 && (rem < 0) != (y < 0)) rem += y;
+    return Value::integer(rem);
   }
   if (op == "**") {
     if (!fl && y >= 0) {
-      std::int64_t result = 1;
-      for (std::int64_t i = 0; i < y && i < 64; ++i) result *= x;
-      return Value::integer(result);
+      if (x == 0 || x == 1) return Value::integer(y == 0 ? 1 : x);
+      if (x == -1) return Value::integer(y % 2 ? -1 : 1);
+      v = 1;  // |x| >= 2: past 63 factors it has overflowed
+      for (std::int64_t i = 0; i < y; ++i) {
+        if (__builtin_mul_overflow(v, x, &v)) return checked(true);
+      }
+      return Value::integer(v);
     }
     return Value::number(std::pow(a, b));
   }
@@ -579,6 +596,8 @@ Result<Template> Template::parse(std::string_view source) {
 
 Result<Str> Template::render(const std::vector<std::pair<std::string, Value>>& variables, const RenderOptions& options) const {
   Interpreter in(options);
+  // Text past the output limit can never be rendered: repr/tojson of a runaway value stop there.
+  Value::TextCap cap(std::min(options.max_output_bytes, Value::kMaxTextBytes) + 1);
   in.install_globals();
   for (const auto& [k, v] : variables) in.define_global(k, v);
   Str out;

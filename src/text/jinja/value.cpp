@@ -7,6 +7,11 @@
 
 namespace lmserve::text::jinja {
 
+namespace {
+// repr() and tojson stop after this many bytes on this thread (Value::TextCap).
+thread_local std::size_t text_cap = Value::kMaxTextBytes;
+}  // namespace
+
 void Str::append(const Str& other) {
   std::size_t base = text.size();
   for (auto [b, e] : other.tainted) {
@@ -244,7 +249,7 @@ void json_string(const std::string& s, std::string& out) {
 
 Status json_value(const Value& v, int indent, bool sort_keys, int level, std::string& out) {
   if (level > Value::kMaxNesting) return Status(StatusCode::kInvalidArgument, "Circular reference detected");
-  if (out.size() > Value::kMaxTextBytes) return Status(StatusCode::kResourceExhausted, "tojson output too large");
+  if (out.size() > text_cap) return Status(StatusCode::kResourceExhausted, "tojson output too large");
   auto newline = [&](int lvl) {
     if (indent >= 0) {
       out += '\n';
@@ -326,6 +331,9 @@ Str Value::to_str() const {
   }
 }
 
+Value::TextCap::TextCap(std::size_t bytes) : previous_(text_cap) { text_cap = std::min(bytes, kMaxTextBytes); }
+Value::TextCap::~TextCap() { text_cap = previous_; }
+
 std::string Value::repr() const {
   std::string out;
   repr_into(0, out);
@@ -333,7 +341,7 @@ std::string Value::repr() const {
 }
 
 void Value::repr_into(int depth, std::string& out) const {
-  if (out.size() > kMaxTextBytes) return;  // see kMaxTextBytes
+  if (out.size() > text_cap) return;  // see kMaxTextBytes
   switch (kind_) {
     case Kind::kString: out += repr_string(s_->text); return;
     case Kind::kArray: {
@@ -342,7 +350,7 @@ void Value::repr_into(int depth, std::string& out) const {
         return;
       }
       out += '[';
-      for (std::size_t i = 0; i < a_->size() && out.size() <= kMaxTextBytes; ++i) {
+      for (std::size_t i = 0; i < a_->size() && out.size() <= text_cap; ++i) {
         if (i) out += ", ";
         (*a_)[i].repr_into(depth + 1, out);
       }
@@ -359,7 +367,7 @@ void Value::repr_into(int depth, std::string& out) const {
         return;
       }
       out += '{';
-      for (std::size_t i = 0; i < o_->items.size() && out.size() <= kMaxTextBytes; ++i) {
+      for (std::size_t i = 0; i < o_->items.size() && out.size() <= text_cap; ++i) {
         if (i) out += ", ";
         out += repr_string(o_->items[i].first);
         out += ": ";

@@ -90,10 +90,22 @@ class Value {
   // Lists share their elements, so a few statements build a list that holds one list
   // thousands of times over, itself holding another (found by template_fuzz): walking it
   // takes time exponential in the statements. repr() and tojson stop after this many bytes
-  // (the render's output limit, 64 MiB by default, then fails), any_taint() after this many
-  // elements (answering "tainted", the safe side).
+  // (or a render's TextCap; the render's output limit then fails), any_taint() after this
+  // many elements (answering "tainted", the safe side).
   static constexpr std::size_t kMaxTextBytes = 64u << 20;
   static constexpr std::size_t kMaxVisits = 1u << 22;
+  // While one lives, repr() and tojson on this thread stop after `bytes` (at most
+  // kMaxTextBytes) instead: a render sets its output limit + 1, past which it fails anyway.
+  class TextCap {
+   public:
+    explicit TextCap(std::size_t bytes);
+    ~TextCap();
+    TextCap(const TextCap&) = delete;
+    TextCap& operator=(const TextCap&) = delete;
+
+   private:
+    std::size_t previous_;
+  };
 
  private:
   void repr_into(int depth, std::string& out) const;
