@@ -76,6 +76,18 @@ class TokenizerImpl {
   std::array<std::vector<std::size_t>, 256> raw_index, normalized_index;
   std::size_t vocab_size = 0;
 
+  // What decode() puts into the decoder chain for `id`, or nullptr where it drops the id
+  // (an unknown id, or a skippable added token when special tokens are skipped). An added
+  // token is its matched form: tokenizers decodes Llama 2's <s> as "▁<s>", which its decoder
+  // turns into " <s>".
+  const std::string* piece(std::int32_t id, bool skip_special_tokens) const {
+    if (auto it = added_by_id.find(id); it != added_by_id.end()) {
+      const AddedToken& t = added[it->second];
+      return skip_special_tokens && t.skippable ? nullptr : &t.match;
+    }
+    return model->id_to_token(id);
+  }
+
   void index_added_tokens() {
     for (std::size_t i = 0; i < added.size(); ++i) {
       auto& t = added[i];
@@ -370,13 +382,7 @@ std::string Tokenizer::decode(std::span<const std::int32_t> ids, bool skip_speci
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (std::int32_t id : ids) {
-    if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) {
-      const AddedToken& t = impl_->added[it->second];
-      // The matched form: tokenizers decodes Llama 2's <s> as "▁<s>", which its decoder turns into " <s>".
-      if (!(skip_special_tokens && t.skippable)) tokens.push_back(t.match);
-    } else if (const std::string* tok = impl_->model->id_to_token(id)) {
-      tokens.push_back(*tok);
-    }
+    if (const std::string* piece = impl_->piece(id, skip_special_tokens)) tokens.push_back(*piece);
   }
   if (!impl_->decoder) {
     std::string out;
@@ -412,8 +418,7 @@ bool Tokenizer::is_byte_fallback_token(std::int32_t id) const {
 }
 
 bool Tokenizer::decodes_to_nothing(std::int32_t id, bool skip_special_tokens) const {
-  if (auto it = impl_->added_by_id.find(id); it != impl_->added_by_id.end()) return skip_special_tokens && impl_->added[it->second].skippable;
-  return impl_->model->id_to_token(id) == nullptr;
+  return impl_->piece(id, skip_special_tokens) == nullptr;
 }
 
 bool Tokenizer::is_special(std::int32_t id) const {
