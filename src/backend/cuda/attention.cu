@@ -5,23 +5,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/attention_util.cuh"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.cuh"
 
 namespace lmserve::cuda {
 namespace {
-
-constexpr int kAttnThreads = 128;
-constexpr int kKeyTile = 32;
-// A context split covers at least this many keys: short contexts use fewer of the planned
-// splits (the blocks of the others return at once, and the combine skips them).
-constexpr int kMinSplitKeys = 64;
-
-// Keys per split of a kv_len-key context planned for `splits` splits: a multiple of kKeyTile.
-__device__ __forceinline__ int split_keys(int kv_len, int splits) {
-  const int per = max((kv_len + splits - 1) / splits, kMinSplitKeys);
-  return (per + kKeyTile - 1) / kKeyTile * kKeyTile;
-}
 
 // One block per (work item, KV head, context split). The item's query rows (tokens x the
 // group's heads) attend to KV tiles staged in shared memory, so each K/V element is read
@@ -152,18 +141,6 @@ constexpr int kDecodeChunk = 256;
 constexpr int kDecodeTileBytes = 8192, kDecodeRing = 8;
 constexpr int kDecodeRingBytes = kDecodeTileBytes * kDecodeRing;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-template <Kv K>
-inline constexpr int kKvElemBytes = K == Kv::kF32 ? 4 : (K == Kv::kBF16 || K == Kv::kF16 ? 2 : 1);
 
 template <int D, Kv K, Act A, int GM>
 __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnArgs a) {
@@ -352,51 +329,6 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
 // different banks.
 constexpr int kMmaThreads = 128, kMmaKeys = 64, kMmaPad = 8;
 
-template <Act A>
-struct MmaType;
-template <>
-struct MmaType<Act::kBF16> {
-  using T = __nv_bfloat16;
-  static __device__ __forceinline__ T from(float x) { return __float2bfloat16_rn(x); }
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack(unsigned u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u)); }
-  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <>
-struct MmaType<Act::kF16> {
-  using T = __half;
-  static __device__ __forceinline__ T from(float x) { return __float2half_rn(x); }
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack(unsigned u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
-  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-// Four 8x8 matrices of 16-bit values from shared memory; lane l gives the address of row l % 8
-// of matrix l / 8 (16-byte aligned); .trans hands each thread a column pair instead of a row pair.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 template <int D, Act A>
 constexpr std::size_t mma_smem_bytes() {
@@ -659,11 +591,14 @@ template <int D>
 void run_attention(const AttnArgs& a, cudaStream_t s) {
   const int group = a.nh / a.nkv;
   AttnArgs rest = a;  // what the prefill kernels take
-  if (a.num_single > 0 && group <= 8) {
+  const bool mma = a.num_single > 0 && decode_mma_supported(D, a.kv, a.act, group);
+  if (a.num_single > 0 && (mma || group <= 8)) {
     AttnArgs d = a;
     d.num_items = a.num_single;
     dim3 grid(static_cast<unsigned>(d.num_items), static_cast<unsigned>(d.nkv), static_cast<unsigned>(d.splits));
-    if (group <= 4) {
+    if (mma) {
+      launch_decode_mma(d, s);
+    } else if (group <= 4) {
       LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 4>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
     } else {
       LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 8>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
@@ -721,6 +656,7 @@ void allow_decode_rings() {
 }  // namespace
 
 void configure_attention_kernels() {
+  configure_decode_mma();
   allow_decode_rings<16>();
   allow_decode_rings<32>();
   allow_decode_rings<64>();
