@@ -3,6 +3,7 @@
 // the combine of context splits.
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "backend/cuda/attention_util.cuh"
@@ -58,7 +59,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
       const int j = i / D, d = i % D, p = t0 + j;
       float kx = 0.0f, vx = 0.0f;
       if (p < end) {
-        const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
+        const std::int64_t slot = BlockIndex(a.block_size).slot(bt, p);
         const std::int64_t at = (slot * a.nkv + g) * D + d;
         kx = kv_load<K>(kc, at) * ks;
         vx = kv_load<K>(vc, at) * vs;
@@ -348,11 +349,14 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   T* sV = sK + 2 * BN * LD;         // [2][BN][LD]
   int* s_qpos = reinterpret_cast<int*>(sV + 2 * BN * LD);
 
-  const int item = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // Blocks start in index order, and an item's work grows with its position: the last items
+  // of a sequence (the most keys) go first, so the short ones fill the tail of the grid.
+  const int item = a.num_items - 1 - static_cast<int>(blockIdx.x), g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = a.nh / a.nkv;
   const int tok0 = a.item_token[item], cnt = a.item_count[item], seq = a.item_seq[item];
   const int rows = cnt * G;
   const int qstride = a.nh * D;
+  const BlockIndex blk(a.block_size);
   for (int i = tid; i < R * D; i += kMmaThreads) {
     const int r = i / D, d = i % D;
     float v = 0.0f;
@@ -383,8 +387,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
         *reinterpret_cast<uint4*>(rv) = make_uint4(0, 0, 0, 0);
         continue;
       }
-      const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
-      const std::int64_t at = (slot * a.nkv + g) * D + d0;
+      const std::int64_t at = (blk.slot(bt, p) * a.nkv + g) * D + d0;
       if (raw) {
         cp_async16(rk, static_cast<const T*>(kc) + at);
         cp_async16(rv, static_cast<const T*>(vc) + at);
@@ -414,9 +417,14 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   }
   // Each thread holds rows r0 + lane / 4 (index 0) and r0 + lane / 4 + 8 (index 1).
   const int qpos[2] = {s_qpos[r0 + lane / 4], s_qpos[r0 + lane / 4 + 8]};
+  // top: the last key any row of the warp sees; bottom: the last key every (real) row sees.
   int top = max(qpos[0], qpos[1]);
+  int bottom = min(qpos[0] < 0 ? INT_MAX : qpos[0], qpos[1] < 0 ? INT_MAX : qpos[1]);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+  for (int o = 16; o > 0; o >>= 1) {
+    top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+    bottom = min(bottom, __shfl_xor_sync(0xffffffffu, bottom, o));
+  }
   const float scale = a.scale * 1.4426950408889634f;  // exp2 domain
   float o_acc[ND][4];
 #pragma unroll
@@ -451,16 +459,28 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
           M::mma(s[n + 1], qf[kk], b[2], b[3]);
         }
       }
-      // Mask, scale, online softmax; P rounded to T and summed as rounded.
+      // Mask (only where the tile crosses a row's diagonal or the context's end; the padding
+      // rows are never stored), scale, online softmax; P rounded to T and summed as rounded.
       float mx[2] = {-INFINITY, -INFINITY};
+      if (t0 + BN - 1 <= bottom && t0 + BN <= kv_len) {
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n) {
+        for (int n = 0; n < BN / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int p = t0 + n * 8 + (lane % 4) * 2 + (e % 2), h = e / 2;
-          const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] * scale : -INFINITY;
-          s[n][e] = x;
-          mx[h] = fmaxf(mx[h], x);
+          for (int e = 0; e < 4; ++e) {
+            s[n][e] *= scale;
+            mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int p = t0 + n * 8 + (lane % 4) * 2 + (e % 2), h = e / 2;
+            const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] * scale : -INFINITY;
+            s[n][e] = x;
+            mx[h] = fmaxf(mx[h], x);
+          }
         }
       }
       float alpha[2];

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.cuh"
@@ -23,6 +24,22 @@ __device__ __forceinline__ int split_keys(int kv_len, int splits) {
   const int per = max((kv_len + splits - 1) / splits, kMinSplitKeys);
   return (per + kKeyTile - 1) / kKeyTile * kKeyTile;
 }
+
+// A key position's cache slot through a sequence's block table: shifts and masks where the
+// block size is a power of two (16 by default), else a division.
+struct BlockIndex {
+  int size, shift;
+  __device__ __forceinline__ explicit BlockIndex(int block_size) : size(block_size), shift(-1) {
+    if ((block_size & (block_size - 1)) == 0) {
+      shift = 0;
+      while ((1 << shift) < block_size) ++shift;
+    }
+  }
+  __device__ __forceinline__ std::int64_t slot(const std::int32_t* table, int p) const {
+    if (shift >= 0) return static_cast<std::int64_t>(table[p >> shift]) * size + (p & (size - 1));
+    return static_cast<std::int64_t>(table[p / size]) * size + p % size;
+  }
+};
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));

@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(AttnArgs a) {
       int slot = 0;  // lane j < kKeys: the cache slot of key k0 + j
       if (lane < S::kKeys && k0 + lane < end) {
         const int p = k0 + lane;
-        slot = bt[p / a.block_size] * a.block_size + p % a.block_size;
+        slot = static_cast<int>(BlockIndex(a.block_size).slot(bt, p));
       }
       unsigned char* dk = ring + (k % kStages) * S::kStageBytes;
       unsigned char* dv = dk + S::kKeys * S::kStride;
