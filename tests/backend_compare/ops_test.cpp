@@ -123,6 +123,8 @@ std::vector<KvCase> kv_cases() {
         for (int d : {64, 128}) out.push_back({kv, bs, g, d});
       }
     }
+    // Groups of 9-16 heads (the tensor-core decode kernel's rows; the tiled kernel's otherwise).
+    for (int d : {64, 128}) out.push_back({kv, 16, 16, d});
   }
   return out;
 }
@@ -287,7 +289,7 @@ TEST_P(KvOps, PagedAttentionDecodeAndChunkedPrefill) {
                              k.data(), v.data());
     }
   }
-  for (int act : {kF32, kBF16}) {
+  for (int act : {kF32, kBF16, kF16}) {
     for (int mode = 0; mode < 4; ++mode) {  // decode, decode with the context split, chunked prefill, long chunks
       static const char* const kModes[] = {" decode", " split decode", " chunked prefill", " long chunks"};
       SCOPED_TRACE(std::string(act_name(act)) + kModes[mode]);
