@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
     s_l[tid] = 0.0f;
   }
   const int kv_len = a.positions[tok0 + cnt - 1] + 1;
-  const int per = split_keys(kv_len, a.splits);
+  const int per = split_keys(kv_len, a.splits, a.min_split_keys);
   const int begin = split * per, end = min(kv_len, begin + per);
   if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
     }
     __syncthreads();
   }
-  if (a.splits == 1) {
+  if (single_split(kv_len, a.splits, per)) {
 #pragma unroll
     for (int k = 0; k < RPT; ++k) {
       const int r = r_own + k * RSTEP;
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
     s_l[tid] = 0.0f;
   }
   const int kv_len = a.positions[tok] + 1;
-  const int per = split_keys(kv_len, a.splits);
+  const int per = split_keys(kv_len, a.splits, a.min_split_keys);
   const int begin = split * per, end = min(kv_len, begin + per);
   if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
     const int h = e / D, d = e % D;
     float o = 0.0f;
     for (int r = 0; r < RPP; ++r) o += s_red[r][h][d];
-    if (a.splits == 1) {
+    if (single_split(kv_len, a.splits, per)) {
       act_store<A>(a.out, qrow + h * D + d, s_l[h] > 0.0f ? o / s_l[h] : 0.0f);
     } else {
       float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * kAttnRows * (D + 2) + h * (D + 2);
@@ -563,7 +563,8 @@ __global__ void attention_combine_kernel(AttnArgs a) {
   const int group = a.nh / a.nkv;
   const int tok0 = a.item_token[item], rows = a.item_count[item] * group;
   const float* part = a.partial + (static_cast<std::int64_t>(item) * a.nkv + g) * a.splits * kAttnRows * (D + 2);
-  const int kv_len = a.positions[tok0 + a.item_count[item] - 1] + 1, per = split_keys(kv_len, a.splits);
+  const int kv_len = a.positions[tok0 + a.item_count[item] - 1] + 1, per = split_keys(kv_len, a.splits, a.min_split_keys);
+  if (single_split(kv_len, a.splits, per)) return;  // its one split wrote the output
   const int used = (kv_len + per - 1) / per;
   for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
@@ -615,6 +616,8 @@ void run_attention(const AttnArgs& a, cudaStream_t s) {
   if (a.num_single > 0 && (mma || group <= 8)) {
     AttnArgs d = a;
     d.num_items = a.num_single;
+    // The tensor-core kernel splits a block's keys over its four warps, so it takes longer splits.
+    d.min_split_keys = mma ? kMmaMinSplitKeys : kMinSplitKeys;
     dim3 grid(static_cast<unsigned>(d.num_items), static_cast<unsigned>(d.nkv), static_cast<unsigned>(d.splits));
     if (mma) {
       launch_decode_mma(d, s);

@@ -15,15 +15,21 @@ namespace lmserve::cuda {
 
 constexpr int kAttnThreads = 128;
 constexpr int kKeyTile = 32;
-// A context split covers at least this many keys: short contexts use fewer of the planned
-// splits (the blocks of the others return at once, and the combine skips them).
-constexpr int kMinSplitKeys = 64;
+// The tensor-core decode kernel's AttnArgs::min_split_keys (kernels.cuh: kMinSplitKeys for the
+// others): its four warps share a split, 16-32 keys per tile each.
+constexpr int kMmaMinSplitKeys = 256;
 
-// Keys per split of a kv_len-key context planned for `splits` splits: a multiple of kKeyTile.
-__device__ __forceinline__ int split_keys(int kv_len, int splits) {
-  const int per = max((kv_len + splits - 1) / splits, kMinSplitKeys);
+// Keys per split of a kv_len-key context planned for `splits` splits, at least min_keys
+// (AttnArgs::min_split_keys): a multiple of kKeyTile.
+__device__ __forceinline__ int split_keys(int kv_len, int splits, int min_keys) {
+  const int per = max((kv_len + splits - 1) / splits, min_keys);
   return (per + kKeyTile - 1) / kKeyTile * kKeyTile;
 }
+
+// Whether the one split of a context that needs only one writes the output itself (then the
+// combine kernel leaves the item alone): always with one planned split, and for contexts of at
+// most `per` keys.
+__device__ __forceinline__ bool single_split(int kv_len, int splits, int per) { return splits == 1 || kv_len <= per; }
 
 // A key position's cache slot through a sequence's block table: shifts and masks where the
 // block size is a power of two (16 by default), else a division.

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(AttnArgs a) {
   pdl_release();
   const int tok = a.item_token[item], seq = a.item_seq[item];
   const int kv_len = a.positions[tok] + 1;
-  const int per = split_keys(kv_len, a.splits);
+  const int per = split_keys(kv_len, a.splits, a.min_split_keys);
   const int begin = split * per, end = min(kv_len, begin + per);
   if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
 
@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_mma_kernel(AttnArgs a) {
       acc += p[d] * wgt;
     }
     acc *= vscale;
-    if (a.splits == 1) {
+    if (single_split(kv_len, a.splits, per)) {
       act_store<A>(a.out, qrow + h * D + d, l > 0.0f ? acc / l : 0.0f);
     } else {  // the combine kernel's format: natural-log max, sum, unnormalised O
       float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * kAttnRows * (D + 2) + h * (D + 2);
