@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   const int per = split_keys(kv_len, a.splits, a.min_split_keys);
   const int begin = split * per, end = min(kv_len, begin + per);
   if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
+  const bool write_out = single_split(kv_len, a.splits, per);
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
   const void* kc = a.kv_ptrs[2 * a.layer];
   const void* vc = a.kv_ptrs[2 * a.layer + 1];
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
     }
     __syncthreads();
   }
-  if (single_split(kv_len, a.splits, per)) {
+  if (write_out) {
 #pragma unroll
     for (int k = 0; k < RPT; ++k) {
       const int r = r_own + k * RSTEP;
