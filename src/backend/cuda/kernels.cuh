@@ -24,7 +24,7 @@ inline constexpr int kAttnRows = 16;
 // is written by that split directly (the combine leaves it alone).
 inline constexpr int kMinSplitKeys = 64;
 // The tensor-core prefill kernel's rows per item (bf16/f16 models, head dim 64 or 128).
-inline constexpr int kMmaRows = 64;
+inline constexpr int kMmaRows = 128;
 
 // x[t, :] = float(table[tokens[t], :]).
 void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s);
