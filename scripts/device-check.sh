@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Part-1 CUDA checks on the GPU machine, in one call (carry ".device/carry", made by
 # scripts/device-bundle.sh):
-# backend_compare, the engine tests on CUDA, compute-sanitizer, and one short benchmark.
+# backend_compare (and its attention sweep once more with the CUDA-core decode kernel), the
+# engine tests on CUDA, compute-sanitizer.
 # Logs go to $OUT; a summary table is printed last. SANITIZE=0 skips compute-sanitizer;
 # MEM_FILTER / RACE_FILTER narrow the sanitizer runs (racecheck is slow: minutes on model tests);
 # RACE_ARGS adds compute-sanitizer options. Not --kernel-name-exclude kns=nvjet: with it (H200,
@@ -20,6 +21,9 @@ row() { printf '%-44s %s\n' "$1" "$2" >> "$OUT/summary.txt"; }
 $B/bin/lmserve version --self-test > "$OUT/version.log" 2>&1; row "version --self-test" "rc=$?"
 timeout 300 $B/tests/backend_compare_test > "$OUT/compare.log" 2>&1; rc=$?
 row "backend_compare_test" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare.log" | head -2 | tr '\n' ' ')"
+# The CUDA-core decode kernel, where the tensor-core one (decode_mma.cu) runs by default.
+LMSERVE_CUDA_DECODE_MMA=0 timeout 300 $B/tests/backend_compare_test --gtest_filter='*KvOps*' > "$OUT/compare_no_decode_mma.log" 2>&1; rc=$?
+row "backend_compare KvOps, DECODE_MMA=0" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare_no_decode_mma.log" | head -2 | tr '\n' ' ')"
 LMSERVE_TEST_BACKEND=cuda timeout 300 $B/tests/engine_e2e_test > "$OUT/engine_cuda.log" 2>&1; rc=$?
 row "engine_e2e_test on CUDA" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda.log" | head -2 | tr '\n' ' ')"
 if [[ ${SANITIZE:-1} == 1 ]]; then

@@ -89,15 +89,38 @@ TEST_P(ActOps, Gemm) {
   }
 }
 
+TEST_P(ActOps, GateUpSilu) {
+  LMSERVE_REQUIRE_GPU();
+  const int act = GetParam();
+  std::mt19937 rng(5);
+  // n <= 2: one weight-streaming pass for 16-bit dtypes (1, 2, 4, 8 warps per row pair by the
+  // output count on the H200: 7001, 4100, 2000, 300); n = 3 and float32: cuBLASLt, then SiLU x mul.
+  for (auto [I, n, k] : {std::tuple{300, 1, 512}, {2000, 2, 1000}, {4100, 1, 4096}, {7001, 2, 264}, {301, 3, 640}, {64, 1, 8}}) {
+    SCOPED_TRACE(std::to_string(I) + "x" + std::to_string(n) + "x" + std::to_string(k));
+    auto w = rounded(act, random_vec(rng, static_cast<std::size_t>(2 * I) * k));
+    auto x = rounded(act, random_vec(rng, static_cast<std::size_t>(n) * k));
+    std::vector<float> got, gu(static_cast<std::size_t>(n) * 2 * I), want(static_cast<std::size_t>(n) * I);
+    ASSERT_EQ(ops::gate_up_silu(act, w, x, I, n, k, &got), "");
+    ThreadPool pool(2);
+    model::Tensor wt{model::DType::kF32, {2 * I, k}, w.data(), "w"};
+    backend::cpu::matmul(pool, x.data(), n, k, wt, nullptr, gu.data(), 2 * I);
+    for (int t = 0; t < n; ++t) backend::cpu::silu_mul(&gu[static_cast<std::size_t>(t) * 2 * I], &gu[static_cast<std::size_t>(t) * 2 * I + I], I, &want[static_cast<std::size_t>(t) * I]);
+    EXPECT_LE(rel_l2(got, rounded(act, want)), std::max(tolerance(act), 1e-5));
+  }
+}
+
 TEST_P(ActOps, SiluMul) {
   LMSERVE_REQUIRE_GPU();
-  const int act = GetParam(), T = 5, I = 300;
+  const int act = GetParam(), T = 5;
   std::mt19937 rng(4);
-  auto gu = random_vec(rng, static_cast<std::size_t>(T * 2 * I), -6, 6);
-  std::vector<float> got, want(static_cast<std::size_t>(T * I));
-  ASSERT_EQ(ops::silu_mul(act, gu, T, I, &got), "");
-  for (int t = 0; t < T; ++t) backend::cpu::silu_mul(&gu[t * 2 * I], &gu[t * 2 * I + I], I, &want[t * I]);
-  EXPECT_LE(rel_l2(got, rounded(act, want)), tolerance(act));
+  for (int I : {300, 302}) {  // the four-wide kernel, and the one for sizes it does not divide
+    SCOPED_TRACE("I = " + std::to_string(I));
+    auto gu = random_vec(rng, static_cast<std::size_t>(T * 2 * I), -6, 6);
+    std::vector<float> got, want(static_cast<std::size_t>(T * I));
+    ASSERT_EQ(ops::silu_mul(act, gu, T, I, &got), "");
+    for (int t = 0; t < T; ++t) backend::cpu::silu_mul(&gu[t * 2 * I], &gu[t * 2 * I + I], I, &want[t * I]);
+    EXPECT_LE(rel_l2(got, rounded(act, want)), tolerance(act));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ActOps, ::testing::Values(kF32, kBF16, kF16),
@@ -123,6 +146,8 @@ std::vector<KvCase> kv_cases() {
         for (int d : {64, 128}) out.push_back({kv, bs, g, d});
       }
     }
+    // Groups of 9-16 heads (the tensor-core decode kernel's rows; the tiled kernel's otherwise).
+    for (int d : {64, 128}) out.push_back({kv, 16, 16, d});
   }
   return out;
 }
@@ -287,7 +312,7 @@ TEST_P(KvOps, PagedAttentionDecodeAndChunkedPrefill) {
                              k.data(), v.data());
     }
   }
-  for (int act : {kF32, kBF16}) {
+  for (int act : {kF32, kBF16, kF16}) {
     for (int mode = 0; mode < 4; ++mode) {  // decode, decode with the context split, chunked prefill, long chunks
       static const char* const kModes[] = {" decode", " split decode", " chunked prefill", " long chunks"};
       SCOPED_TRACE(std::string(act_name(act)) + kModes[mode]);

@@ -3,25 +3,15 @@
 // the combine of context splits.
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
+#include "backend/cuda/attention_util.cuh"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/kernels.cuh"
 
 namespace lmserve::cuda {
 namespace {
-
-constexpr int kAttnThreads = 128;
-constexpr int kKeyTile = 32;
-// A context split covers at least this many keys: short contexts use fewer of the planned
-// splits (the blocks of the others return at once, and the combine skips them).
-constexpr int kMinSplitKeys = 64;
-
-// Keys per split of a kv_len-key context planned for `splits` splits: a multiple of kKeyTile.
-__device__ __forceinline__ int split_keys(int kv_len, int splits) {
-  const int per = max((kv_len + splits - 1) / splits, kMinSplitKeys);
-  return (per + kKeyTile - 1) / kKeyTile * kKeyTile;
-}
 
 // One block per (work item, KV head, context split). The item's query rows (tokens x the
 // group's heads) attend to KV tiles staged in shared memory, so each K/V element is read
@@ -52,9 +42,10 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
     s_l[tid] = 0.0f;
   }
   const int kv_len = a.positions[tok0 + cnt - 1] + 1;
-  const int per = split_keys(kv_len, a.splits);
+  const int per = split_keys(kv_len, a.splits, a.min_split_keys);
   const int begin = split * per, end = min(kv_len, begin + per);
   if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
+  const bool write_out = single_split(kv_len, a.splits, per);
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
   const void* kc = a.kv_ptrs[2 * a.layer];
   const void* vc = a.kv_ptrs[2 * a.layer + 1];
@@ -69,7 +60,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
       const int j = i / D, d = i % D, p = t0 + j;
       float kx = 0.0f, vx = 0.0f;
       if (p < end) {
-        const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
+        const std::int64_t slot = BlockIndex(a.block_size).slot(bt, p);
         const std::int64_t at = (slot * a.nkv + g) * D + d;
         kx = kv_load<K>(kc, at) * ks;
         vx = kv_load<K>(vc, at) * vs;
@@ -116,7 +107,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
     }
     __syncthreads();
   }
-  if (a.splits == 1) {
+  if (write_out) {
 #pragma unroll
     for (int k = 0; k < RPT; ++k) {
       const int r = r_own + k * RSTEP;
@@ -152,18 +143,6 @@ constexpr int kDecodeChunk = 256;
 constexpr int kDecodeTileBytes = 8192, kDecodeRing = 8;
 constexpr int kDecodeRingBytes = kDecodeTileBytes * kDecodeRing;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-template <Kv K>
-inline constexpr int kKvElemBytes = K == Kv::kF32 ? 4 : (K == Kv::kBF16 || K == Kv::kF16 ? 2 : 1);
 
 template <int D, Kv K, Act A, int GM>
 __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnArgs a) {
@@ -196,7 +175,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
     s_l[tid] = 0.0f;
   }
   const int kv_len = a.positions[tok] + 1;
-  const int per = split_keys(kv_len, a.splits);
+  const int per = split_keys(kv_len, a.splits, a.min_split_keys);
   const int begin = split * per, end = min(kv_len, begin + per);
   if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
@@ -327,7 +306,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
     const int h = e / D, d = e % D;
     float o = 0.0f;
     for (int r = 0; r < RPP; ++r) o += s_red[r][h][d];
-    if (a.splits == 1) {
+    if (single_split(kv_len, a.splits, per)) {
       act_store<A>(a.out, qrow + h * D + d, s_l[h] > 0.0f ? o / s_l[h] : 0.0f);
     } else {
       float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * kAttnRows * (D + 2) + h * (D + 2);
@@ -341,67 +320,23 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
 }
 
 // ---- prefill attention on the tensor cores (mma.sync m16n8k16, float32 accumulators) --------
-// One block of 4 warps per (item, KV head): kMmaRows rows = the item's query tokens x the
+// One block of 8 warps per (item, KV head): kMmaRows (128) rows = the item's query tokens x the
 // group's heads; warp w owns rows 16w..16w+15 and keeps their Q fragments, running max and sum
 // and the O accumulators in registers (flash-attention style). Per tile of 64 keys: S = Q K^T
 // from K in shared memory (ldmatrix), the causal mask and the online softmax on the S
 // fragments, P rounded to the input type and reused as the A operand of O += P V (V by
-// ldmatrix.trans). K/V tiles are double-buffered: 16-bit caches of the model's type come in by
-// cp.async while the previous tile is used; other caches are converted by the threads.
+// ldmatrix.trans). K/V tiles go through a ring of kMmaStages buffers, two tiles ahead of the one
+// in use: 16-bit caches of the model's type come in by cp.async; other caches are converted by
+// the threads. (With 4 warps, 64 rows and one tile ahead, an 8k prefill ran at ~129 TFLOP/s:
+// every block re-read the context for 64 rows, one 32 KB tile in flight per block.)
 // Shared-memory rows are padded by kMmaPad elements so that ldmatrix's eight rows fall in
 // different banks.
-constexpr int kMmaThreads = 128, kMmaKeys = 64, kMmaPad = 8;
-
-template <Act A>
-struct MmaType;
-template <>
-struct MmaType<Act::kBF16> {
-  using T = __nv_bfloat16;
-  static __device__ __forceinline__ T from(float x) { return __float2bfloat16_rn(x); }
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack(unsigned u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u)); }
-  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <>
-struct MmaType<Act::kF16> {
-  using T = __half;
-  static __device__ __forceinline__ T from(float x) { return __float2half_rn(x); }
-  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack(unsigned u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
-  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-// Four 8x8 matrices of 16-bit values from shared memory; lane l gives the address of row l % 8
-// of matrix l / 8 (16-byte aligned); .trans hands each thread a column pair instead of a row pair.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
+constexpr int kMmaThreads = 256, kMmaKeys = 64, kMmaPad = 8, kMmaStages = 3;
 
 template <int D, Act A>
 constexpr std::size_t mma_smem_bytes() {
   using T = typename MmaType<A>::T;
-  return (static_cast<std::size_t>(kMmaRows) + 4 * kMmaKeys) * (D + kMmaPad) * sizeof(T)  // Q; K, V double-buffered
+  return (static_cast<std::size_t>(kMmaRows) + 2 * kMmaStages * kMmaKeys) * (D + kMmaPad) * sizeof(T)  // Q; the K, V ring
          + static_cast<std::size_t>(kMmaRows) * sizeof(int);                             // query positions
 }
 
@@ -412,15 +347,18 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   constexpr int R = kMmaRows, BN = kMmaKeys, LD = D + kMmaPad, KD = D / 16, ND = D / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + R * LD;              // [2][BN][LD]
-  T* sV = sK + 2 * BN * LD;         // [2][BN][LD]
-  int* s_qpos = reinterpret_cast<int*>(sV + 2 * BN * LD);
+  T* sK = sQ + R * LD;                 // [kMmaStages][BN][LD]
+  T* sV = sK + kMmaStages * BN * LD;   // [kMmaStages][BN][LD]
+  int* s_qpos = reinterpret_cast<int*>(sV + kMmaStages * BN * LD);
 
-  const int item = blockIdx.x, g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // Blocks start in index order, and an item's work grows with its position: the last items
+  // of a sequence (the most keys) go first, so the short ones fill the tail of the grid.
+  const int item = a.num_items - 1 - static_cast<int>(blockIdx.x), g = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int G = a.nh / a.nkv;
   const int tok0 = a.item_token[item], cnt = a.item_count[item], seq = a.item_seq[item];
   const int rows = cnt * G;
   const int qstride = a.nh * D;
+  const BlockIndex blk(a.block_size);
   for (int i = tid; i < R * D; i += kMmaThreads) {
     const int r = i / D, d = i % D;
     float v = 0.0f;
@@ -438,11 +376,12 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   const bool raw = kSameType && !a.k_scale && !a.v_scale;
   const int tiles = (kv_len + BN - 1) / BN;
 
-  // Tile t's K and V into buffer t % 2: by cp.async (then committed as one group) or converted.
+  // Tile t's K and V into buffer t % kMmaStages: by cp.async or converted; one commit group per
+  // call (empty past the last tile), so that the waits count tiles.
   auto load_tile = [&](int t) {
-    T* dk = sK + (t % 2) * BN * LD;
-    T* dv = sV + (t % 2) * BN * LD;
-    for (int i = tid; i < BN * D / 8; i += kMmaThreads) {
+    T* dk = sK + (t % kMmaStages) * BN * LD;
+    T* dv = sV + (t % kMmaStages) * BN * LD;
+    for (int i = tid; t < tiles && i < BN * D / 8; i += kMmaThreads) {
       const int j = i / (D / 8), d0 = (i % (D / 8)) * 8, p = t * BN + j;
       T* rk = dk + j * LD + d0;
       T* rv = dv + j * LD + d0;
@@ -451,8 +390,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
         *reinterpret_cast<uint4*>(rv) = make_uint4(0, 0, 0, 0);
         continue;
       }
-      const std::int64_t slot = static_cast<std::int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
-      const std::int64_t at = (slot * a.nkv + g) * D + d0;
+      const std::int64_t at = (blk.slot(bt, p) * a.nkv + g) * D + d0;
       if (raw) {
         cp_async16(rk, static_cast<const T*>(kc) + at);
         cp_async16(rv, static_cast<const T*>(vc) + at);
@@ -470,7 +408,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
     cp_async_commit();
   };
 
-  load_tile(0);
+#pragma unroll
+  for (int t = 0; t < kMmaStages - 1; ++t) load_tile(t);
   __syncthreads();  // Q and the query positions are in place
   // This warp's Q fragments (A operands, one per 16 columns of D).
   const int r0 = warp * 16;
@@ -482,9 +421,14 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   }
   // Each thread holds rows r0 + lane / 4 (index 0) and r0 + lane / 4 + 8 (index 1).
   const int qpos[2] = {s_qpos[r0 + lane / 4], s_qpos[r0 + lane / 4 + 8]};
+  // top: the last key any row of the warp sees; bottom: the last key every (real) row sees.
   int top = max(qpos[0], qpos[1]);
+  int bottom = min(qpos[0] < 0 ? INT_MAX : qpos[0], qpos[1] < 0 ? INT_MAX : qpos[1]);
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+  for (int o = 16; o > 0; o >>= 1) {
+    top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
+    bottom = min(bottom, __shfl_xor_sync(0xffffffffu, bottom, o));
+  }
   const float scale = a.scale * 1.4426950408889634f;  // exp2 domain
   float o_acc[ND][4];
 #pragma unroll
@@ -492,17 +436,13 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
   for (int t = 0; t < tiles; ++t) {
-    if (t + 1 < tiles) {
-      load_tile(t + 1);
-      cp_async_wait<1>();  // tile t has landed; t + 1 may still be in flight
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    cp_async_wait<kMmaStages - 2>();  // this thread's copies of tile t have landed
+    __syncthreads();                  // ... everyone's; every warp is done with tile t - 1
+    load_tile(t + kMmaStages - 1);    // into tile t - 1's buffer
     const int t0 = t * BN;
     if (t0 <= top) {  // some row of this warp sees a key of the tile
-      const T* k_tile = sK + (t % 2) * BN * LD;
-      const T* v_tile = sV + (t % 2) * BN * LD;
+      const T* k_tile = sK + (t % kMmaStages) * BN * LD;
+      const T* v_tile = sV + (t % kMmaStages) * BN * LD;
       // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
       float s[BN / 8][4];
 #pragma unroll
@@ -519,16 +459,28 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
           M::mma(s[n + 1], qf[kk], b[2], b[3]);
         }
       }
-      // Mask, scale, online softmax; P rounded to T and summed as rounded.
+      // Mask (only where the tile crosses a row's diagonal or the context's end; the padding
+      // rows are never stored), scale, online softmax; P rounded to T and summed as rounded.
       float mx[2] = {-INFINITY, -INFINITY};
+      if (t0 + BN - 1 <= bottom && t0 + BN <= kv_len) {
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n) {
+        for (int n = 0; n < BN / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int p = t0 + n * 8 + (lane % 4) * 2 + (e % 2), h = e / 2;
-          const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] * scale : -INFINITY;
-          s[n][e] = x;
-          mx[h] = fmaxf(mx[h], x);
+          for (int e = 0; e < 4; ++e) {
+            s[n][e] *= scale;
+            mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < BN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int p = t0 + n * 8 + (lane % 4) * 2 + (e % 2), h = e / 2;
+            const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] * scale : -INFINITY;
+            s[n][e] = x;
+            mx[h] = fmaxf(mx[h], x);
+          }
         }
       }
       float alpha[2];
@@ -580,8 +532,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
         }
       }
     }
-    __syncthreads();  // buffer t % 2 is refilled by the next iteration's load of tile t + 2
   }
+  cp_async_wait<0>();  // (only empty groups are left)
   // The row sums over the quad (each thread summed its own columns).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -611,7 +563,8 @@ __global__ void attention_combine_kernel(AttnArgs a) {
   const int group = a.nh / a.nkv;
   const int tok0 = a.item_token[item], rows = a.item_count[item] * group;
   const float* part = a.partial + (static_cast<std::int64_t>(item) * a.nkv + g) * a.splits * kAttnRows * (D + 2);
-  const int kv_len = a.positions[tok0 + a.item_count[item] - 1] + 1, per = split_keys(kv_len, a.splits);
+  const int kv_len = a.positions[tok0 + a.item_count[item] - 1] + 1, per = split_keys(kv_len, a.splits, a.min_split_keys);
+  if (single_split(kv_len, a.splits, per)) return;  // its one split wrote the output
   const int used = (kv_len + per - 1) / per;
   for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
     const int r = i / D, d = i % D;
@@ -659,11 +612,16 @@ template <int D>
 void run_attention(const AttnArgs& a, cudaStream_t s) {
   const int group = a.nh / a.nkv;
   AttnArgs rest = a;  // what the prefill kernels take
-  if (a.num_single > 0 && group <= 8) {
+  const bool mma = a.num_single > 0 && decode_mma_supported(D, a.kv, a.act, group);
+  if (a.num_single > 0 && (mma || group <= 8)) {
     AttnArgs d = a;
     d.num_items = a.num_single;
+    // The tensor-core kernel splits a block's keys over its four warps, so it takes longer splits.
+    d.min_split_keys = mma ? kMmaMinSplitKeys : kMinSplitKeys;
     dim3 grid(static_cast<unsigned>(d.num_items), static_cast<unsigned>(d.nkv), static_cast<unsigned>(d.splits));
-    if (group <= 4) {
+    if (mma) {
+      launch_decode_mma(d, s);
+    } else if (group <= 4) {
       LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 4>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
     } else {
       LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 8>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
@@ -721,6 +679,7 @@ void allow_decode_rings() {
 }  // namespace
 
 void configure_attention_kernels() {
+  configure_decode_mma();
   allow_decode_rings<16>();
   allow_decode_rings<32>();
   allow_decode_rings<64>();

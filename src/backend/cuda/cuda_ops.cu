@@ -135,6 +135,21 @@ std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::v
   return finish(a);
 }
 
+std::string gate_up_silu(int act, const std::vector<float>& w, const std::vector<float>& x, int I, int n, int k, std::vector<float>* out) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  void* wd = a.upload_act(w, A);
+  void* xd = a.upload_act(x, A);
+  auto* scratch = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * 2 * I * 4));
+  void* od = a.alloc(static_cast<std::size_t>(n) * I * static_cast<std::size_t>(act_bytes(A)));
+  Gemm g;
+  if (auto e = g.init(8u << 20); !e.empty()) return e;
+  if (auto e = g.run_gate_up_silu(wd, xd, scratch, od, I, n, k, A, nullptr); !e.empty()) return e;
+  *out = a.download_act(od, A, static_cast<std::size_t>(n) * I);
+  return finish(a);
+}
+
 std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::vector<float>* q) {
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;

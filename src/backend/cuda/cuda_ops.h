@@ -25,6 +25,9 @@ std::string gemm(int act, const std::vector<float>& w, const std::vector<float>&
 
 std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::vector<float>* out);
 
+// out[n, I] = silu(x w_gate^T) * (x w_up^T) for w = [w_gate; w_up] of [2I, k] (Gemm::run_gate_up_silu).
+std::string gate_up_silu(int act, const std::vector<float>& w, const std::vector<float>& x, int I, int n, int k, std::vector<float>* out);
+
 struct KvCacheHost {
   int kv = 0;  // backend::KvDtype order
   int block_size = 16;

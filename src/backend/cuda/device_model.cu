@@ -494,8 +494,7 @@ class CudaModel final : public DeviceModel {
       launch_attention(at, stream_);
       LMSERVE_TRY(gemm_.run(L.o.p, attn_.p, out_.as<float>(), H, T, qd, act_, stream_));
       launch_add_rmsnorm(x_.as<float>(), out_.as<float>(), nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
-      LMSERVE_TRY(gemm_.run(L.gate_up.p, h_.p, gu_.as<float>(), 2 * I, T, H, act_, stream_));
-      launch_silu_mul(gu_.as<float>(), T, I, mlp_in_.p, act_, stream_);
+      LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.as<float>(), mlp_in_.p, I, T, H, act_, stream_));
       LMSERVE_TRY(gemm_.run(L.down.p, mlp_in_.p, out_.as<float>(), H, T, I, act_, stream_));
     }
     launch_add(x_.as<float>(), out_.as<float>(), static_cast<std::int64_t>(T) * H, stream_);

@@ -17,18 +17,27 @@ namespace {
 // an 8B model otherwise fill a fraction of the GPU and wait on latency).
 constexpr int kGemvMaxN = 2, kGemvRows = 2, kGemvThreads = 256, kGemvLoads = 4, kGemvWarpsPerSm = 24;
 
-template <Act A, int N, int S>
+// kSwiGlu: W is [2m, k] (gate rows, then up rows); row group p reads gate row p and up row
+// m + p and writes silu(gate) * up to y[t * m + p] in the act type (the SiLU x mul kernel's
+// formula, so the result is the same as the product followed by that kernel). Otherwise y is
+// float [n, m] and row group p reads rows 2p and 2p + 1.
+template <Act A, int N, int S, bool kSwiGlu>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* __restrict__ w, const std::uint16_t* __restrict__ x,
-                                                            float* __restrict__ y, int m, int n, int k) {
+                                                            void* __restrict__ y, int m, int n, int k) {
   constexpr int kWarps = kGemvThreads / 32;
   static_assert(kWarps % S == 0, "a block holds whole row groups");
+  static_assert(!kSwiGlu || kGemvRows == 2, "a gate row and an up row");
   __shared__ float red[kWarps][kGemvRows][N];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % S;
-  const int row0 = (static_cast<int>(blockIdx.x) * (kWarps / S) + warp / S) * kGemvRows;
+  const int group = static_cast<int>(blockIdx.x) * (kWarps / S) + warp / S;
+  const int row0 = kSwiGlu ? group : group * kGemvRows;
   const int chunks = k / 8, stride = 32 * S;
   const uint4* wr[kGemvRows];
 #pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) wr[r] = reinterpret_cast<const uint4*>(w + static_cast<std::int64_t>(min(row0 + r, m - 1)) * k);
+  for (int r = 0; r < kGemvRows; ++r) {
+    const std::int64_t row = kSwiGlu ? min(group, m - 1) + static_cast<std::int64_t>(r) * m : min(row0 + r, m - 1);
+    wr[r] = reinterpret_cast<const uint4*>(w + row * k);
+  }
   float acc[kGemvRows][N] = {};
   uint4 raw[kGemvLoads][kGemvRows];
   auto load_w = [&](int c0) {
@@ -79,14 +88,27 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
   }
   if constexpr (S > 1) __syncthreads();
   if (part == 0 && lane == 0) {
+    float v[kGemvRows][N];
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
 #pragma unroll
       for (int t = 0; t < N; ++t) {
-        float v = 0.0f;
+        v[r][t] = 0.0f;
 #pragma unroll
-        for (int p = 0; p < S; ++p) v += red[warp + p][r][t];
-        if (t < n && row0 + r < m) y[static_cast<std::int64_t>(t) * m + row0 + r] = v;
+        for (int p = 0; p < S; ++p) v[r][t] += red[warp + p][r][t];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      if (t >= n) continue;
+      if constexpr (kSwiGlu) {
+        const float gate = v[0][t];
+        if (group < m) act_store<A>(y, static_cast<std::int64_t>(t) * m + group, gate / (1.0f + expf(-gate)) * v[1][t]);
+      } else {
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) {
+          if (row0 + r < m) static_cast<float*>(y)[static_cast<std::int64_t>(t) * m + row0 + r] = v[r][t];
+        }
       }
     }
   }
@@ -102,31 +124,32 @@ int multiprocessors() {
   return sms;
 }
 
-template <Act A, int S>
-void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, float* y, int m, int n, int k, cudaStream_t s) {
-  const int rows_per_block = kGemvThreads / 32 / S * kGemvRows;
-  const unsigned blocks = static_cast<unsigned>((m + rows_per_block - 1) / rows_per_block);
+template <Act A, int S, bool kSwiGlu>
+void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, int m, int n, int k, cudaStream_t s) {
+  const int groups_per_block = kGemvThreads / 32 / S, outputs_per_group = kSwiGlu ? 1 : kGemvRows;
+  const unsigned blocks = static_cast<unsigned>((m + groups_per_block * outputs_per_group - 1) / (groups_per_block * outputs_per_group));
   if (n == 1) {
-    launch_pdl(gemv_kernel<A, 1, S>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k);
+    launch_pdl(gemv_kernel<A, 1, S, kSwiGlu>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k);
   } else {
-    launch_pdl(gemv_kernel<A, 2, S>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k);
+    launch_pdl(gemv_kernel<A, 2, S, kSwiGlu>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k);
   }
 }
 
-template <Act A>
-void launch_gemv(const void* w, const void* x, float* y, int m, int n, int k, cudaStream_t s) {
+// m: rows of W (plain) or outputs per token (kSwiGlu: W has 2m rows).
+template <Act A, bool kSwiGlu = false>
+void launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cudaStream_t s) {
   const auto* W = static_cast<const std::uint16_t*>(w);
   const auto* X = static_cast<const std::uint16_t*>(x);
   // The fewest warps per row pair that give kGemvWarpsPerSm warps per multiprocessor (at most 8).
-  const std::int64_t pairs = (m + kGemvRows - 1) / kGemvRows, want = static_cast<std::int64_t>(kGemvWarpsPerSm) * multiprocessors();
+  const std::int64_t pairs = kSwiGlu ? m : (m + kGemvRows - 1) / kGemvRows, want = static_cast<std::int64_t>(kGemvWarpsPerSm) * multiprocessors();
   if (pairs >= want) {
-    launch_gemv_split<A, 1>(W, X, y, m, n, k, s);
+    launch_gemv_split<A, 1, kSwiGlu>(W, X, y, m, n, k, s);
   } else if (2 * pairs >= want) {
-    launch_gemv_split<A, 2>(W, X, y, m, n, k, s);
+    launch_gemv_split<A, 2, kSwiGlu>(W, X, y, m, n, k, s);
   } else if (4 * pairs >= want) {
-    launch_gemv_split<A, 4>(W, X, y, m, n, k, s);
+    launch_gemv_split<A, 4, kSwiGlu>(W, X, y, m, n, k, s);
   } else {
-    launch_gemv_split<A, 8>(W, X, y, m, n, k, s);
+    launch_gemv_split<A, 8, kSwiGlu>(W, X, y, m, n, k, s);
   }
 }
 
@@ -203,9 +226,28 @@ std::string Gemm::plan_for(int m, int n, int k, Act act, Plan** out) {
   return {};
 }
 
+bool Gemm::thin(const void* w, const void* x, int n, int k, Act act) {
+  return act != Act::kF32 && n <= kGemvMaxN && k % 8 == 0 && aligned16(w) && aligned16(x);
+}
+
+std::string Gemm::run_gate_up_silu(const void* w, const void* x, float* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s) {
+  if (n == 0) return {};
+  if (thin(w, x, n, k, act)) {
+    if (act == Act::kBF16) {
+      launch_gemv<Act::kBF16, true>(w, x, out, I, n, k, s);
+    } else {
+      launch_gemv<Act::kF16, true>(w, x, out, I, n, k, s);
+    }
+    return {};
+  }
+  if (std::string e = run(w, x, scratch, 2 * I, n, k, act, s); !e.empty()) return e;
+  launch_silu_mul(scratch, n, I, out, act, s);
+  return {};
+}
+
 std::string Gemm::run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
-  if (act != Act::kF32 && n <= kGemvMaxN && k % 8 == 0 && aligned16(w) && aligned16(x)) {
+  if (thin(w, x, n, k, act)) {
     if (act == Act::kBF16) {
       launch_gemv<Act::kBF16>(w, x, y, m, n, k, s);
     } else {

@@ -26,6 +26,10 @@ class Gemm {
   // Empty string on success, else what failed.
   std::string init(std::size_t workspace_bytes);
   std::string run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
+  // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
+  // weight-streaming pass where run() would stream (no float32 intermediate, no second kernel),
+  // else run() into scratch [n, 2I] and launch_silu_mul.
+  std::string run_gate_up_silu(const void* w, const void* x, float* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
@@ -35,6 +39,7 @@ class Gemm {
     cublasLtMatmulAlgo_t algo{};
   };
   std::string plan_for(int m, int n, int k, Act act, Plan** out);
+  static bool thin(const void* w, const void* x, int n, int k, Act act);  // the weight-streaming kernel applies
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;

@@ -19,8 +19,12 @@ int act_bytes(Act a);
 
 // Rows of query x heads one attention block handles (a GQA group of up to 16 heads).
 inline constexpr int kAttnRows = 16;
+// A context split covers at least this many keys by default: short contexts use fewer of the
+// planned splits (the blocks of the others return at once), and a context that fits one split
+// is written by that split directly (the combine leaves it alone).
+inline constexpr int kMinSplitKeys = 64;
 // The tensor-core prefill kernel's rows per item (bf16/f16 models, head dim 64 or 128).
-inline constexpr int kMmaRows = 64;
+inline constexpr int kMmaRows = 128;
 
 // x[t, :] = float(table[tokens[t], :]).
 void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s);
@@ -78,6 +82,7 @@ struct AttnArgs {
   float scale = 1.0f;
   int num_single = 0;         // items [0, num_single) are one token each
   int splits = 1;             // > 1: the one-token items' contexts are split and partials combined
+  int min_split_keys = kMinSplitKeys;  // keys of a split at least (launch_attention sets it per kernel)
   float* partial = nullptr;   // [num_single, nkv, splits, kAttnRows, D + 2]
   void* out = nullptr;        // [T, nh * D] in act
   Act act = Act::kF32;

@@ -1,0 +1,118 @@
+// Pieces shared by the attention kernels (attention.cu, decode_mma.cu): context splits,
+// cp.async, the 16-bit mma.sync types and ldmatrix. Device code only; included by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/device_util.cuh"
+#include "backend/cuda/kernels.cuh"
+
+namespace lmserve::cuda {
+
+constexpr int kAttnThreads = 128;
+constexpr int kKeyTile = 32;
+// The tensor-core decode kernel's AttnArgs::min_split_keys (kernels.cuh: kMinSplitKeys for the
+// others): its four warps share a split, 16-32 keys per tile each.
+constexpr int kMmaMinSplitKeys = 256;
+
+// Keys per split of a kv_len-key context planned for `splits` splits, at least min_keys
+// (AttnArgs::min_split_keys): a multiple of kKeyTile.
+__device__ __forceinline__ int split_keys(int kv_len, int splits, int min_keys) {
+  const int per = max((kv_len + splits - 1) / splits, min_keys);
+  return (per + kKeyTile - 1) / kKeyTile * kKeyTile;
+}
+
+// Whether the one split of a context that needs only one writes the output itself (then the
+// combine kernel leaves the item alone): always with one planned split, and for contexts of at
+// most `per` keys.
+__device__ __forceinline__ bool single_split(int kv_len, int splits, int per) { return splits == 1 || kv_len <= per; }
+
+// A key position's cache slot through a sequence's block table: shifts and masks where the
+// block size is a power of two (16 by default), else a division.
+struct BlockIndex {
+  int size, shift;
+  __device__ __forceinline__ explicit BlockIndex(int block_size) : size(block_size), shift(-1) {
+    if ((block_size & (block_size - 1)) == 0) {
+      shift = 0;
+      while ((1 << shift) < block_size) ++shift;
+    }
+  }
+  __device__ __forceinline__ std::int64_t slot(const std::int32_t* table, int p) const {
+    if (shift >= 0) return static_cast<std::int64_t>(table[p >> shift]) * size + (p & (size - 1));
+    return static_cast<std::int64_t>(table[p / size]) * size + p % size;
+  }
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+template <Kv K>
+inline constexpr int kKvElemBytes = K == Kv::kF32 ? 4 : (K == Kv::kBF16 || K == Kv::kF16 ? 2 : 1);
+
+template <Act A>
+struct MmaType;
+template <>
+struct MmaType<Act::kBF16> {
+  using T = __nv_bfloat16;
+  static __device__ __forceinline__ T from(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(unsigned u) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u)); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <>
+struct MmaType<Act::kF16> {
+  using T = __half;
+  static __device__ __forceinline__ T from(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(unsigned u) { return __half22float2(*reinterpret_cast<const __half2*>(&u)); }
+  static __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// Four 8x8 matrices of 16-bit values from shared memory; lane l gives the address of row l % 8
+// of matrix l / 8 (16-byte aligned); .trans hands each thread a column pair instead of a row pair.
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The tensor-core decode kernel (decode_mma.cu) for the one-token items of a step: whether it
+// runs for a model (16-bit acts, head dim 64 or 128, a KV cache of the act's type or fp8,
+// group <= 16, not turned off by LMSERVE_CUDA_DECODE_MMA=0), its launch (grid items x KV heads
+// x splits; partials in AttnArgs::partial when splits > 1, like the CUDA-core kernel), and its
+// shared-memory limit (once per device, with configure_attention_kernels).
+bool decode_mma_supported(int head_dim, Kv kv, Act act, int group);
+void launch_decode_mma(const AttnArgs& a, cudaStream_t s);
+void configure_decode_mma();
+
+}  // namespace lmserve::cuda
