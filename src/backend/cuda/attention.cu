@@ -359,11 +359,14 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   const int rows = cnt * G;
   const int qstride = a.nh * D;
   const BlockIndex blk(a.block_size);
+  // Q scaled by the softmax scale in the exp2 domain (as the decode kernels do), so that S comes
+  // out of the mma ready for the online softmax.
+  const float scale = a.scale * 1.4426950408889634f;
   for (int i = tid; i < R * D; i += kMmaThreads) {
     const int r = i / D, d = i % D;
     float v = 0.0f;
     if (r < rows) v = a.q[static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D + d];
-    sQ[r * LD + d] = M::from(v);
+    sQ[r * LD + d] = M::from(v * scale);
   }
   if (tid < R) s_qpos[tid] = tid < rows ? a.positions[tok0 + tid / G] : -1;
   const int kv_len = a.positions[tok0 + cnt - 1] + 1;
@@ -429,7 +432,6 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
     top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
     bottom = min(bottom, __shfl_xor_sync(0xffffffffu, bottom, o));
   }
-  const float scale = a.scale * 1.4426950408889634f;  // exp2 domain
   float o_acc[ND][4];
 #pragma unroll
   for (int n = 0; n < ND; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
@@ -460,16 +462,13 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
         }
       }
       // Mask (only where the tile crosses a row's diagonal or the context's end; the padding
-      // rows are never stored), scale, online softmax; P rounded to T and summed as rounded.
+      // rows are never stored), online softmax; P rounded to T and summed as rounded.
       float mx[2] = {-INFINITY, -INFINITY};
       if (t0 + BN - 1 <= bottom && t0 + BN <= kv_len) {
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[n][e] *= scale;
-            mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-          }
+          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
         }
       } else {
 #pragma unroll
@@ -477,13 +476,13 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int p = t0 + n * 8 + (lane % 4) * 2 + (e % 2), h = e / 2;
-            const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] * scale : -INFINITY;
+            const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] : -INFINITY;
             s[n][e] = x;
             mx[h] = fmaxf(mx[h], x);
           }
         }
       }
-      float alpha[2];
+      float alpha[2], base[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
@@ -491,6 +490,8 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
         const float m_new = fmaxf(m_run[h], mx[h]);
         alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
         m_run[h] = m_new;
+        // A row without a key yet has only -inf scores, whose exp2 is 0 from any finite base.
+        base[h] = m_new == -INFINITY ? 0.0f : m_new;
       }
       unsigned pf[BN / 16][4];  // P as A operands, one per 16 keys
       float sum[2] = {0.0f, 0.0f};
@@ -498,10 +499,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
       for (int n = 0; n < BN / 8; ++n) {
         float e4[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2;
-          e4[e] = m_run[h] == -INFINITY ? 0.0f : exp2f(s[n][e] - m_run[h]);
-        }
+        for (int e = 0; e < 4; ++e) e4[e] = exp2f(s[n][e] - base[e / 2]);
         const unsigned lo = M::pack(e4[0], e4[1]), hi = M::pack(e4[2], e4[3]);
         const float2 rl = M::unpack(lo), rh = M::unpack(hi);
         sum[0] += rl.x + rl.y;
@@ -512,12 +510,15 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + sum[h];
+      // Rescale O only when some row's max moved (most tiles of a long row leave it).
+      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        o_acc[n][0] *= alpha[0];
-        o_acc[n][1] *= alpha[0];
-        o_acc[n][2] *= alpha[1];
-        o_acc[n][3] *= alpha[1];
+        for (int n = 0; n < ND; ++n) {
+          o_acc[n][0] *= alpha[0];
+          o_acc[n][1] *= alpha[0];
+          o_acc[n][2] *= alpha[1];
+          o_acc[n][3] *= alpha[1];
+        }
       }
       // O += P V: B operands from V (keys x d) transposed by ldmatrix.
 #pragma unroll
