@@ -27,7 +27,7 @@ run() {  # name, args...
   timeout ${BENCH_TIMEOUT:-300} "$L" bench "$@" > "$OUT/$name.log" 2>&1
   local rc=$? t1=$(date +%s)
   printf '== %s (rc=%d, %d s): lmserve bench %s\n' "$name" $rc $((t1 - t0)) "$*" >> "$OUT/table.txt"
-  grep -E '^(backend|prefill|decode|bandwidth|requests|engine|throughput|====|mixed lengths)' "$OUT/$name.log" >> "$OUT/table.txt"
+  grep -E '^(backend|prefill|decode|bandwidth|requests|engine|per step|throughput|====|mixed lengths)' "$OUT/$name.log" >> "$OUT/table.txt"
   [[ $rc == 0 ]] || tail -3 "$OUT/$name.log" >> "$OUT/table.txt"
 }
 touch "$OUT/table.txt"

@@ -109,6 +109,11 @@ class Backend {
   // Bytes of one KV block across all layers (K and V).
   virtual std::uint64_t kv_block_bytes() const = 0;
   virtual MemoryInfo memory() const = 0;
+
+  // Of the time forward() has taken so far, the part a device backend did not spend waiting for
+  // the device: checking and staging batches, launching their work (a graph step's device idles
+  // meanwhile; an eager step's launches overlap the kernels before them). 0 for a host backend.
+  virtual double staging_seconds_total() const { return 0.0; }
 };
 
 // Bytes one KV block needs for `config` with `dtype` and `block_size` (all layers, K and V).

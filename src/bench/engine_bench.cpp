@@ -161,6 +161,8 @@ Result<ThroughputResult> run_throughput(engine::Engine& e, std::int64_t V, const
   r.stats = e.stats();
   r.stats.forward_seconds_total -= before.forward_seconds_total;
   r.stats.host_seconds_total -= before.host_seconds_total;
+  r.stats.forward_staging_seconds_total -= before.forward_staging_seconds_total;
+  r.stats.host_phases -= before.host_phases;
   r.stats.steps_total -= before.steps_total;
   r.stats.preemptions_total -= before.preemptions_total;
   return r;

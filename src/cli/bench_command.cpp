@@ -37,6 +37,11 @@ void print_throughput(const bench::ThroughputResult& r) {
               static_cast<unsigned long long>(r.stats.steps_total), r.stats.forward_seconds_total, r.stats.host_seconds_total,
               100.0 * r.stats.host_seconds_total / std::max(1e-9, r.stats.host_seconds_total + r.stats.forward_seconds_total),
               static_cast<long long>(r.stats.preemptions_total));
+  const auto& h = r.stats.host_phases;
+  const double ms = 1e3 / static_cast<double>(std::max<std::uint64_t>(1, r.stats.steps_total));
+  std::printf("per step: host %.3f ms (schedule %.3f, inputs %.3f, relock %.3f, sample %.3f, outputs %.3f); forward %.3f ms, of it staging %.3f ms\n",
+              r.stats.host_seconds_total * ms, h.schedule * ms, h.inputs * ms, h.relock * ms, h.sample * ms, h.outputs * ms,
+              r.stats.forward_seconds_total * ms, r.stats.forward_staging_seconds_total * ms);
   std::printf("throughput: %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n", static_cast<double>(r.requests) / s,
               static_cast<double>(r.output_tokens) / s, static_cast<double>(r.output_tokens + r.prompt_tokens) / s);
 }

@@ -214,6 +214,8 @@ EngineStats Engine::stats() const {
   s.steps_total = steps_;
   s.forward_seconds_total = forward_seconds_;
   s.host_seconds_total = host_seconds_;
+  s.host_phases = host_phases_;
+  s.forward_staging_seconds_total = staging_seconds_;
   for (std::size_t r = 1; r < rejections_.size(); ++r) {
     s.rejections.emplace_back(std::string(rejection_name(static_cast<Rejection>(r))), rejections_[r]);
   }
@@ -269,6 +271,7 @@ Status Engine::step() {
     last_block_ = out.blocked;
   }
   if (out.scheduled.empty()) return Status::ok();
+  const auto scheduled_at = Clock::now();
 
   const int bs = backend_->kv_config().block_size;
   std::vector<std::int32_t> tokens, positions, logits_rows;
@@ -329,7 +332,9 @@ Status Engine::step() {
   Status st = backend_->forward(batch, logits);
   const auto fwd_end = Clock::now();
   mu_.lock();
+  const auto relocked_at = Clock::now();
   if (!st.is_ok()) return st;
+  staging_seconds_ = backend_->staging_seconds_total();
   scheduler_->commit_step(out);
   ++steps_;
 
@@ -346,6 +351,7 @@ Status Engine::step() {
       results[i] = sample_token(row, r->params, r->prompt, r->output, eos_ids_, lives[i]->rng);
     }
   });
+  const auto sampled_at = Clock::now();
   for (std::size_t i = 0; i < sampled.size(); ++i) {
     Request* r = sampled[i];
     Live& L = *lives[i];
@@ -378,9 +384,15 @@ Status Engine::step() {
     e.time = Clock::now();
     L.stream->push(std::move(e), false);
   }
-  const double fwd = std::chrono::duration<double>(fwd_end - fwd_start).count();
-  forward_seconds_ += fwd;
-  host_seconds_ += std::chrono::duration<double>(Clock::now() - step_start).count() - fwd;
+  const auto end = Clock::now();
+  auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  forward_seconds_ += secs(fwd_start, fwd_end);
+  host_seconds_ += secs(step_start, end) - secs(fwd_start, fwd_end);
+  host_phases_.schedule += secs(step_start, scheduled_at);
+  host_phases_.inputs += secs(scheduled_at, fwd_start);
+  host_phases_.relock += secs(fwd_end, relocked_at);
+  host_phases_.sample += secs(relocked_at, sampled_at);
+  host_phases_.outputs += secs(sampled_at, end);
   return Status::ok();
 }
 

@@ -129,6 +129,18 @@ struct EngineStats {
   // Where step time goes: the device's forward vs the host (scheduling, input preparation,
   // sampling, output processing).
   double forward_seconds_total = 0, host_seconds_total = 0;
+  // The host time by phase (the five sum to host_seconds_total): planning the step, building its
+  // inputs, taking the engine lock back after the forward pass, sampling (with the scheduler's
+  // commit), and turning tokens into text and stream events.
+  struct HostPhases {
+    double schedule = 0, inputs = 0, relock = 0, sample = 0, outputs = 0;
+    HostPhases& operator-=(const HostPhases& o) {
+      schedule -= o.schedule, inputs -= o.inputs, relock -= o.relock, sample -= o.sample, outputs -= o.outputs;
+      return *this;
+    }
+  } host_phases;
+  // Of forward_seconds_total, what the backend spent on the host (Backend::staging_seconds_total).
+  double forward_staging_seconds_total = 0;
   std::vector<std::pair<std::string, std::uint64_t>> rejections;  // by reason
   // Admission-limit episodes (consecutive steps blocked for the same reason count once).
   std::vector<std::pair<std::string, std::uint64_t>> admission_limits;
@@ -181,7 +193,8 @@ class Engine {
   std::uint64_t arrivals_ = 0;
   bool accepting_ = true, stop_ = false, dead_ = false;
   std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0;
-  double forward_seconds_ = 0, host_seconds_ = 0;
+  double forward_seconds_ = 0, host_seconds_ = 0, staging_seconds_ = 0;
+  EngineStats::HostPhases host_phases_;
   std::vector<float> logits_;  // reused step to step
   std::unique_ptr<ThreadPool> sampler_pool_;
   std::vector<std::uint64_t> rejections_;

@@ -111,6 +111,14 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   counter("lmserve:engine_forward_seconds_total", "Time engine steps spent in the device forward pass.", s.forward_seconds_total);
   counter("lmserve:engine_host_seconds_total", "Time engine steps spent on the host: scheduling, inputs, sampling, outputs.",
           s.host_seconds_total);
+  header(out, "lmserve:engine_host_phase_seconds_total", "counter", "Host time of engine steps by phase (they sum to lmserve:engine_host_seconds_total).");
+  for (const auto& [phase, v] : {std::pair{"schedule", s.host_phases.schedule}, {"inputs", s.host_phases.inputs}, {"relock", s.host_phases.relock},
+                                 {"sample", s.host_phases.sample}, {"outputs", s.host_phases.outputs}}) {
+    out += "lmserve:engine_host_phase_seconds_total{" + m + ",phase=\"" + phase + "\"} " + num(v) + "\n";
+  }
+  counter("lmserve:engine_forward_staging_seconds_total",
+          "Of the forward time, what the backend spent on the host staging and launching steps rather than waiting for the device.",
+          s.forward_staging_seconds_total);
   counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
           static_cast<double>(s.prefix_queries));
   counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", static_cast<double>(s.prefix_hits));

@@ -139,6 +139,8 @@ BENCHMARK(BM_EngineHostStep)
     ->Args({256, 2, 1})
     ->Args({256, 1, 4})
     ->Args({256, 1, 40})
+    ->Args({1024, 1, 3})
+    ->Args({1024, 1, 3})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(1);

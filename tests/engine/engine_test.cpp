@@ -295,6 +295,47 @@ TEST(Engine, RowsDecidedByTheBackendAreExactlyThePlainOnes) {
 // float32 KV, measured as the model card measures it (each document on its own, followed by
 // <|endoftext|>; `lmserve perplexity --documents`) — here on the first 700 held-out documents,
 // docs/perf.md has the whole file.
+// A backend that reports staging time: 1 ms per forward pass, counted as it goes.
+class Staging final : public backend::Backend {
+ public:
+  explicit Staging(std::unique_ptr<backend::Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return "staging"; }
+  const model::ModelConfig& config() const override { return inner_->config(); }
+  const backend::KvCacheConfig& kv_config() const override { return inner_->kv_config(); }
+  std::uint64_t kv_block_bytes() const override { return inner_->kv_block_bytes(); }
+  backend::MemoryInfo memory() const override { return inner_->memory(); }
+  Status forward(const backend::Batch& b, std::span<float> logits) override {
+    ++calls_;
+    return inner_->forward(b, logits);
+  }
+  double staging_seconds_total() const override { return 1e-3 * calls_; }
+
+ private:
+  std::unique_ptr<backend::Backend> inner_;
+  int calls_ = 0;
+};
+
+TEST(Engine, HostTimeIsSplitIntoPhasesAndStagingComesFromTheBackend) {
+  auto b = backend::make_cpu_backend(demo().weights, {.kv = {backend::KvDtype::kFloat32, 16, 64}, .threads = 2});
+  ASSERT_TRUE(b);
+  auto e = Engine::create(std::make_unique<Staging>(std::move(*b)), demo().tokenizer, {});
+  ASSERT_TRUE(e) << e.error().to_string();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 4; ++i) {
+    auto sub = (*e)->submit({.prompt = {5, 6, 7, static_cast<std::int32_t>(8 + i)}, .params = greedy(6)});
+    ASSERT_TRUE(sub);
+    streams.push_back(sub->stream);
+  }
+  for (auto& s : streams) EXPECT_EQ(collect(s).tokens.size(), 6u);
+  const auto s = (*e)->stats();
+  ASSERT_GT(s.steps_total, 0u);
+  EXPECT_DOUBLE_EQ(s.forward_staging_seconds_total, 1e-3 * static_cast<double>(s.steps_total));
+  const auto& h = s.host_phases;
+  for (double v : {h.schedule, h.inputs, h.relock, h.sample, h.outputs}) EXPECT_GE(v, 0.0);
+  EXPECT_GT(h.outputs, 0.0) << "24 tokens were turned into text and events";
+  EXPECT_NEAR(h.schedule + h.inputs + h.relock + h.sample + h.outputs, s.host_seconds_total, 1e-9);
+}
+
 TEST(Engine, Fp8KvKeepsHeldOutPerplexityWithinOnePercent) {
   std::ifstream in(lmserve::testing::source_dir() / "tests/fixtures/demo_heldout.txt", std::ios::binary);
   ASSERT_TRUE(in);

@@ -540,9 +540,14 @@ TEST(ServerMetrics, ExportsTheMemoryPlanAndEachGpu) {
   busy.steps_total = 10;
   busy.forward_seconds_total = 1.5;
   busy.host_seconds_total = 0.25;
+  busy.host_phases.outputs = 0.125;
+  busy.forward_staging_seconds_total = 0.5;
   std::string timed = m.render(busy, "m", 0.85, 16, "bfloat16");
   EXPECT_NE(timed.find("lmserve:engine_forward_seconds_total{model_name=\"m\"} 1.5"), std::string::npos) << timed;
   EXPECT_NE(timed.find("lmserve:engine_host_seconds_total{model_name=\"m\"} 0.25"), std::string::npos);
+  EXPECT_NE(timed.find("lmserve:engine_host_phase_seconds_total{model_name=\"m\",phase=\"outputs\"} 0.125"), std::string::npos);
+  EXPECT_NE(timed.find("lmserve:engine_host_phase_seconds_total{model_name=\"m\",phase=\"schedule\"} 0"), std::string::npos);
+  EXPECT_NE(timed.find("lmserve:engine_forward_staging_seconds_total{model_name=\"m\"} 0.5"), std::string::npos);
   // No GPU: no per-GPU series at all (not zeros that look like an idle card).
   std::string cpu = m.render(engine::EngineStats{}, "m", 0.85, 16, "bfloat16");
   EXPECT_EQ(cpu.find("lmserve:gpu_memory_used_bytes"), std::string::npos);

@@ -2,6 +2,7 @@
 // model's plain inputs. Compiled by g++ as part of lmserve_backend (device_model.h is plain C++).
 #include "backend/cuda/cuda_backend.h"
 
+#include <chrono>
 #include <cstring>
 #include <random>
 
@@ -59,6 +60,7 @@ class CudaBackend final : public Backend {
   MemoryInfo memory() const override { return mem_; }
 
   Status forward(const Batch& b, std::span<float> logits) override {
+    const auto t0 = std::chrono::steady_clock::now();
     LMSERVE_RETURN_IF_ERROR(validate_batch(b, config(), kv_, logits.size()));
     LMSERVE_RETURN_IF_ERROR(within_plan(b));
     const std::size_t S = b.seqs.size();
@@ -92,8 +94,11 @@ class CudaBackend final : public Backend {
     }
     cuda::StepTimes t;
     if (std::string e = model_->forward(in, &t); !e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
+    staging_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - t.device_seconds;
     return Status::ok();
   }
+
+  double staging_seconds_total() const override { return staging_s_; }
 
  private:
   static cuda::SampleSpec to_spec(const RowSampling& r) {
@@ -131,6 +136,7 @@ class CudaBackend final : public Backend {
   std::vector<std::int32_t> start_, len_, ctx_;
   std::vector<const std::int32_t*> tables_;
   std::vector<cuda::SampleSpec> specs_;
+  double staging_s_ = 0;  // forward() minus the waits for the device (staging_seconds_total)
 };
 
 Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType act) {
