@@ -183,18 +183,27 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
 }
 
-// A backend that decides rows itself (as the CUDA backend's device sampling does) and poisons
-// their logits: the engine must hand it exactly the rows that need nothing but logits, with
-// their sampling parameters and a per-request stream (key, counter), and still sample the other
-// rows from logits as before. Random rows get a token that is a function of (key, counter).
-class RowDeciding final : public backend::Backend {
+// A backend around another one, which answers everything but what a test changes.
+class Wrapping : public backend::Backend {
  public:
-  explicit RowDeciding(std::unique_ptr<backend::Backend> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return "row-deciding"; }
+  explicit Wrapping(std::unique_ptr<backend::Backend> inner) : inner_(std::move(inner)) {}
   const model::ModelConfig& config() const override { return inner_->config(); }
   const backend::KvCacheConfig& kv_config() const override { return inner_->kv_config(); }
   std::uint64_t kv_block_bytes() const override { return inner_->kv_block_bytes(); }
   backend::MemoryInfo memory() const override { return inner_->memory(); }
+
+ protected:
+  std::unique_ptr<backend::Backend> inner_;
+};
+
+// A backend that decides rows itself (as the CUDA backend's device sampling does) and poisons
+// their logits: the engine must hand it exactly the rows that need nothing but logits, with
+// their sampling parameters and a per-request stream (key, counter), and still sample the other
+// rows from logits as before. Random rows get a token that is a function of (key, counter).
+class RowDeciding final : public Wrapping {
+ public:
+  explicit RowDeciding(std::unique_ptr<backend::Backend> inner) : Wrapping(std::move(inner)) {}
+  std::string_view name() const override { return "row-deciding"; }
   static std::int32_t drawn(std::uint64_t key, std::uint32_t counter, std::int64_t V) {
     return static_cast<std::int32_t>((key ^ (counter * 0x9E3779B97F4A7C15ull)) % static_cast<std::uint64_t>(V));
   }
@@ -218,9 +227,6 @@ class RowDeciding final : public backend::Backend {
   }
   int decided_ = 0;
   std::vector<backend::RowSampling> random_;
-
- private:
-  std::unique_ptr<backend::Backend> inner_;
 };
 
 TEST(Engine, RowsDecidedByTheBackendAreExactlyThePlainOnes) {
@@ -291,19 +297,11 @@ TEST(Engine, RowsDecidedByTheBackendAreExactlyThePlainOnes) {
   EXPECT_NE(device.random[0].key, 5u) << "the seed is mixed, not used as the key";
 }
 
-// Issue #4's accuracy bar: fp8 KV keeps the demo model's held-out perplexity within 1% of
-// float32 KV, measured as the model card measures it (each document on its own, followed by
-// <|endoftext|>; `lmserve perplexity --documents`) — here on the first 700 held-out documents,
-// docs/perf.md has the whole file.
 // A backend that reports staging time: 1 ms per forward pass, counted as it goes.
-class Staging final : public backend::Backend {
+class Staging final : public Wrapping {
  public:
-  explicit Staging(std::unique_ptr<backend::Backend> inner) : inner_(std::move(inner)) {}
+  explicit Staging(std::unique_ptr<backend::Backend> inner) : Wrapping(std::move(inner)) {}
   std::string_view name() const override { return "staging"; }
-  const model::ModelConfig& config() const override { return inner_->config(); }
-  const backend::KvCacheConfig& kv_config() const override { return inner_->kv_config(); }
-  std::uint64_t kv_block_bytes() const override { return inner_->kv_block_bytes(); }
-  backend::MemoryInfo memory() const override { return inner_->memory(); }
   Status forward(const backend::Batch& b, std::span<float> logits) override {
     ++calls_;
     return inner_->forward(b, logits);
@@ -311,7 +309,6 @@ class Staging final : public backend::Backend {
   double staging_seconds_total() const override { return 1e-3 * calls_; }
 
  private:
-  std::unique_ptr<backend::Backend> inner_;
   int calls_ = 0;
 };
 
@@ -336,6 +333,10 @@ TEST(Engine, HostTimeIsSplitIntoPhasesAndStagingComesFromTheBackend) {
   EXPECT_NEAR(h.schedule + h.inputs + h.relock + h.sample + h.outputs, s.host_seconds_total, 1e-9);
 }
 
+// Issue #4's accuracy bar: fp8 KV keeps the demo model's held-out perplexity within 1% of
+// float32 KV, measured as the model card measures it (each document on its own, followed by
+// <|endoftext|>; `lmserve perplexity --documents`) — here on the first 700 held-out documents,
+// docs/perf.md has the whole file.
 TEST(Engine, Fp8KvKeepsHeldOutPerplexityWithinOnePercent) {
   std::ifstream in(lmserve::testing::source_dir() / "tests/fixtures/demo_heldout.txt", std::ios::binary);
   ASSERT_TRUE(in);
