@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       // Mask (only where the tile crosses a row's diagonal or the context's end; the padding
-      // rows are never stored), online softmax; P rounded to T and summed as rounded.
+      // rows are never stored), then the online softmax step.
       float mx[2] = {-INFINITY, -INFINITY};
       if (full) {
 #pragma unroll
@@ -535,43 +535,7 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
           }
         }
       }
-      float alpha[2], base[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(m_run[mt][h], mx[h]);
-        alpha[h] = m_run[mt][h] == -INFINITY ? 0.0f : exp2f(m_run[mt][h] - m_new);
-        m_run[mt][h] = m_new;
-        // A row without a key yet has only -inf scores, whose exp2 is 0 from any finite base.
-        base[h] = m_new == -INFINITY ? 0.0f : m_new;
-      }
-      float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n) {
-        float e4[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) e4[e] = exp2f(s[mt][n][e] - base[e / 2]);
-        const unsigned lo = M::pack(e4[0], e4[1]), hi = M::pack(e4[2], e4[3]);
-        const float2 rl = M::unpack(lo), rh = M::unpack(hi);
-        sum[0] += rl.x + rl.y;
-        sum[1] += rh.x + rh.y;
-        // Fragment n is keys 8n..8n+7: the low (n even) or high (n odd) half of 16-key step n / 2.
-        pf[mt][n / 2][(n % 2) * 2 + 0] = lo;
-        pf[mt][n / 2][(n % 2) * 2 + 1] = hi;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l_run[mt][h] = l_run[mt][h] * alpha[h] + sum[h];
-      // Rescale O only when some row's max moved (most tiles of a long row leave it).
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < ND; ++n) {
-          o_acc[mt][n][0] *= alpha[0];
-          o_acc[mt][n][1] *= alpha[0];
-          o_acc[mt][n][2] *= alpha[1];
-          o_acc[mt][n][3] *= alpha[1];
-        }
-      }
+      online_softmax<M>(s[mt], mx, m_run[mt], l_run[mt], o_acc[mt], pf[mt]);
     }
     // O += P V: B operands from V (keys x d) transposed by ldmatrix, each for all m-tiles.
 #pragma unroll
