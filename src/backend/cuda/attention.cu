@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/attention_util.cuh"
 #include "backend/cuda/device_util.cuh"
@@ -320,36 +322,49 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
 }
 
 // ---- prefill attention on the tensor cores (mma.sync m16n8k16, float32 accumulators) --------
-// One block of 8 warps per (item, KV head): kMmaRows (128) rows = the item's query tokens x the
-// group's heads; warp w owns rows 16w..16w+15 and keeps their Q fragments, running max and sum
-// and the O accumulators in registers (flash-attention style). Per tile of 64 keys: S = Q K^T
+// One block per (item, KV head): kMmaRows (128) rows = the item's query tokens x the group's
+// heads; each warp owns 16 x MT consecutive rows (PrefillShape) and keeps their running max and
+// sum and the O accumulators in registers (flash-attention style). Per tile of 64 keys: S = Q K^T
 // from K in shared memory (ldmatrix), the causal mask and the online softmax on the S
 // fragments, P rounded to the input type and reused as the A operand of O += P V (V by
-// ldmatrix.trans). K/V tiles go through a ring of kMmaStages buffers, two tiles ahead of the one
-// in use: 16-bit caches of the model's type come in by cp.async; other caches are converted by
-// the threads. (With 4 warps, 64 rows and one tile ahead, an 8k prefill ran at ~129 TFLOP/s:
+// ldmatrix.trans). K/V tiles go through a ring of kStages buffers, kStages - 1 tiles ahead of
+// the one in use: 16-bit caches of the model's type come in by cp.async; other caches are
+// converted by the threads. (With 4 warps, 64 rows and one tile ahead, an 8k prefill ran at ~129 TFLOP/s:
 // every block re-read the context for 64 rows, one 32 KB tile in flight per block.)
 // Shared-memory rows are padded by kMmaPad elements so that ldmatrix's eight rows fall in
 // different banks.
-constexpr int kMmaThreads = 256, kMmaKeys = 64, kMmaPad = 8, kMmaStages = 3;
+constexpr int kMmaKeys = 64, kMmaPad = 8;
 
-template <int D, Act A>
+// The kernel's two shapes (PrefillShape<MT>): MT = 1, 8 warps of 16 rows and three K/V tiles
+// in the ring (measured: ~151 TFLOP/s at 8k, one block per SM, issue-bound at 8 warps per SM);
+// MT = 2, 4 warps of 32 rows and two tiles, so that two blocks fit per SM: each K/V fragment a
+// warp loads feeds two mma instead of one and every warp has two independent chains of mma and
+// softmax work. With MT = 2 the Q fragments are reloaded from shared memory per key tile (the
+// accumulators of 32 rows leave no registers to hold them).
+template <int MT>
+struct PrefillShape {
+  static constexpr int kWarps = 8 / MT, kThreads = 32 * kWarps, kStages = MT == 1 ? 3 : 2;
+  static_assert(kWarps * 16 * MT == kMmaRows, "the warps cover the item's rows");
+};
+
+template <int D, Act A, int MT>
 constexpr std::size_t mma_smem_bytes() {
   using T = typename MmaType<A>::T;
-  return (static_cast<std::size_t>(kMmaRows) + 2 * kMmaStages * kMmaKeys) * (D + kMmaPad) * sizeof(T)  // Q; the K, V ring
-         + static_cast<std::size_t>(kMmaRows) * sizeof(int);                             // query positions
+  return (static_cast<std::size_t>(kMmaRows) + 2 * PrefillShape<MT>::kStages * kMmaKeys) * (D + kMmaPad) * sizeof(T)  // Q; the K, V ring
+         + static_cast<std::size_t>(kMmaRows) * sizeof(int);                                                        // query positions
 }
 
-template <int D, Kv K, Act A>
-__global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
+template <int D, Kv K, Act A, int MT>
+__global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel(AttnArgs a) {
   using M = MmaType<A>;
   using T = typename M::T;
-  constexpr int R = kMmaRows, BN = kMmaKeys, LD = D + kMmaPad, KD = D / 16, ND = D / 8;
+  using P = PrefillShape<MT>;
+  constexpr int R = kMmaRows, BN = kMmaKeys, LD = D + kMmaPad, KD = D / 16, ND = D / 8, NS = P::kStages, NT = P::kThreads;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + R * LD;                 // [kMmaStages][BN][LD]
-  T* sV = sK + kMmaStages * BN * LD;   // [kMmaStages][BN][LD]
-  int* s_qpos = reinterpret_cast<int*>(sV + kMmaStages * BN * LD);
+  T* sK = sQ + R * LD;         // [NS][BN][LD]
+  T* sV = sK + NS * BN * LD;   // [NS][BN][LD]
+  int* s_qpos = reinterpret_cast<int*>(sV + NS * BN * LD);
 
   // Blocks start in index order, and an item's work grows with its position: the last items
   // of a sequence (the most keys) go first, so the short ones fill the tail of the grid.
@@ -362,7 +377,7 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   // Q scaled by the softmax scale in the exp2 domain (as the decode kernels do), so that S comes
   // out of the mma ready for the online softmax.
   const float scale = a.scale * 1.4426950408889634f;
-  for (int i = tid; i < R * D; i += kMmaThreads) {
+  for (int i = tid; i < R * D; i += NT) {
     const int r = i / D, d = i % D;
     float v = 0.0f;
     if (r < rows) v = a.q[static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D + d];
@@ -379,12 +394,12 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   const bool raw = kSameType && !a.k_scale && !a.v_scale;
   const int tiles = (kv_len + BN - 1) / BN;
 
-  // Tile t's K and V into buffer t % kMmaStages: by cp.async or converted; one commit group per
-  // call (empty past the last tile), so that the waits count tiles.
+  // Tile t's K and V into buffer t % NS: by cp.async or converted; one commit group per call
+  // (empty past the last tile), so that the waits count tiles.
   auto load_tile = [&](int t) {
-    T* dk = sK + (t % kMmaStages) * BN * LD;
-    T* dv = sV + (t % kMmaStages) * BN * LD;
-    for (int i = tid; t < tiles && i < BN * D / 8; i += kMmaThreads) {
+    T* dk = sK + (t % NS) * BN * LD;
+    T* dv = sV + (t % NS) * BN * LD;
+    for (int i = tid; t < tiles && i < BN * D / 8; i += NT) {
       const int j = i / (D / 8), d0 = (i % (D / 8)) * 8, p = t * BN + j;
       T* rk = dk + j * LD + d0;
       T* rv = dv + j * LD + d0;
@@ -412,63 +427,101 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
   };
 
 #pragma unroll
-  for (int t = 0; t < kMmaStages - 1; ++t) load_tile(t);
+  for (int t = 0; t < NS - 1; ++t) load_tile(t);
   __syncthreads();  // Q and the query positions are in place
-  // This warp's Q fragments (A operands, one per 16 columns of D).
-  const int r0 = warp * 16;
-  unsigned qf[KD][4];
-#pragma unroll
-  for (int kk = 0; kk < KD; ++kk) {
+  // This warp's rows: m-tile mt is rows r0 + 16 mt .. + 15; each thread holds rows
+  // r0 + 16 mt + lane / 4 (index 0) and + 8 (index 1) of each.
+  const int r0 = warp * 16 * MT;
+  // Q fragments (A operands, one per 16 columns of D), kept in registers with one m-tile.
+  unsigned qf[MT == 1 ? KD : 1][4];
+  auto q_frag = [&](int mt, int kk, unsigned (&f)[4]) {
     const int m = lane / 8;
-    ldmatrix_x4(qf[kk], sQ + (r0 + (m % 2) * 8 + lane % 8) * LD + kk * 16 + (m / 2) * 8);
+    ldmatrix_x4(f, sQ + (r0 + 16 * mt + (m % 2) * 8 + lane % 8) * LD + kk * 16 + (m / 2) * 8);
+  };
+  if constexpr (MT == 1) {
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) q_frag(0, kk, qf[kk]);
   }
-  // Each thread holds rows r0 + lane / 4 (index 0) and r0 + lane / 4 + 8 (index 1).
-  const int qpos[2] = {s_qpos[r0 + lane / 4], s_qpos[r0 + lane / 4 + 8]};
+  int qpos[MT][2];
   // top: the last key any row of the warp sees; bottom: the last key every (real) row sees.
-  int top = max(qpos[0], qpos[1]);
-  int bottom = min(qpos[0] < 0 ? INT_MAX : qpos[0], qpos[1] < 0 ? INT_MAX : qpos[1]);
+  int top = -1, bottom = INT_MAX;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      qpos[mt][h] = s_qpos[r0 + 16 * mt + lane / 4 + 8 * h];
+      top = max(top, qpos[mt][h]);
+      bottom = min(bottom, qpos[mt][h] < 0 ? INT_MAX : qpos[mt][h]);
+    }
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     top = max(top, __shfl_xor_sync(0xffffffffu, top, o));
     bottom = min(bottom, __shfl_xor_sync(0xffffffffu, bottom, o));
   }
-  float o_acc[ND][4];
+  float o_acc[MT][ND][4];
 #pragma unroll
-  for (int n = 0; n < ND; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < ND; ++n) o_acc[mt][n][0] = o_acc[mt][n][1] = o_acc[mt][n][2] = o_acc[mt][n][3] = 0.0f;
+  }
+  float m_run[MT][2], l_run[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m_run[mt][0] = m_run[mt][1] = -INFINITY, l_run[mt][0] = l_run[mt][1] = 0.0f;
 
   for (int t = 0; t < tiles; ++t) {
-    cp_async_wait<kMmaStages - 2>();  // this thread's copies of tile t have landed
-    __syncthreads();                  // ... everyone's; every warp is done with tile t - 1
-    load_tile(t + kMmaStages - 1);    // into tile t - 1's buffer
+    cp_async_wait<NS - 2>();  // this thread's copies of tile t have landed
+    __syncthreads();          // ... everyone's; every warp is done with tile t - 1
+    load_tile(t + NS - 1);    // into tile t - 1's buffer
     const int t0 = t * BN;
-    if (t0 <= top) {  // some row of this warp sees a key of the tile
-      const T* k_tile = sK + (t % kMmaStages) * BN * LD;
-      const T* v_tile = sV + (t % kMmaStages) * BN * LD;
-      // S = Q K^T: 16 rows x 64 keys, 8 fragments of 8 keys.
-      float s[BN / 8][4];
+    if (t0 > top) continue;  // no row of this warp sees a key of the tile
+    const T* k_tile = sK + (t % NS) * BN * LD;
+    const T* v_tile = sV + (t % NS) * BN * LD;
+    // S = Q K^T: per m-tile 16 rows x 64 keys, 8 fragments of 8 keys; each K fragment pair
+    // loaded once for all m-tiles.
+    float s[MT][BN / 8][4];
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
+      for (int n = 0; n < BN / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
+    }
 #pragma unroll
-        for (int n = 0; n < BN / 8; n += 2) {
-          // Matrices: keys of fragment n (d lo, d hi), then of fragment n + 1.
-          const int m = lane / 8;
-          unsigned b[4];
-          ldmatrix_x4(b, k_tile + ((n + m / 2) * 8 + lane % 8) * LD + kk * 16 + (m % 2) * 8);
-          M::mma(s[n], qf[kk], b[0], b[1]);
-          M::mma(s[n + 1], qf[kk], b[2], b[3]);
+    for (int kk = 0; kk < KD; ++kk) {
+      unsigned qk[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (MT == 1) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qk[mt][e] = qf[kk][e];
+        } else {
+          q_frag(mt, kk, qk[mt]);
         }
       }
+#pragma unroll
+      for (int n = 0; n < BN / 8; n += 2) {
+        // Matrices: keys of fragment n (d lo, d hi), then of fragment n + 1.
+        const int m = lane / 8;
+        unsigned b[4];
+        ldmatrix_x4(b, k_tile + ((n + m / 2) * 8 + lane % 8) * LD + kk * 16 + (m % 2) * 8);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          M::mma(s[mt][n], qk[mt], b[0], b[1]);
+          M::mma(s[mt][n + 1], qk[mt], b[2], b[3]);
+        }
+      }
+    }
+    const bool full = t0 + BN - 1 <= bottom && t0 + BN <= kv_len;  // every row sees every key
+    unsigned pf[MT][BN / 16][4];  // P as A operands, one per 16 keys
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
       // Mask (only where the tile crosses a row's diagonal or the context's end; the padding
-      // rows are never stored), online softmax; P rounded to T and summed as rounded.
+      // rows are never stored), then the online softmax step.
       float mx[2] = {-INFINITY, -INFINITY};
-      if (t0 + BN - 1 <= bottom && t0 + BN <= kv_len) {
+      if (full) {
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[mt][n][e]);
         }
       } else {
 #pragma unroll
@@ -476,82 +529,49 @@ __global__ void __launch_bounds__(kMmaThreads) prefill_mma_kernel(AttnArgs a) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int p = t0 + n * 8 + (lane % 4) * 2 + (e % 2), h = e / 2;
-            const float x = (p <= qpos[h] && p < kv_len) ? s[n][e] : -INFINITY;
-            s[n][e] = x;
+            const float x = (p <= qpos[mt][h] && p < kv_len) ? s[mt][n][e] : -INFINITY;
+            s[mt][n][e] = x;
             mx[h] = fmaxf(mx[h], x);
           }
         }
       }
-      float alpha[2], base[2];
+      online_softmax<M>(s[mt], mx, m_run[mt], l_run[mt], o_acc[mt], pf[mt]);
+    }
+    // O += P V: B operands from V (keys x d) transposed by ldmatrix, each for all m-tiles.
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(m_run[h], mx[h]);
-        alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
-        m_run[h] = m_new;
-        // A row without a key yet has only -inf scores, whose exp2 is 0 from any finite base.
-        base[h] = m_new == -INFINITY ? 0.0f : m_new;
-      }
-      unsigned pf[BN / 16][4];  // P as A operands, one per 16 keys
-      float sum[2] = {0.0f, 0.0f};
+    for (int j = 0; j < BN / 16; ++j) {
 #pragma unroll
-      for (int n = 0; n < BN / 8; ++n) {
-        float e4[4];
+      for (int n = 0; n < ND; n += 2) {
+        const int m = lane / 8;
+        unsigned b[4];
+        ldmatrix_x4_trans(b, v_tile + (j * 16 + (m % 2) * 8 + lane % 8) * LD + (n + m / 2) * 8);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) e4[e] = exp2f(s[n][e] - base[e / 2]);
-        const unsigned lo = M::pack(e4[0], e4[1]), hi = M::pack(e4[2], e4[3]);
-        const float2 rl = M::unpack(lo), rh = M::unpack(hi);
-        sum[0] += rl.x + rl.y;
-        sum[1] += rh.x + rh.y;
-        // Fragment n is keys 8n..8n+7: the low (n even) or high (n odd) half of 16-key step n / 2.
-        pf[n / 2][(n % 2) * 2 + 0] = lo;
-        pf[n / 2][(n % 2) * 2 + 1] = hi;
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + sum[h];
-      // Rescale O only when some row's max moved (most tiles of a long row leave it).
-      if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < ND; ++n) {
-          o_acc[n][0] *= alpha[0];
-          o_acc[n][1] *= alpha[0];
-          o_acc[n][2] *= alpha[1];
-          o_acc[n][3] *= alpha[1];
-        }
-      }
-      // O += P V: B operands from V (keys x d) transposed by ldmatrix.
-#pragma unroll
-      for (int j = 0; j < BN / 16; ++j) {
-#pragma unroll
-        for (int n = 0; n < ND; n += 2) {
-          const int m = lane / 8;
-          unsigned b[4];
-          ldmatrix_x4_trans(b, v_tile + (j * 16 + (m % 2) * 8 + lane % 8) * LD + (n + m / 2) * 8);
-          M::mma(o_acc[n], pf[j], b[0], b[1]);
-          M::mma(o_acc[n + 1], pf[j], b[2], b[3]);
+        for (int mt = 0; mt < MT; ++mt) {
+          M::mma(o_acc[mt][n], pf[mt][j], b[0], b[1]);
+          M::mma(o_acc[mt][n + 1], pf[mt][j], b[2], b[3]);
         }
       }
     }
   }
   cp_async_wait<0>();  // (only empty groups are left)
-  // The row sums over the quad (each thread summed its own columns).
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-  }
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = r0 + lane / 4 + h * 8;
-    if (r >= rows) continue;
-    const float inv = l_run[h] > 0.0f ? 1.0f / l_run[h] : 0.0f;
-    const std::int64_t base = static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D;
+    for (int h = 0; h < 2; ++h) {
+      // The row sum over the quad (each thread summed its own columns).
+      float l = l_run[mt][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int r = r0 + 16 * mt + lane / 4 + h * 8;
+      if (r >= rows) continue;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const std::int64_t base = static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D;
 #pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      const int d = n * 8 + (lane % 4) * 2;
-      act_store<A>(a.out, base + d, o_acc[n][2 * h] * inv);
-      act_store<A>(a.out, base + d + 1, o_acc[n][2 * h + 1] * inv);
+      for (int n = 0; n < ND; ++n) {
+        const int d = n * 8 + (lane % 4) * 2;
+        act_store<A>(a.out, base + d, o_acc[mt][n][2 * h] * inv);
+        act_store<A>(a.out, base + d + 1, o_acc[mt][n][2 * h + 1] * inv);
+      }
     }
   }
 }
@@ -588,16 +608,34 @@ __global__ void attention_combine_kernel(AttnArgs a) {
 
 bool mma_prefill(int head_dim, Act act) { return (head_dim == 64 || head_dim == 128) && act != Act::kF32; }
 
-template <int D, Kv K, Act A>
-void run_prefill_mma(const AttnArgs& a, cudaStream_t s) {
-  constexpr std::size_t smem = mma_smem_bytes<D, A>();
+// LMSERVE_CUDA_PREFILL_MT=2 picks the kernel with two m-tiles per warp (PrefillShape).
+int prefill_m_tiles() {
+  static const int mt = [] {
+    const char* v = std::getenv("LMSERVE_CUDA_PREFILL_MT");
+    return v && std::string(v) == "2" ? 2 : 1;
+  }();
+  return mt;
+}
+
+template <int D, Kv K, Act A, int MT>
+void launch_prefill_mma(const AttnArgs& a, cudaStream_t s) {
+  constexpr std::size_t smem = mma_smem_bytes<D, A, MT>();
   static const bool configured = [] {
-    cudaFuncSetAttribute(prefill_mma_kernel<D, K, A>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    cudaFuncSetAttribute(prefill_mma_kernel<D, K, A, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     return true;
   }();
   (void)configured;
   dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv));
-  prefill_mma_kernel<D, K, A><<<grid, kMmaThreads, smem, s>>>(a);
+  prefill_mma_kernel<D, K, A, MT><<<grid, PrefillShape<MT>::kThreads, smem, s>>>(a);
+}
+
+template <int D, Kv K, Act A>
+void run_prefill_mma(const AttnArgs& a, cudaStream_t s) {
+  if (prefill_m_tiles() == 2) {
+    launch_prefill_mma<D, K, A, 2>(a, s);
+  } else {
+    launch_prefill_mma<D, K, A, 1>(a, s);
+  }
 }
 
 // Partials of split contexts summed into the output: one block per (item, KV head), one thread

@@ -106,6 +106,52 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(addr));
 }
 
+// One key tile's step of the online softmax for a 16-row mma tile, in the exp2 domain (the
+// decode and prefill tensor-core kernels): `mx` holds this thread's maxima of its two rows'
+// scores in s (NF fragments of 8 keys, masked scores -inf). Updates the running max m_run and sum
+// l_run, rescales O where some row's max moved (most tiles of a long row leave it), and leaves P
+// rounded to M's type as mma A operands in pf (fragment n is the low (n even) or high (n odd)
+// half of 16-key step n / 2); the sums are of the rounded values that the P V product uses.
+template <typename M, int NF, int ND>
+__device__ __forceinline__ void online_softmax(const float (&s)[NF][4], float (&mx)[2], float (&m_run)[2], float (&l_run)[2],
+                                               float (&o)[ND][4], unsigned (&pf)[NF / 2][4]) {
+  float alpha[2], base[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float m_new = fmaxf(m_run[h], mx[h]);
+    alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
+    m_run[h] = m_new;
+    // A row without a key yet has only -inf scores, whose exp2 is 0 from any finite base.
+    base[h] = m_new == -INFINITY ? 0.0f : m_new;
+  }
+  float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < NF; ++n) {
+    float e4[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) e4[e] = exp2f(s[n][e] - base[e / 2]);
+    const unsigned lo = M::pack(e4[0], e4[1]), hi = M::pack(e4[2], e4[3]);
+    const float2 rl = M::unpack(lo), rh = M::unpack(hi);
+    sum[0] += rl.x + rl.y;
+    sum[1] += rh.x + rh.y;
+    pf[n / 2][(n % 2) * 2 + 0] = lo;
+    pf[n / 2][(n % 2) * 2 + 1] = hi;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + sum[h];
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+  }
+}
+
 // The tensor-core decode kernel (decode_mma.cu) for the one-token items of a step: whether it
 // runs for a model (16-bit acts, head dim 64 or 128, a KV cache of the act's type or fp8,
 // group <= 16, not turned off by LMSERVE_CUDA_DECODE_MMA=0), its launch (grid items x KV heads

@@ -219,41 +219,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
     }
-    float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float m_new = fmaxf(m_run[h], mx[h]);
-      alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
-      m_run[h] = m_new;
-    }
     unsigned pf[KSTEPS][4];
-    float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < NF; ++n) {
-      float e4[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) e4[e] = m_run[e >> 1] == -INFINITY ? 0.0f : exp2f(s[n][e] - m_run[e >> 1]);
-      const unsigned lo = M::pack(e4[0], e4[1]), hi = M::pack(e4[2], e4[3]);
-      const float2 rl = M::unpack(lo), rh = M::unpack(hi);
-      sum[0] += rl.x + rl.y;
-      sum[1] += rh.x + rh.y;
-      pf[n / 2][(n % 2) * 2 + 0] = lo;
-      pf[n / 2][(n % 2) * 2 + 1] = hi;
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * alpha[h] + sum[h];
-    // Rescale O only when some row's max moved (rare once a long context has been seen).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        o[n][0] *= alpha[0];
-        o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1];
-        o[n][3] *= alpha[1];
-      }
-    }
+    online_softmax<M>(s, mx, m_run, l_run, o, pf);
     // O += P V, one k-step of 16 keys at a time: keys 16j + 2c + {0, 1} (b0), + {8, 9} (b1).
 #pragma unroll
     for (int j = 0; j < KSTEPS; ++j) {
