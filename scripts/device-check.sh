@@ -4,8 +4,8 @@
 # backend_compare (and its attention sweep once more with the CUDA-core decode kernel), the
 # engine tests on CUDA, compute-sanitizer.
 # Logs go to $OUT; a summary table is printed last. SANITIZE=0 skips compute-sanitizer;
-# MMA_SWEEP=0 skips the sweep with the CUDA-core decode kernel, MT2_SWEEP=0 the one with the
-# two-m-tile prefill kernel;
+# MMA_SWEEP=0 skips the sweep with the CUDA-core decode kernel, MT1_SWEEP=0 the one with the
+# one-m-tile prefill kernel;
 # MEM_FILTER / RACE_FILTER narrow the sanitizer runs (racecheck is slow: minutes on model tests);
 # RACE_ARGS adds compute-sanitizer options. Not --kernel-name-exclude kns=nvjet: with it (H200,
 # CUDA 13.0) only the cuBLAS kernels ran and the tests of our kernels failed.
@@ -29,11 +29,11 @@ if [[ ${MMA_SWEEP:-1} == 1 ]]; then
   LMSERVE_CUDA_DECODE_MMA=0 timeout 300 $B/tests/backend_compare_test --gtest_filter='*KvOps*' > "$OUT/compare_no_decode_mma.log" 2>&1; rc=$?
   row "backend_compare KvOps, DECODE_MMA=0" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare_no_decode_mma.log" | head -2 | tr '\n' ' ')"
 fi
-# The prefill kernel with two m-tiles per warp (attention.cu, PrefillShape<2>), where the one
-# with one runs by default (MT2_SWEEP=0 skips it).
-if [[ ${MT2_SWEEP:-1} == 1 ]]; then
-  LMSERVE_CUDA_PREFILL_MT=2 timeout 300 $B/tests/backend_compare_test --gtest_filter='*KvOps*' > "$OUT/compare_prefill_mt2.log" 2>&1; rc=$?
-  row "backend_compare KvOps, PREFILL_MT=2" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare_prefill_mt2.log" | head -2 | tr '\n' ' ')"
+# The prefill kernel with one m-tile per warp (attention.cu, PrefillShape<1>), where the one
+# with two runs by default (MT1_SWEEP=0 skips it).
+if [[ ${MT1_SWEEP:-1} == 1 ]]; then
+  LMSERVE_CUDA_PREFILL_MT=1 timeout 300 $B/tests/backend_compare_test --gtest_filter='*KvOps*' > "$OUT/compare_prefill_mt1.log" 2>&1; rc=$?
+  row "backend_compare KvOps, PREFILL_MT=1" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare_prefill_mt1.log" | head -2 | tr '\n' ' ')"
 fi
 LMSERVE_TEST_BACKEND=cuda timeout 300 $B/tests/engine_e2e_test > "$OUT/engine_cuda.log" 2>&1; rc=$?
 row "engine_e2e_test on CUDA" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda.log" | head -2 | tr '\n' ' ')"

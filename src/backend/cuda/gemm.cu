@@ -139,13 +139,14 @@ void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, 
   }
 }
 
-// LMSERVE_CUDA_GEMV_WAVES=1: after the coverage rule, more warps per row pair where that fills
-// the last wave of blocks better (gemv_warps_per_pair). An experiment: at b1 the QKV projection's
-// 768 blocks are 1.45 waves of 4 blocks per SM (ncu: 2.73 TB/s) and gate/up's 1,792 are 3.39.
+// After the coverage rule, more warps per row pair where that fills the last wave of blocks
+// better (gemv_warps_per_pair): at b1 the QKV projection's 768 blocks were 1.45 waves of 4 blocks
+// per SM (ncu: 2.73 TB/s) and gate/up's 1,792 were 3.39; with the rule b1 measured 4.700 ms per
+// step against 4.803 (H200, docs/perf.md). LMSERVE_CUDA_GEMV_WAVES=0 turns it off.
 bool gemv_waves() {
   static const bool on = [] {
     const char* v = std::getenv("LMSERVE_CUDA_GEMV_WAVES");
-    return v && std::string(v) == "1";
+    return !(v && std::string(v) == "0");
   }();
   return on;
 }
