@@ -274,20 +274,28 @@ Status Engine::step() {
   const auto scheduled_at = Clock::now();
 
   const int bs = backend_->kv_config().block_size;
-  std::vector<std::int32_t> tokens, positions, logits_rows;
-  std::vector<std::int64_t> slots;
-  std::vector<std::vector<std::int32_t>> tables;
-  std::vector<backend::SeqBatch> seqs;
-  std::vector<Request*> sampled;
-  tables.reserve(out.scheduled.size());
+  StepBuffers& sb = step_;
+  auto& [tokens, positions, logits_rows, tables, sampled_tokens, slots, table_start, host_rows, seqs, sampled, lives, sample_rows,
+         results] = sb;
+  tokens.clear();
+  positions.clear();
+  logits_rows.clear();
+  tables.clear();
+  slots.clear();
+  table_start.clear();
+  seqs.clear();
+  sampled.clear();
+  lives.clear();
   const auto now = Clock::now();
   for (const auto& s : out.scheduled) {
     Request* r = s.request;
     Live& L = *live_.at(r->id);
     if (L.times.first_scheduled == Clock::time_point{}) L.times.first_scheduled = now;
     const auto start = static_cast<std::int32_t>(tokens.size());
+    // A copy: the lock is dropped around forward(), and an abort may free the request's blocks.
     auto table = kv_->block_table(r->id);
-    tables.emplace_back(table.begin(), table.end());
+    table_start.push_back(tables.size());
+    tables.insert(tables.end(), table.begin(), table.end());
     for (std::int64_t p = r->num_computed; p < r->num_computed + s.num_new_tokens; ++p) {
       tokens.push_back(p < static_cast<std::int64_t>(r->prompt.size()) ? r->prompt[static_cast<std::size_t>(p)]
                                                                        : r->output[static_cast<std::size_t>(p) - r->prompt.size()]);
@@ -295,21 +303,24 @@ Status Engine::step() {
       slots.push_back(static_cast<std::int64_t>(table[static_cast<std::size_t>(p / bs)]) * bs + p % bs);
     }
     const auto ctx = static_cast<std::int32_t>(r->num_computed + s.num_new_tokens);
-    seqs.push_back({start, static_cast<std::int32_t>(s.num_new_tokens), ctx, tables.back()});
+    seqs.push_back({start, static_cast<std::int32_t>(s.num_new_tokens), ctx, {}});
     if (ctx == r->num_tokens()) {
       logits_rows.push_back(start + static_cast<std::int32_t>(s.num_new_tokens) - 1);
       sampled.push_back(r);
+      lives.push_back(&L);
     }
+  }
+  for (std::size_t i = 0; i < seqs.size(); ++i) {  // `tables` has stopped growing
+    const std::size_t end = i + 1 < seqs.size() ? table_start[i + 1] : tables.size();
+    seqs[i].block_table = std::span<const std::int32_t>(tables.data() + table_start[i], end - table_start[i]);
   }
   const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
   if (logits_.size() < logits_rows.size() * vocab) logits_.resize(logits_rows.size() * vocab);
   std::span<float> logits(logits_.data(), logits_rows.size() * vocab);
   // Rows that need nothing but the logits (no penalties, bias, log-probabilities or min_tokens
   // masking) may be sampled by the backend itself (backend.h, RowSampling).
-  std::vector<Live*> lives(sampled.size());
-  for (std::size_t i = 0; i < sampled.size(); ++i) lives[i] = live_.at(sampled[i]->id).get();
-  std::vector<backend::RowSampling> sample_rows(sampled.size());
-  std::vector<std::int32_t> sampled_tokens(sampled.size(), -1);
+  sample_rows.assign(sampled.size(), backend::RowSampling{});
+  sampled_tokens.assign(sampled.size(), -1);
   for (std::size_t i = 0; i < sampled.size(); ++i) {
     const Request& r = *sampled[i];
     const auto& p = r.params;
@@ -338,17 +349,23 @@ Status Engine::step() {
   scheduler_->commit_step(out);
   ++steps_;
 
-  // Rows are independent (each request has its own generator): sample them in parallel.
-  std::vector<SampleResult> results(sampled.size());
-  sampler_pool_->parallel_for(sampled.size(), [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) {
-      Request* r = sampled[i];
-      if (sampled_tokens[i] >= 0) {
-        results[i].token = sampled_tokens[i];
-        continue;
-      }
+  // Rows the backend sampled have their token; the others are sampled here, in parallel when
+  // there are several (each request has its own generator). A step the backend sampled whole
+  // does not wake the pool: that costs a futex round trip per worker.
+  results.assign(sampled.size(), SampleResult{});
+  host_rows.clear();
+  for (std::size_t i = 0; i < sampled.size(); ++i) {
+    if (sampled_tokens[i] >= 0) {
+      results[i].token = sampled_tokens[i];
+    } else {
+      host_rows.push_back(i);
+    }
+  }
+  sampler_pool_->parallel_for(host_rows.size(), [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e; ++k) {
+      const std::size_t i = host_rows[k];
       std::span<float> row(logits.data() + i * vocab, vocab);
-      results[i] = sample_token(row, r->params, r->prompt, r->output, eos_ids_, lives[i]->rng);
+      results[i] = sample_token(row, sampled[i]->params, sampled[i]->prompt, sampled[i]->output, eos_ids_, lives[i]->rng);
     }
   });
   const auto sampled_at = Clock::now();

@@ -196,6 +196,18 @@ class Engine {
   double forward_seconds_ = 0, host_seconds_ = 0, staging_seconds_ = 0;
   EngineStats::HostPhases host_phases_;
   std::vector<float> logits_;  // reused step to step
+  // The step's inputs and per-row state, reused step to step so that a step of a thousand
+  // sequences does not allocate a thousand times (Engine::step).
+  struct StepBuffers {
+    std::vector<std::int32_t> tokens, positions, logits_rows, tables, sampled_tokens;
+    std::vector<std::int64_t> slots;
+    std::vector<std::size_t> table_start, host_rows;
+    std::vector<backend::SeqBatch> seqs;
+    std::vector<Request*> sampled;
+    std::vector<Live*> lives;
+    std::vector<backend::RowSampling> sample_rows;
+    std::vector<SampleResult> results;
+  } step_;
   std::unique_ptr<ThreadPool> sampler_pool_;
   std::vector<std::uint64_t> rejections_;
   std::vector<std::uint64_t> limit_episodes_;
