@@ -89,6 +89,45 @@ TEST_P(ActOps, Gemm) {
   }
 }
 
+// A step's token count changes from step to step; the products' cuBLASLt plans are per bucket
+// of counts (powers of two and 1.5x them), made at start-up (Gemm::prepare), and each run sets
+// its own count on the bucket's layouts. Every count gives the CPU's product, and after
+// prepare() no count makes a plan (none queries the heuristic in a step).
+TEST_P(ActOps, GemmPlansAreSharedByTokenCountsOfABucket) {
+  LMSERVE_REQUIRE_GPU();
+  const int act = GetParam();
+  std::mt19937 rng(4);
+  const int m = 200, k = 136;
+  const std::vector<int> ns = {40, 33, 48, 47, 100, 97, 130, 3, 700, 513, 49, 16, 17};
+  const int max_n = 700;
+  auto w = rounded(act, random_vec(rng, static_cast<std::size_t>(m * k)));
+  auto x = rounded(act, random_vec(rng, static_cast<std::size_t>(max_n * k)));
+  std::vector<float> want(static_cast<std::size_t>(max_n) * m);
+  ThreadPool pool(2);
+  model::Tensor wt{model::DType::kF32, {m, k}, w.data(), "w"};
+  backend::cpu::matmul(pool, x.data(), max_n, k, wt, nullptr, want.data(), m);
+  for (bool prepare : {false, true}) {
+    SCOPED_TRACE(prepare ? "prepared" : "made on first use");
+    std::vector<std::vector<float>> got;
+    int prepared = 0, total = 0;
+    ASSERT_EQ(ops::gemm_series(act, w, x, m, k, ns, prepare, &got, &prepared, &total), "");
+    ASSERT_EQ(got.size(), ns.size());
+    for (std::size_t i = 0; i < ns.size(); ++i) {
+      SCOPED_TRACE("n = " + std::to_string(ns[i]));
+      const std::vector<float> want_n(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(ns[i]) * m);
+      EXPECT_LE(rel_l2(got[i], want_n), 1e-5);
+    }
+    // Buckets up to 768: 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768 (n = 3 is the
+    // weight-streaming kernel's for 16-bit dtypes, cuBLASLt's bucket 16 for float32).
+    if (prepare) {
+      EXPECT_EQ(prepared, 12);
+      EXPECT_EQ(total, prepared);
+    } else {
+      EXPECT_EQ(total, 7);  // 48 (40, 33, 48, 47), 128 (100, 97), 192, 768 (700, 513), 64, 16 (16; 3 in float32), 24
+    }
+  }
+}
+
 TEST_P(ActOps, GateUpSilu) {
   LMSERVE_REQUIRE_GPU();
   const int act = GetParam();

@@ -124,6 +124,32 @@ std::string gemm(int act, const std::vector<float>& w, const std::vector<float>&
   return finish(a);
 }
 
+std::string gemm_series(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int k, const std::vector<int>& ns, bool prepare,
+                        std::vector<std::vector<float>>* ys, int* plans_prepared, int* plans_total) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  const int max_n = static_cast<int>(x.size() / static_cast<std::size_t>(k));
+  void* wd = a.upload_act(w, A);
+  void* xd = a.upload_act(x, A);
+  auto* yd = static_cast<float*>(a.alloc(static_cast<std::size_t>(max_n) * m * 4));
+  Gemm g;
+  if (auto e = g.init(8u << 20); !e.empty()) return e;
+  if (prepare) {
+    if (auto e = g.prepare(m, k, A, *std::max_element(ns.begin(), ns.end())); !e.empty()) return e;
+  }
+  *plans_prepared = g.plans_made();
+  ys->clear();
+  for (int n : ns) {
+    if (n > max_n) return "gemm_series: n past x's rows";
+    if (auto e = g.run(wd, xd, yd, m, n, k, A, nullptr); !e.empty()) return e;
+    ys->emplace_back(static_cast<std::size_t>(n) * m);
+    cudaMemcpy(ys->back().data(), yd, ys->back().size() * 4, cudaMemcpyDeviceToHost);
+  }
+  *plans_total = g.plans_made();
+  return finish(a);
+}
+
 std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::vector<float>* out) {
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;

@@ -23,6 +23,12 @@ std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>
 // y[n, m] = x[n, k] * w[m, k]^T through cuBLASLt.
 std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y);
 
+// One Gemm through a series of products with the first ns[i] rows of x (as the engine's steps
+// change their token count): ys[i] = x[:ns[i]] * w^T. With `prepare`, Gemm::prepare(m, k, max of
+// ns) first; *plans_prepared / *plans_total: the plans made by then / in all.
+std::string gemm_series(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int k, const std::vector<int>& ns, bool prepare,
+                        std::vector<std::vector<float>>* ys, int* plans_prepared, int* plans_total);
+
 std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::vector<float>* out);
 
 // out[n, I] = silu(x w_gate^T) * (x w_up^T) for w = [w_gate; w_up] of [2I, k] (Gemm::run_gate_up_silu).

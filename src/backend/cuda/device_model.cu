@@ -2,8 +2,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -70,6 +72,10 @@ class CudaModel final : public DeviceModel {
   CudaModel(int device, ModelDims d) : device_(device), d_(std::move(d)), act_(static_cast<Act>(d_.act)) {}
   ~CudaModel() override {
     cudaSetDevice(device_);
+    print_step_report();
+    for (cudaEvent_t e : report_events_) {
+      if (e) cudaEventDestroy(e);
+    }
     for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
     if (stage_) cudaFreeHost(stage_);
     if (host_logits_) cudaFreeHost(host_logits_);
@@ -149,6 +155,7 @@ class CudaModel final : public DeviceModel {
     std::size_t free_before = 0, total = 0;
     LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_before, &total));
     LMSERVE_TRY(allocate_activations());
+    LMSERVE_TRY(prepare_gemms());
 
     // The activation peak: a maximal dummy batch on a temporary KV arena.
     const std::int64_t tmp_blocks = (max_tokens_ + o.block_size - 1) / o.block_size + 1;
@@ -213,6 +220,7 @@ class CudaModel final : public DeviceModel {
       if (decode) bucket = *it;
     }
     LMSERVE_TRY(stage(in, decode ? bucket : 0));
+    const auto staged_at = std::chrono::steady_clock::now();
     LMSERVE_CUDA_TRY(cudaSetDevice(device_));
     // LMSERVE_CUDA_PROFILE_STEP=N brackets the N-th step with cudaProfilerStart/Stop, so that
     // `ncu --profile-from-start off` (with --enforce-eager: kernel by kernel) sees one step;
@@ -225,13 +233,17 @@ class CudaModel final : public DeviceModel {
     const int kind = in.num_tokens == in.num_seqs ? 1 : 2;
     const bool profiled = profile.second > 0 && (profile.first == 0 || profile.first == kind) && ++steps_ == profile.second;
     if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStart());
+    const bool report = step_report() && !calibrating_ && times;
+    if (report) LMSERVE_TRY(record_report_event(0));
     LMSERVE_CUDA_TRY(cudaMemcpyAsync(meta_.p, stage_, staged_bytes_, cudaMemcpyHostToDevice, stream_));
     double device_s = 0;
     if (decode) {
       LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(bucket), stream_));
+      if (report) LMSERVE_TRY(record_report_event(1));
       LMSERVE_TRY(fetch(in, 0, in.num_rows, &device_s));
     } else {
       LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, num_single_));
+      if (report) LMSERVE_TRY(record_report_event(1));
       for (int r0 = 0; r0 < in.num_rows; r0 += max_seqs_) {
         const int R = std::min(max_seqs_, in.num_rows - r0);
         LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R,
@@ -245,12 +257,56 @@ class CudaModel final : public DeviceModel {
     if (times) {
       times->device_seconds = device_s;
       times->host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - device_s;
+      times->stage_seconds = std::chrono::duration<double>(staged_at - t0).count();
       times->graph = decode;
+    }
+    if (report) {
+      float gpu_ms = 0;
+      LMSERVE_CUDA_TRY(cudaEventElapsedTime(&gpu_ms, report_events_[0], report_events_[1]));
+      ReportRow& r = report_[decode ? 0 : 1];
+      r.steps += 1;
+      r.stage += times->stage_seconds;
+      r.launch += times->host_seconds - times->stage_seconds;
+      r.wait += device_s;
+      r.gpu += gpu_ms / 1e3;
     }
     return {};
   }
 
  private:
+  // LMSERVE_CUDA_STEP_REPORT=1: at exit, a table on stderr of where forward() spends its time,
+  // for decode graphs and eager steps: staging the metadata, launching (the rest of the host's
+  // time in forward()), waiting for the device, and the device's own span from the metadata
+  // copy to the end of the last layer (two CUDA events per step) — a span longer than staging
+  // + launching means the host kept ahead; cuBLASLt plans made and their heuristic time.
+  static bool step_report() {
+    static const bool on = [] {
+      const char* v = std::getenv("LMSERVE_CUDA_STEP_REPORT");
+      return v && std::string(v) == "1";
+    }();
+    return on;
+  }
+
+  std::string record_report_event(int i) {
+    if (!report_events_[static_cast<std::size_t>(i)]) LMSERVE_CUDA_TRY(cudaEventCreate(&report_events_[static_cast<std::size_t>(i)]));
+    LMSERVE_CUDA_TRY(cudaEventRecord(report_events_[static_cast<std::size_t>(i)], stream_));
+    return {};
+  }
+
+  void print_step_report() const {
+    if (!step_report()) return;
+    std::fprintf(stderr, "cuda step report: kind, steps, per step ms: stage, launch, wait, device span (metadata copy to last layer)\n");
+    const char* names[] = {"graph", "eager"};
+    for (int k = 0; k < 2; ++k) {
+      const ReportRow& r = report_[k];
+      if (r.steps == 0) continue;
+      const double n = static_cast<double>(r.steps) / 1e3;
+      std::fprintf(stderr, "cuda step report: %s %lld %.3f %.3f %.3f %.3f\n", names[k], static_cast<long long>(r.steps), r.stage / n, r.launch / n,
+                   r.wait / n, r.gpu / n);
+    }
+    std::fprintf(stderr, "cuda step report: cuBLASLt plans %d, %.3f s in heuristic queries\n", gemm_.plans_made(), gemm_.plan_seconds());
+  }
+
   std::string describe(std::size_t total) const {
     auto gib = [](double b) { return std::to_string(b / (1024.0 * 1024 * 1024)).substr(0, 6) + " GiB"; };
     return "total " + gib(static_cast<double>(total)) + ", weights " + gib(static_cast<double>(weight_bytes_)) + ", activations " +
@@ -511,6 +567,17 @@ class CudaModel final : public DeviceModel {
     return {};
   }
 
+  // cuBLASLt plans of every product's buckets of token counts (Gemm::prepare), so that no step
+  // queries a heuristic.
+  std::string prepare_gemms() {
+    const int H = static_cast<int>(d_.hidden), I = static_cast<int>(d_.intermediate), D = static_cast<int>(d_.head_dim);
+    const int qd = static_cast<int>(d_.heads) * D, qkvd = (static_cast<int>(d_.heads + 2 * d_.kv_heads)) * D;
+    for (auto [m, k] : {std::pair{qkvd, H}, std::pair{H, qd}, std::pair{2 * I, H}, std::pair{H, I}}) {
+      LMSERVE_TRY(gemm_.prepare(m, k, act_, max_tokens_));
+    }
+    return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_);
+  }
+
   bool sampling_on(const StepInput& in) const { return o_.device_sampling && in.sample && in.sampled_tokens && in.num_rows > 0; }
 
   // Sequences of `seq_len` pseudo-random tokens filling `tokens`, one logits row each.
@@ -644,6 +711,12 @@ class CudaModel final : public DeviceModel {
   std::vector<int> buckets_;
   std::map<int, cudaGraphExec_t> graphs_;
   std::vector<float> k_scales_host_, v_scales_host_;
+  struct ReportRow {
+    std::int64_t steps = 0;
+    double stage = 0, launch = 0, wait = 0, gpu = 0;
+  };
+  ReportRow report_[2];  // graph, eager (LMSERVE_CUDA_STEP_REPORT)
+  std::array<cudaEvent_t, 2> report_events_{};
 };
 
 }  // namespace

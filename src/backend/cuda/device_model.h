@@ -76,6 +76,7 @@ struct StepInput {
 
 struct StepTimes {
   double host_seconds = 0;    // staging the inputs and launching
+  double stage_seconds = 0;   // of it, laying out the metadata (before the first launch)
   double device_seconds = 0;  // waiting for the device and copying logits back
   bool graph = false;
 };

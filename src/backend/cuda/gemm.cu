@@ -1,6 +1,7 @@
 #include "backend/cuda/gemm.cuh"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <string>
 
@@ -197,6 +198,16 @@ void launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cud
   }
 }
 
+// LMSERVE_CUDA_GEMM_BUCKETS=0: a plan per exact n (a heuristic query for every new token count),
+// as before the buckets; for A/B runs.
+bool gemm_buckets() {
+  static const bool on = [] {
+    const char* v = std::getenv("LMSERVE_CUDA_GEMM_BUCKETS");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 cudaDataType_t data_type(Act a) {
@@ -232,41 +243,75 @@ std::string Gemm::init(std::size_t workspace_bytes) {
   return {};
 }
 
-std::string Gemm::plan_for(int m, int n, int k, Act act, Plan** out) {
-  auto key = std::make_tuple(m, n, k, static_cast<int>(act));
-  if (auto it = plans_.find(key); it != plans_.end()) {
-    *out = &it->second;
-    return {};
-  }
-  Plan p;
+namespace {
+
+// n's bucket: the smallest 2^j or 3 x 2^(j-1) that holds it (at least 16).
+int n_bucket(int n) {
+  int b = 16;
+  while (b < n) b = (b & (b - 1)) == 0 ? b + b / 2 : (b / 3) * 4;
+  return b;
+}
+
+}  // namespace
+
+std::string Gemm::make_plan(int m, int n, int k, Act act, Plan* p) {
+  const auto t0 = std::chrono::steady_clock::now();
   const cudaDataType_t in = data_type(act);
   // Column-major view: C[m, n] = op(A)[m, k] * B[k, n] with A = W stored [k, m] (transposed),
   // B = X stored [k, n]; C is Y row-major [n, m].
-  cublasStatus_t st = cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  cublasStatus_t st = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
   if (st != CUBLAS_STATUS_SUCCESS) return lt_error("cublasLtMatmulDescCreate", st);
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-  cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-  cublasLtMatrixLayoutCreate(&p.a, in, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(m), k);
-  cublasLtMatrixLayoutCreate(&p.b, in, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n), k);
-  cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(n), m);
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+  cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+  cublasLtMatrixLayoutCreate(&p->a, in, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(m), k);
+  cublasLtMatrixLayoutCreate(&p->b, in, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n), k);
+  cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(n), m);
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulPreferenceCreate(&pref);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  ++plans_made_;
+  plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
-    cublasLtMatmulDescDestroy(p.desc);
+    cublasLtMatrixLayoutDestroy(p->a);
+    cublasLtMatrixLayoutDestroy(p->b);
+    cublasLtMatrixLayoutDestroy(p->c);
+    cublasLtMatmulDescDestroy(p->desc);
     return "cuBLASLt has no algorithm for " + std::to_string(n) + "x" + std::to_string(k) + " * " + std::to_string(k) + "x" +
            std::to_string(m);
   }
-  p.algo = result.algo;
-  *out = &plans_.emplace(key, p).first->second;
+  p->algo = result.algo;
+  return {};
+}
+
+std::string Gemm::plan_for(int m, int n, int k, Act act, bool exact, Plan** out) {
+  const int bucket = exact ? n : n_bucket(n);
+  auto key = std::make_tuple(m, exact ? -n : bucket, k, static_cast<int>(act));
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    Plan p;
+    if (std::string e = make_plan(m, bucket, k, act, &p); !e.empty()) return e;
+    it = plans_.emplace(key, p).first;
+  }
+  Plan& p = it->second;
+  if (!exact) {
+    const auto cols = static_cast<std::uint64_t>(n);
+    cublasLtMatrixLayoutSetAttribute(p.b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols));
+    cublasLtMatrixLayoutSetAttribute(p.c, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols));
+  }
+  *out = &p;
+  return {};
+}
+
+std::string Gemm::prepare(int m, int k, Act act, int max_n) {
+  for (int n = kGemvMaxN + 1; n <= max_n; n = n_bucket(n) + 1) {
+    Plan* p = nullptr;
+    if (std::string e = plan_for(m, std::min(n_bucket(n), max_n), k, act, false, &p); !e.empty()) return e;
+  }
   return {};
 }
 
@@ -299,11 +344,16 @@ std::string Gemm::run(const void* w, const void* x, float* y, int m, int n, int 
     }
     return {};
   }
-  Plan* p = nullptr;
-  if (std::string e = plan_for(m, n, k, act, &p); !e.empty()) return e;
   const float alpha = 1.0f, beta = 0.0f;
-  cublasStatus_t st = cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo, workspace_,
-                                     workspace_bytes_, s);
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  // The bucket's algorithm first; if cuBLASLt refuses it for this n, the heuristic's for n.
+  for (bool exact : {!gemm_buckets(), true}) {
+    Plan* p = nullptr;
+    if (std::string e = plan_for(m, n, k, act, exact, &p); !e.empty()) return e;
+    st = cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo, workspace_, workspace_bytes_, s);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) break;
+    if (exact) break;
+  }
   if (st != CUBLAS_STATUS_SUCCESS) return lt_error("cublasLtMatmul", st);
   return {};
 }

@@ -1,7 +1,10 @@
 // Matrix products: Y[n, m] (float32, row-major) = X[n, k] * W[m, k]^T, with X and W in the
 // model's dtype and a float32 accumulator. One or two rows of 16-bit X: a weight-streaming kernel
-// of our own (gemm.cu); otherwise cuBLASLt (bf16/f16 tensor cores, or exact float32 without TF32). Plans (layouts + the heuristic's algorithm) are cached per shape, so a
-// shape seen once can be captured into a CUDA graph. Not thread-safe: one per backend.
+// of our own (gemm.cu); otherwise cuBLASLt (bf16/f16 tensor cores, or exact float32 without
+// TF32). Plans (layouts + the heuristic's algorithm) are cached per (m, k, dtype) and bucket of
+// n (powers of two and 1.5x them): a step's token count changes from step to step, and a
+// heuristic query per new count cost the step its time on the host. prepare() makes the plans
+// of every bucket up to a size at start-up. Not thread-safe: one per backend.
 #pragma once
 
 #include <cublasLt.h>
@@ -29,6 +32,8 @@ class Gemm {
   // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
   // weight-streaming pass where run() would stream (no float32 intermediate, no second kernel),
   // else run() into scratch [n, 2I] and launch_silu_mul.
+  // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing).
+  std::string prepare(int m, int k, Act act, int max_n);
   std::string run_gate_up_silu(const void* w, const void* x, float* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
@@ -38,13 +43,25 @@ class Gemm {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::string plan_for(int m, int n, int k, Act act, Plan** out);
+  // The plan of n's bucket with its B and C layouts set to n columns; `exact`: the heuristic's
+  // answer for n itself (when the bucket's algorithm refuses n).
+  std::string plan_for(int m, int n, int k, Act act, bool exact, Plan** out);
+  std::string make_plan(int m, int n, int k, Act act, Plan* p);
   static bool thin(const void* w, const void* x, int n, int k, Act act);  // the weight-streaming kernel applies
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
-  std::map<std::tuple<int, int, int, int>, Plan> plans_;
+  std::map<std::tuple<int, int, int, int>, Plan> plans_;  // (m, bucket of n or -n if exact, k, act)
+
+ public:
+  // Plans made and the seconds their heuristic queries took (LMSERVE_CUDA_STEP_REPORT).
+  int plans_made() const { return plans_made_; }
+  double plan_seconds() const { return plan_seconds_; }
+
+ private:
+  int plans_made_ = 0;
+  double plan_seconds_ = 0;
 };
 
 }  // namespace lmserve::cuda
