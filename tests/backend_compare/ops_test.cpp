@@ -91,8 +91,9 @@ TEST_P(ActOps, Gemm) {
 
 // A step's token count changes from step to step; the products' cuBLASLt plans are per bucket
 // of counts (powers of two and 1.5x them), made at start-up (Gemm::prepare), and each run sets
-// its own count on the bucket's layouts. Every count gives the CPU's product, and after
-// prepare() no count makes a plan (none queries the heuristic in a step).
+// its own count on the bucket's layouts. Every count gives the CPU's product (with prepare(), by
+// the algorithm timed fastest for its bucket), and after prepare() no count makes a plan (none
+// queries the heuristic in a step).
 TEST_P(ActOps, GemmPlansAreSharedByTokenCountsOfABucket) {
   LMSERVE_REQUIRE_GPU();
   const int act = GetParam();

@@ -136,7 +136,8 @@ std::string gemm_series(int act, const std::vector<float>& w, const std::vector<
   Gemm g;
   if (auto e = g.init(8u << 20); !e.empty()) return e;
   if (prepare) {
-    if (auto e = g.prepare(m, k, A, *std::max_element(ns.begin(), ns.end())); !e.empty()) return e;
+    const Gemm::Operands on{wd, xd, yd, nullptr};
+    if (auto e = g.prepare(m, k, A, *std::max_element(ns.begin(), ns.end()), &on); !e.empty()) return e;
   }
   *plans_prepared = g.plans_made();
   ys->clear();

@@ -25,7 +25,8 @@ std::string gemm(int act, const std::vector<float>& w, const std::vector<float>&
 
 // One Gemm through a series of products with the first ns[i] rows of x (as the engine's steps
 // change their token count): ys[i] = x[:ns[i]] * w^T. With `prepare`, Gemm::prepare(m, k, max of
-// ns) first; *plans_prepared / *plans_total: the plans made by then / in all.
+// ns) first, timing each bucket's candidates on these buffers; *plans_prepared / *plans_total:
+// the plans made by then / in all.
 std::string gemm_series(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int k, const std::vector<int>& ns, bool prepare,
                         std::vector<std::vector<float>>* ys, int* plans_prepared, int* plans_total);
 

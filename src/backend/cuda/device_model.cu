@@ -304,7 +304,8 @@ class CudaModel final : public DeviceModel {
       std::fprintf(stderr, "cuda step report: %s %lld %.3f %.3f %.3f %.3f\n", names[k], static_cast<long long>(r.steps), r.stage / n, r.launch / n,
                    r.wait / n, r.gpu / n);
     }
-    std::fprintf(stderr, "cuda step report: cuBLASLt plans %d, %.3f s in heuristic queries\n", gemm_.plans_made(), gemm_.plan_seconds());
+    std::fprintf(stderr, "cuda step report: cuBLASLt plans %d (%d timed, %d of them not the heuristic's first), %.3f s making them\n",
+                 gemm_.plans_made(), gemm_.plans_tuned(), gemm_.plans_retuned(), gemm_.plan_seconds());
   }
 
   std::string describe(std::size_t total) const {
@@ -568,14 +569,23 @@ class CudaModel final : public DeviceModel {
   }
 
   // cuBLASLt plans of every product's buckets of token counts (Gemm::prepare), so that no step
-  // queries a heuristic.
+  // queries a heuristic; each bucket's algorithm timed on layer 0's weights and the activation
+  // buffers the step uses.
   std::string prepare_gemms() {
     const int H = static_cast<int>(d_.hidden), I = static_cast<int>(d_.intermediate), D = static_cast<int>(d_.head_dim);
     const int qd = static_cast<int>(d_.heads) * D, qkvd = (static_cast<int>(d_.heads + 2 * d_.kv_heads)) * D;
-    for (auto [m, k] : {std::pair{qkvd, H}, std::pair{H, qd}, std::pair{2 * I, H}, std::pair{H, I}}) {
-      LMSERVE_TRY(gemm_.prepare(m, k, act_, max_tokens_));
-    }
-    return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_);
+    const LayerBuffers& L = layers_.front();
+    struct Product {
+      int m, k;
+      Gemm::Operands on;
+    };
+    const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.as<float>(), stream_}},
+                                {H, qd, {L.o.p, attn_.p, out_.as<float>(), stream_}},
+                                {2 * I, H, {L.gate_up.p, h_.p, gu_.as<float>(), stream_}},
+                                {H, I, {L.down.p, mlp_in_.p, out_.as<float>(), stream_}}};
+    for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on));
+    const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};
+    return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head);
   }
 
   bool sampling_on(const StepInput& in) const { return o_.device_sampling && in.sample && in.sampled_tokens && in.num_rows > 0; }

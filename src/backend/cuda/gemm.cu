@@ -208,6 +208,15 @@ bool gemm_buckets() {
   return on;
 }
 
+// LMSERVE_CUDA_GEMM_TUNE=0: prepare() takes the heuristic's first algorithm, untimed.
+bool gemm_tune() {
+  static const bool on = [] {
+    const char* v = std::getenv("LMSERVE_CUDA_GEMM_TUNE");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 cudaDataType_t data_type(Act a) {
@@ -254,7 +263,7 @@ int n_bucket(int n) {
 
 }  // namespace
 
-std::string Gemm::make_plan(int m, int n, int k, Act act, Plan* p) {
+std::string Gemm::make_plan(int m, int n, int k, Act act, const Operands* tune, int tune_n, Plan* p) {
   const auto t0 = std::chrono::steady_clock::now();
   const cudaDataType_t in = data_type(act);
   // Column-major view: C[m, n] = op(A)[m, k] * B[k, n] with A = W stored [k, m] (transposed),
@@ -270,22 +279,71 @@ std::string Gemm::make_plan(int m, int n, int k, Act act, Plan* p) {
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulPreferenceCreate(&pref);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_));
-  cublasLtMatmulHeuristicResult_t result{};
+  constexpr int kCandidates = 8;
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
-  st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+  st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, tune ? kCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   ++plans_made_;
-  plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string error;
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    error = "cuBLASLt has no algorithm for " + std::to_string(n) + "x" + std::to_string(k) + " * " + std::to_string(k) + "x" + std::to_string(m);
+  } else {
+    int best = 0;
+    if (tune && found > 1) {
+      const auto cols = static_cast<std::uint64_t>(tune_n);
+      cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols));
+      cublasLtMatrixLayoutSetAttribute(p->c, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols));
+      error = fastest(*p, results, found, *tune, &best);
+      ++plans_tuned_;
+      if (best != 0) ++plans_retuned_;
+    }
+    p->algo = results[best].algo;
+  }
+  plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!error.empty()) {
     cublasLtMatrixLayoutDestroy(p->a);
     cublasLtMatrixLayoutDestroy(p->b);
     cublasLtMatrixLayoutDestroy(p->c);
     cublasLtMatmulDescDestroy(p->desc);
-    return "cuBLASLt has no algorithm for " + std::to_string(n) + "x" + std::to_string(k) + " * " + std::to_string(k) + "x" +
-           std::to_string(m);
   }
-  p->algo = result.algo;
-  return {};
+  return error;
+}
+
+// The candidate whose product takes least time: one run to warm up, then the mean of kRuns
+// between two events; a candidate cuBLASLt refuses is skipped.
+std::string Gemm::fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* candidates, int count, const Operands& o, int* best) {
+  constexpr int kRuns = 3;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
+    if (start) cudaEventDestroy(start);
+    return "gemm tuning: cudaEventCreate failed";
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  float best_ms = 0;
+  std::string error;
+  for (int i = 0; i < count && error.empty(); ++i) {
+    if (candidates[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    auto run = [&] {
+      return cublasLtMatmul(handle_, p.desc, &alpha, o.w, p.a, o.x, p.b, &beta, o.y, p.c, o.y, p.c, &candidates[i].algo, workspace_,
+                            workspace_bytes_, o.stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;
+    cudaEventRecord(start, o.stream);
+    bool ok = true;
+    for (int r = 0; r < kRuns && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
+    cudaEventRecord(stop, o.stream);
+    float ms = 0;
+    if (cudaError_t e = cudaEventSynchronize(stop); e != cudaSuccess) {
+      error = std::string("gemm tuning: ") + cudaGetErrorString(e);
+    } else if (ok && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && (best_ms == 0 || ms < best_ms)) {
+      best_ms = ms;
+      *best = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return error;
 }
 
 std::string Gemm::plan_for(int m, int n, int k, Act act, bool exact, Plan** out) {
@@ -294,7 +352,7 @@ std::string Gemm::plan_for(int m, int n, int k, Act act, bool exact, Plan** out)
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     Plan p;
-    if (std::string e = make_plan(m, bucket, k, act, &p); !e.empty()) return e;
+    if (std::string e = make_plan(m, bucket, k, act, nullptr, 0, &p); !e.empty()) return e;
     it = plans_.emplace(key, p).first;
   }
   Plan& p = it->second;
@@ -307,10 +365,15 @@ std::string Gemm::plan_for(int m, int n, int k, Act act, bool exact, Plan** out)
   return {};
 }
 
-std::string Gemm::prepare(int m, int k, Act act, int max_n) {
+std::string Gemm::prepare(int m, int k, Act act, int max_n, const Operands* tune) {
+  if (!gemm_tune()) tune = nullptr;
   for (int n = kGemvMaxN + 1; n <= max_n; n = n_bucket(n) + 1) {
-    Plan* p = nullptr;
-    if (std::string e = plan_for(m, std::min(n_bucket(n), max_n), k, act, false, &p); !e.empty()) return e;
+    const int bucket = n_bucket(n);
+    auto key = std::make_tuple(m, bucket, k, static_cast<int>(act));
+    if (plans_.count(key)) continue;
+    Plan p;
+    if (std::string e = make_plan(m, bucket, k, act, tune, std::min(bucket, max_n), &p); !e.empty()) return e;
+    plans_.emplace(key, p);
   }
   return {};
 }

@@ -2,9 +2,11 @@
 // model's dtype and a float32 accumulator. One or two rows of 16-bit X: a weight-streaming kernel
 // of our own (gemm.cu); otherwise cuBLASLt (bf16/f16 tensor cores, or exact float32 without
 // TF32). Plans (layouts + the heuristic's algorithm) are cached per (m, k, dtype) and bucket of
-// n (powers of two and 1.5x them): a step's token count changes from step to step, and a
-// heuristic query per new count cost the step its time on the host. prepare() makes the plans
-// of every bucket up to a size at start-up. Not thread-safe: one per backend.
+// n (powers of two and 1.5x them): a step's token count changes from step to step, and a plan
+// per new count cost the step its time on the host (on the H200, ~27 ms per eager step at 1,024
+// sequences, mostly the first run of each new algorithm). prepare() makes the plans of every
+// bucket up to a size at start-up, timing the heuristic's first candidates. Not thread-safe:
+// one per backend.
 #pragma once
 
 #include <cublasLt.h>
@@ -32,8 +34,17 @@ class Gemm {
   // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
   // weight-streaming pass where run() would stream (no float32 intermediate, no second kernel),
   // else run() into scratch [n, 2I] and launch_silu_mul.
-  // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing).
-  std::string prepare(int m, int k, Act act, int max_n);
+  // Buffers a product of up to max_n rows may run on, for prepare() to time algorithms on.
+  struct Operands {
+    const void* w = nullptr;
+    const void* x = nullptr;  // max_n rows
+    float* y = nullptr;       // max_n rows of m
+    cudaStream_t stream = nullptr;
+  };
+  // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing). With
+  // `tune` (and unless LMSERVE_CUDA_GEMM_TUNE=0), each bucket's algorithm is the fastest of the
+  // heuristic's first candidates, timed on those buffers at the bucket's n (at most max_n).
+  std::string prepare(int m, int k, Act act, int max_n, const Operands* tune = nullptr);
   std::string run_gate_up_silu(const void* w, const void* x, float* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
@@ -46,7 +57,8 @@ class Gemm {
   // The plan of n's bucket with its B and C layouts set to n columns; `exact`: the heuristic's
   // answer for n itself (when the bucket's algorithm refuses n).
   std::string plan_for(int m, int n, int k, Act act, bool exact, Plan** out);
-  std::string make_plan(int m, int n, int k, Act act, Plan* p);
+  std::string make_plan(int m, int n, int k, Act act, const Operands* tune, int tune_n, Plan* p);
+  std::string fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* candidates, int count, const Operands& o, int* best);
   static bool thin(const void* w, const void* x, int n, int k, Act act);  // the weight-streaming kernel applies
 
   cublasLtHandle_t handle_ = nullptr;
@@ -58,9 +70,12 @@ class Gemm {
   // Plans made and the seconds their heuristic queries took (LMSERVE_CUDA_STEP_REPORT).
   int plans_made() const { return plans_made_; }
   double plan_seconds() const { return plan_seconds_; }
+  // Plans whose algorithm was timed, and of them those where it is not the heuristic's first.
+  int plans_tuned() const { return plans_tuned_; }
+  int plans_retuned() const { return plans_retuned_; }
 
  private:
-  int plans_made_ = 0;
+  int plans_made_ = 0, plans_tuned_ = 0, plans_retuned_ = 0;
   double plan_seconds_ = 0;
 };
 
