@@ -612,10 +612,7 @@ bool mma_prefill(int head_dim, Act act) { return (head_dim == 64 || head_dim == 
 // measured 62.4% of the matrix rate at 8k against 59.6% with one (H200, docs/perf.md).
 // LMSERVE_CUDA_PREFILL_MT=1 picks the kernel with one m-tile per warp (8 warps x 16 rows).
 int prefill_m_tiles() {
-  static const int mt = [] {
-    const char* v = std::getenv("LMSERVE_CUDA_PREFILL_MT");
-    return v && std::string(v) == "1" ? 1 : 2;
-  }();
+  static const int mt = env_is("LMSERVE_CUDA_PREFILL_MT", "1") ? 1 : 2;
   return mt;
 }
 

@@ -311,10 +311,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
 }
 
 bool decode_mma_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LMSERVE_CUDA_DECODE_MMA");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_is("LMSERVE_CUDA_DECODE_MMA", "0");
   return on;
 }
 

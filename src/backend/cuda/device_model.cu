@@ -11,6 +11,7 @@
 #include <map>
 
 #include "backend/cuda/device_model.h"
+#include "backend/cuda/device_util.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/kernels.cuh"
 
@@ -280,10 +281,7 @@ class CudaModel final : public DeviceModel {
   // copy to the end of the last layer (two CUDA events per step) — a span longer than staging
   // + launching means the host kept ahead; cuBLASLt plans made and their heuristic time.
   static bool step_report() {
-    static const bool on = [] {
-      const char* v = std::getenv("LMSERVE_CUDA_STEP_REPORT");
-      return v && std::string(v) == "1";
-    }();
+    static const bool on = env_is("LMSERVE_CUDA_STEP_REPORT", "1");
     return on;
   }
 

@@ -109,6 +109,10 @@ __device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
+// Whether the environment variable `name` is set to `value` (the backend's A/B switches, read
+// once each into a static).
+bool env_is(const char* name, const char* value);
+
 // Whether launch_pdl() asks for programmatic dependent launch: yes unless LMSERVE_CUDA_PDL=0.
 bool pdl_enabled();
 

@@ -145,10 +145,7 @@ void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, 
 // per SM (ncu: 2.73 TB/s) and gate/up's 1,792 were 3.39; with the rule b1 measured 4.700 ms per
 // step against 4.803 (H200, docs/perf.md). LMSERVE_CUDA_GEMV_WAVES=0 turns it off.
 bool gemv_waves() {
-  static const bool on = [] {
-    const char* v = std::getenv("LMSERVE_CUDA_GEMV_WAVES");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_is("LMSERVE_CUDA_GEMV_WAVES", "0");
   return on;
 }
 
@@ -201,19 +198,13 @@ void launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cud
 // LMSERVE_CUDA_GEMM_BUCKETS=0: a plan per exact n (a heuristic query for every new token count),
 // as before the buckets; for A/B runs.
 bool gemm_buckets() {
-  static const bool on = [] {
-    const char* v = std::getenv("LMSERVE_CUDA_GEMM_BUCKETS");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_is("LMSERVE_CUDA_GEMM_BUCKETS", "0");
   return on;
 }
 
 // LMSERVE_CUDA_GEMM_TUNE=0: prepare() takes the heuristic's first algorithm, untimed.
 bool gemm_tune() {
-  static const bool on = [] {
-    const char* v = std::getenv("LMSERVE_CUDA_GEMM_TUNE");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_is("LMSERVE_CUDA_GEMM_TUNE", "0");
   return on;
 }
 

@@ -13,11 +13,13 @@ namespace lmserve::cuda {
 
 int act_bytes(Act a) { return a == Act::kF32 ? 4 : 2; }
 
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == value;
+}
+
 bool pdl_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LMSERVE_CUDA_PDL");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = !env_is("LMSERVE_CUDA_PDL", "0");
   return on;
 }
 
