@@ -276,7 +276,7 @@ Status Engine::step() {
   const int bs = backend_->kv_config().block_size;
   StepBuffers& sb = step_;
   auto& [tokens, positions, logits_rows, tables, sampled_tokens, slots, table_start, host_rows, seqs, sampled, lives, sample_rows,
-         results] = sb;
+         results, updates] = sb;
   tokens.clear();
   positions.clear();
   logits_rows.clear();
@@ -369,6 +369,28 @@ Status Engine::step() {
     }
   });
   const auto sampled_at = Clock::now();
+  // A row's output processing (detokenization, stop strings) touches its own request only: in a
+  // step of many rows it runs on the sampler threads; the events then go out here, in row order.
+  updates.resize(sampled.size());
+  auto process = [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      Request* r = sampled[i];
+      r->output.push_back(results[i].token);
+      OutputProcessor::Update& u = updates[i];
+      u = lives[i]->out->add_token(results[i].token, static_cast<std::int64_t>(r->output.size()));
+      // Not even max_model_len may be passed.
+      if (u.finish == FinishReason::kNone && r->num_tokens() >= options_.scheduler.max_model_len) {
+        u.text += lives[i]->out->flush();
+        u.finish = FinishReason::kLength;
+      }
+    }
+  };
+  if (sampled.size() >= std::max<std::size_t>(2, options_.parallel_output_rows)) {
+    sampler_pool_->parallel_for(sampled.size(), process);
+  } else {
+    process(0, sampled.size());
+  }
+  const auto emitted = Clock::now();  // the time of every event of this step
   for (std::size_t i = 0; i < sampled.size(); ++i) {
     Request* r = sampled[i];
     Live& L = *lives[i];
@@ -376,16 +398,10 @@ Status Engine::step() {
       prompt_tokens_ += r->prompt.size();
       L.prompt_counted = true;
     }
-    SampleResult res = std::move(results[i]);
-    r->output.push_back(res.token);
     ++generation_tokens_;
-    if (L.times.first_token == Clock::time_point{}) L.times.first_token = Clock::now();
-    auto update = L.out->add_token(res.token, static_cast<std::int64_t>(r->output.size()));
-    // Not even max_model_len may be passed.
-    if (update.finish == FinishReason::kNone && r->num_tokens() >= options_.scheduler.max_model_len) {
-      update.text += L.out->flush();
-      update.finish = FinishReason::kLength;
-    }
+    if (L.times.first_token == Clock::time_point{}) L.times.first_token = emitted;
+    SampleResult& res = results[i];
+    OutputProcessor::Update& update = updates[i];
     if (update.finish != FinishReason::kNone) {
       finish(r, update.finish, update.text, update.stop_reason, "", &res);
       continue;
@@ -398,7 +414,7 @@ Status Engine::step() {
     e.prompt_tokens = static_cast<std::int64_t>(r->prompt.size());
     e.completion_tokens = static_cast<std::int64_t>(r->output.size());
     e.cached_prompt_tokens = r->num_cached_prompt;
-    e.time = Clock::now();
+    e.time = emitted;
     L.stream->push(std::move(e), false);
   }
   const auto end = Clock::now();

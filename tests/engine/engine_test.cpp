@@ -467,6 +467,50 @@ TEST(Engine, StopStringsAreNeverStreamedAndThenRetracted) {
   EXPECT_EQ(streamed, full.substr(0, full.find(stop)));
 }
 
+// Steps of at least parallel_output_rows rows detokenize and match stop strings on the sampler
+// threads; what each request streams must not depend on it.
+TEST(Engine, OutputsProcessedOnTheSamplerThreadsMatchTheSerialOnes) {
+  auto run = [](std::size_t parallel_rows) {
+    EngineOptions o;
+    o.parallel_output_rows = parallel_rows;
+    o.sampler_threads = 4;
+    auto engine = make_engine(demo(), 256, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 24; ++i) {
+      auto prompt = demo().tokenizer->encode("<|im_start|>user\nTell me about item " + std::to_string(i) +
+                                             ", please.<|im_end|>\n<|im_start|>assistant\n");
+      SamplingParams p = greedy(12 + i);
+      if (i % 3 == 1) p.stop = {" the", "."};
+      if (i % 3 == 2) {
+        p.temperature = 0.8;
+        p.seed = i;
+      }
+      auto sub = engine->submit({.prompt = prompt, .params = p});
+      EXPECT_TRUE(sub);
+      if (sub) streams.push_back(sub->stream);
+    }
+    std::vector<Result> results;
+    for (auto& s : streams) results.push_back(collect(s));
+    return results;
+  };
+  const auto serial = run(1000), parallel = run(1);
+  ASSERT_EQ(serial.size(), 24u);
+  ASSERT_EQ(parallel.size(), 24u);
+  int stopped = 0;
+  for (std::size_t i = 0; i < serial.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(parallel[i].tokens, serial[i].tokens);
+    EXPECT_EQ(parallel[i].text, serial[i].text);
+    EXPECT_EQ(parallel[i].finish, serial[i].finish);
+    EXPECT_EQ(parallel[i].finish_events, 1);
+    if (serial[i].finish == FinishReason::kLength) {
+      EXPECT_EQ(serial[i].text, demo().tokenizer->decode(serial[i].tokens, true));
+    }
+    stopped += serial[i].finish == FinishReason::kStop;
+  }
+  EXPECT_GT(stopped, 0);  // some stop string matched, so that path ran too
+}
+
 TEST(Engine, AbortFinishesOnceAndFreesBlocks) {
   auto engine = make_engine(demo(), 64);
   auto prompt = demo().tokenizer->encode("The hacker", {.add_special_tokens = false});
