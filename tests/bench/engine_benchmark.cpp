@@ -4,6 +4,8 @@
 //   build/release/tests/bench/engine_benchmark
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
+
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
 #include "test_paths.h"
@@ -103,6 +105,8 @@ void BM_EngineHostStep(benchmark::State& state) {
   o.scheduler.max_num_seqs = batch;
   o.scheduler.max_num_batched_tokens = std::max(8192, batch);
   o.scheduler.kv_watermark = 0.99;
+  // For A/B runs of the parallel output processing (EngineOptions::parallel_output_rows).
+  if (const char* v = std::getenv("ENGINE_BENCH_PARALLEL_OUTPUT_ROWS")) o.parallel_output_rows = std::strtoull(v, nullptr, 10);
   o.scheduler.lanes = {{"default", 0, 0, 4096}};
   auto eng = engine::Engine::create(std::move(backend), *tok, o);
   double host = 0, steps = 0;
