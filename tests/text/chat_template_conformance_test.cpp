@@ -4,8 +4,12 @@
 // raise must be a raise here too.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <ctime>
 #include <fstream>
+#include <iomanip>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "fixture_paths.h"
 #include "test_util.h"
@@ -39,6 +43,18 @@ TEST_P(ChatTemplateConformance, RendersLikeTransformers) {
   auto tmpl = ChatTemplate::from_source(text, ojson::object());
   ASSERT_TRUE(tmpl) << tmpl.error().to_string();
 
+  // strftime_now reads the clock the fixture was rendered at (local time), not today's.
+  jinja::RenderOptions options;
+  if (fixture.contains("now")) {
+    std::tm tm{};
+    std::istringstream at(fixture["now"].get<std::string>());
+    at >> std::get_time(&tm, "%Y-%m-%dT%H:%M:%S");
+    ASSERT_FALSE(at.fail()) << "fixture 'now' is not YYYY-MM-DDTHH:MM:SS";
+    tm.tm_isdst = -1;
+    const auto when = std::chrono::system_clock::from_time_t(std::mktime(&tm));
+    options.now = [when] { return when; };
+  }
+
   int mismatches = 0;
   for (const auto& c : fixture.at("cases")) {
     ChatRequest req;
@@ -46,7 +62,7 @@ TEST_P(ChatTemplateConformance, RendersLikeTransformers) {
     req.tools = c.contains("tools") ? c["tools"] : ojson();
     req.add_generation_prompt = c.at("add_generation_prompt");
     req.variables = c.at("variables");
-    auto out = tmpl->render(req);
+    auto out = tmpl->render(req, options);
     std::string name = c.at("name");
     if (c.contains("error")) {
       if (out) {

@@ -12,6 +12,7 @@ does. Formats: tests/fixtures/README.md.
   python3 tools/make_fixtures/make_text_fixtures.py --shared ../shared --out tests/fixtures/text
 """
 import argparse
+import datetime
 import json
 import traceback
 from pathlib import Path
@@ -130,6 +131,9 @@ def template_sources(shared):
 
 def make_templates(shared, out):
     render, renderer = make_renderer()
+    # The clock strftime_now reads (local time, as datetime.now()): the test renders at it, so
+    # that templates printing today's date match their fixture on any later day.
+    now = datetime.datetime.now().isoformat(timespec="seconds")
     (out / "chat_templates").mkdir(parents=True, exist_ok=True)
     for name, source, template, bos, eos in template_sources(shared):
         variables = {"date_string": DATE}
@@ -152,7 +156,7 @@ def make_templates(shared, out):
                     case["error"] = f"{type(e).__name__}: {e}"
                 cases.append(case)
         (out / "chat_templates" / f"{name}.json").write_text(json.dumps(
-            {"template_source": source, "renderer": renderer, "cases": cases}, ensure_ascii=False, indent=1) + "\n")
+            {"template_source": source, "renderer": renderer, "now": now, "cases": cases}, ensure_ascii=False, indent=1) + "\n")
         ok = sum("rendered" in c for c in cases)
         print(f"template {name}: {ok} rendered, {len(cases) - ok} raised", flush=True)
 
