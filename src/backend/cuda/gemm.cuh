@@ -4,7 +4,8 @@
 // TF32). Plans (layouts + the heuristic's algorithm) are cached per (m, k, dtype) and bucket of
 // n (powers of two and 1.5x them): a step's token count changes from step to step, and a plan
 // per new count cost the step its time on the host (on the H200, ~27 ms per eager step at 1,024
-// sequences, mostly the first run of each new algorithm). prepare() makes the plans of every
+// sequences, of which the heuristic queries were a few percent; the first run of each new
+// algorithm is the likely rest, not measured apart). prepare() makes the plans of every
 // bucket up to a size at start-up, timing the heuristic's first candidates. Not thread-safe:
 // one per backend.
 #pragma once
