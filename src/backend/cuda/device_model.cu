@@ -2,10 +2,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -14,6 +12,7 @@
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/kernels.cuh"
+#include "backend/cuda/step_report.cuh"
 
 namespace lmserve::cuda {
 namespace {
@@ -73,10 +72,7 @@ class CudaModel final : public DeviceModel {
   CudaModel(int device, ModelDims d) : device_(device), d_(std::move(d)), act_(static_cast<Act>(d_.act)) {}
   ~CudaModel() override {
     cudaSetDevice(device_);
-    print_step_report();
-    for (cudaEvent_t e : report_events_) {
-      if (e) cudaEventDestroy(e);
-    }
+    if (StepReport::enabled()) report_.print(gemm_);
     for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
     if (stage_) cudaFreeHost(stage_);
     if (host_logits_) cudaFreeHost(host_logits_);
@@ -234,17 +230,17 @@ class CudaModel final : public DeviceModel {
     const int kind = in.num_tokens == in.num_seqs ? 1 : 2;
     const bool profiled = profile.second > 0 && (profile.first == 0 || profile.first == kind) && ++steps_ == profile.second;
     if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStart());
-    const bool report = step_report() && !calibrating_ && times;
-    if (report) LMSERVE_TRY(record_report_event(0));
+    const bool report = StepReport::enabled() && !calibrating_ && times;
+    if (report) LMSERVE_TRY(report_.mark(0, stream_));
     LMSERVE_CUDA_TRY(cudaMemcpyAsync(meta_.p, stage_, staged_bytes_, cudaMemcpyHostToDevice, stream_));
     double device_s = 0;
     if (decode) {
       LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(bucket), stream_));
-      if (report) LMSERVE_TRY(record_report_event(1));
+      if (report) LMSERVE_TRY(report_.mark(1, stream_));
       LMSERVE_TRY(fetch(in, 0, in.num_rows, &device_s));
     } else {
       LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, num_single_));
-      if (report) LMSERVE_TRY(record_report_event(1));
+      if (report) LMSERVE_TRY(report_.mark(1, stream_));
       for (int r0 = 0; r0 < in.num_rows; r0 += max_seqs_) {
         const int R = std::min(max_seqs_, in.num_rows - r0);
         LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R,
@@ -261,51 +257,11 @@ class CudaModel final : public DeviceModel {
       times->stage_seconds = std::chrono::duration<double>(staged_at - t0).count();
       times->graph = decode;
     }
-    if (report) {
-      float gpu_ms = 0;
-      LMSERVE_CUDA_TRY(cudaEventElapsedTime(&gpu_ms, report_events_[0], report_events_[1]));
-      ReportRow& r = report_[decode ? 0 : 1];
-      r.steps += 1;
-      r.stage += times->stage_seconds;
-      r.launch += times->host_seconds - times->stage_seconds;
-      r.wait += device_s;
-      r.gpu += gpu_ms / 1e3;
-    }
+    if (report) LMSERVE_TRY(report_.add(decode, times->stage_seconds, times->host_seconds - times->stage_seconds, device_s));
     return {};
   }
 
  private:
-  // LMSERVE_CUDA_STEP_REPORT=1: at exit, a table on stderr of where forward() spends its time,
-  // for decode graphs and eager steps: staging the metadata, launching (the rest of the host's
-  // time in forward()), waiting for the device, and the device's own span from the metadata
-  // copy to the end of the last layer (two CUDA events per step) — a span longer than staging
-  // + launching means the host kept ahead; cuBLASLt plans made and their heuristic time.
-  static bool step_report() {
-    static const bool on = env_is("LMSERVE_CUDA_STEP_REPORT", "1");
-    return on;
-  }
-
-  std::string record_report_event(int i) {
-    if (!report_events_[static_cast<std::size_t>(i)]) LMSERVE_CUDA_TRY(cudaEventCreate(&report_events_[static_cast<std::size_t>(i)]));
-    LMSERVE_CUDA_TRY(cudaEventRecord(report_events_[static_cast<std::size_t>(i)], stream_));
-    return {};
-  }
-
-  void print_step_report() const {
-    if (!step_report()) return;
-    std::fprintf(stderr, "cuda step report: kind, steps, per step ms: stage, launch, wait, device span (metadata copy to last layer)\n");
-    const char* names[] = {"graph", "eager"};
-    for (int k = 0; k < 2; ++k) {
-      const ReportRow& r = report_[k];
-      if (r.steps == 0) continue;
-      const double n = static_cast<double>(r.steps) / 1e3;
-      std::fprintf(stderr, "cuda step report: %s %lld %.3f %.3f %.3f %.3f\n", names[k], static_cast<long long>(r.steps), r.stage / n, r.launch / n,
-                   r.wait / n, r.gpu / n);
-    }
-    std::fprintf(stderr, "cuda step report: cuBLASLt plans %d (%d timed, %d of them not the heuristic's first), %.3f s making them\n",
-                 gemm_.plans_made(), gemm_.plans_tuned(), gemm_.plans_retuned(), gemm_.plan_seconds());
-  }
-
   std::string describe(std::size_t total) const {
     auto gib = [](double b) { return std::to_string(b / (1024.0 * 1024 * 1024)).substr(0, 6) + " GiB"; };
     return "total " + gib(static_cast<double>(total)) + ", weights " + gib(static_cast<double>(weight_bytes_)) + ", activations " +
@@ -719,12 +675,7 @@ class CudaModel final : public DeviceModel {
   std::vector<int> buckets_;
   std::map<int, cudaGraphExec_t> graphs_;
   std::vector<float> k_scales_host_, v_scales_host_;
-  struct ReportRow {
-    std::int64_t steps = 0;
-    double stage = 0, launch = 0, wait = 0, gpu = 0;
-  };
-  ReportRow report_[2];  // graph, eager (LMSERVE_CUDA_STEP_REPORT)
-  std::array<cudaEvent_t, 2> report_events_{};
+  StepReport report_;  // LMSERVE_CUDA_STEP_REPORT
 };
 
 }  // namespace
