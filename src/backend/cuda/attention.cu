@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
           }
         }
       }
-      online_softmax<M>(s[mt], mx, m_run[mt], l_run[mt], o_acc[mt], pf[mt]);
+      online_softmax<M, MT == 1 || D == 64>(s[mt], mx, m_run[mt], l_run[mt], o_acc[mt], pf[mt]);
     }
     // O += P V: B operands from V (keys x d) transposed by ldmatrix, each for all m-tiles.
 #pragma unroll

@@ -106,13 +106,30 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(addr));
 }
 
+// 2^x; kFtz: by the SFU alone (ex2.approx.ftz), where exp2f is ex2.approx without .ftz, which
+// keeps subnormal results at the cost of a test and two scalings around the SFU op. In the
+// softmax x <= 0, and a result below 2^-126 (flushed to 0) is nothing next to the row's largest
+// term, 1.
+template <bool kFtz>
+__device__ __forceinline__ float softmax_exp2(float x) {
+  if constexpr (kFtz) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+  } else {
+    return exp2f(x);
+  }
+}
+
 // One key tile's step of the online softmax for a 16-row mma tile, in the exp2 domain (the
 // decode and prefill tensor-core kernels): `mx` holds this thread's maxima of its two rows'
 // scores in s (NF fragments of 8 keys, masked scores -inf). Updates the running max m_run and sum
 // l_run, rescales O where some row's max moved (most tiles of a long row leave it), and leaves P
 // rounded to M's type as mma A operands in pf (fragment n is the low (n even) or high (n odd)
 // half of 16-key step n / 2); the sums are of the rounded values that the P V product uses.
-template <typename M, int NF, int ND>
+// kFtz (softmax_exp2): for a kernel where the shorter exponential does not make ptxas spill
+// (with nvcc 13.0 the two-m-tile prefill kernel at D = 128 spills 48 bytes with it).
+template <typename M, bool kFtz, int NF, int ND>
 __device__ __forceinline__ void online_softmax(const float (&s)[NF][4], float (&mx)[2], float (&m_run)[2], float (&l_run)[2],
                                                float (&o)[ND][4], unsigned (&pf)[NF / 2][4]) {
   float alpha[2], base[2];
@@ -121,7 +138,7 @@ __device__ __forceinline__ void online_softmax(const float (&s)[NF][4], float (&
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
     const float m_new = fmaxf(m_run[h], mx[h]);
-    alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_new);
+    alpha[h] = m_run[h] == -INFINITY ? 0.0f : softmax_exp2<kFtz>(m_run[h] - m_new);
     m_run[h] = m_new;
     // A row without a key yet has only -inf scores, whose exp2 is 0 from any finite base.
     base[h] = m_new == -INFINITY ? 0.0f : m_new;
@@ -131,7 +148,7 @@ __device__ __forceinline__ void online_softmax(const float (&s)[NF][4], float (&
   for (int n = 0; n < NF; ++n) {
     float e4[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) e4[e] = exp2f(s[n][e] - base[e / 2]);
+    for (int e = 0; e < 4; ++e) e4[e] = softmax_exp2<kFtz>(s[n][e] - base[e / 2]);
     const unsigned lo = M::pack(e4[0], e4[1]), hi = M::pack(e4[2], e4[3]);
     const float2 rl = M::unpack(lo), rh = M::unpack(hi);
     sum[0] += rl.x + rl.y;

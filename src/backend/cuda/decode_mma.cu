@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
       }
     }
     unsigned pf[KSTEPS][4];
-    online_softmax<M>(s, mx, m_run, l_run, o, pf);
+    online_softmax<M, true>(s, mx, m_run, l_run, o, pf);
     // O += P V, one k-step of 16 keys at a time: keys 16j + 2c + {0, 1} (b0), + {8, 9} (b1).
 #pragma unroll
     for (int j = 0; j < KSTEPS; ++j) {
