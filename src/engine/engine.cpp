@@ -315,8 +315,11 @@ Status Engine::step() {
     seqs[i].block_table = std::span<const std::int32_t>(tables.data() + table_start[i], end - table_start[i]);
   }
   const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
-  if (logits_.size() < logits_rows.size() * vocab) logits_.resize(logits_rows.size() * vocab);
-  std::span<float> logits(logits_.data(), logits_rows.size() * vocab);
+  if (logits_capacity_ < logits_rows.size() * vocab) {  // a step's logits never outlive it: no copy
+    logits_capacity_ = logits_rows.size() * vocab;
+    logits_ = std::make_unique_for_overwrite<float[]>(logits_capacity_);
+  }
+  std::span<float> logits(logits_.get(), logits_rows.size() * vocab);
   // Rows that need nothing but the logits (no penalties, bias, log-probabilities or min_tokens
   // masking) may be sampled by the backend itself (backend.h, RowSampling).
   sample_rows.assign(sampled.size(), backend::RowSampling{});
