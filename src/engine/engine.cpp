@@ -246,8 +246,15 @@ void Engine::finish(Request* r, FinishReason reason, const std::string& text, co
   e.cached_prompt_tokens = r->num_cached_prompt;
   e.time = Clock::now();
   scheduler_->remove(r->id);
-  for (auto& [id, other] : live_) {  // siblings waiting on this choice's prompt may go now
-    if (other->req->wait_for == r) other->req->wait_for = nullptr;
+  // Siblings waiting on this choice's prompt may go now. Only the first choice of a group is
+  // waited on, and its siblings have the ids after it: no scan of every live request (at
+  // 10,000 queued requests that scan was most of a step's output time).
+  if (L.index == 0) {
+    for (std::int32_t i = 1; i < r->params.n; ++i) {
+      if (auto s = live_.find(r->id + static_cast<RequestId>(i)); s != live_.end() && s->second->req->wait_for == r) {
+        s->second->req->wait_for = nullptr;
+      }
+    }
   }
   L.stream->set_times(L.times);
   L.stream->push(std::move(e), true);

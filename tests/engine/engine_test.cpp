@@ -443,6 +443,36 @@ TEST(Engine, SeveralChoicesShareThePromptBlocks) {
   EXPECT_EQ(s.prefix_hits, 2 * full_blocks);
 }
 
+// With one sequence slot the later choices of a request can start only after the first one
+// has finished: its finish must release exactly its own siblings (two groups in flight, the
+// second one's siblings wait on the second group's first choice), or they wait forever.
+TEST(Engine, SiblingsWaitingOnTheFirstChoiceStartWhenItFinishes) {
+  EngineOptions o;
+  o.scheduler.max_num_seqs = 1;
+  auto engine = make_engine(demo(), 128, o);
+  auto prompt = demo().tokenizer->encode(std::string(40, 'b') + " and then", {.add_special_tokens = false});
+  SamplingParams p;
+  p.n = 3;
+  p.seed = 5;
+  p.max_tokens = 2;
+  p.ignore_eos = true;
+  auto a = engine->submit({.prompt = prompt, .params = p});
+  p.n = 2;
+  auto b = engine->submit({.prompt = prompt, .params = p});
+  ASSERT_TRUE(a && b);
+  for (auto* sub : {&*a, &*b}) {
+    std::map<std::int32_t, int> finishes;
+    StreamEvent e;
+    bool timed_out = false;
+    while (sub->stream->next(&e, std::chrono::seconds(60), &timed_out)) {
+      if (e.finish != FinishReason::kNone) finishes[e.index]++;
+    }
+    ASSERT_FALSE(timed_out) << "a choice never started";
+    EXPECT_EQ(finishes.size(), static_cast<std::size_t>(sub == &*a ? 3 : 2));
+  }
+  EXPECT_EQ(engine->stats().requests_finished, 5u);
+}
+
 TEST(Engine, StopStringsAreNeverStreamedAndThenRetracted) {
   auto engine = make_engine(demo(), 64);
   auto prompt = demo().tokenizer->encode("<|im_start|>user\nWhat does \"kernel\" mean?<|im_end|>\n<|im_start|>assistant\n");
