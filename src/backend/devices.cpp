@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
+
 #ifdef LMSERVE_WITH_CUDA
 #include "backend/cuda/probe.h"
 #endif
@@ -43,6 +46,16 @@ Status run_device_self_test(int index) {
   (void)index;
   return Status(StatusCode::kUnavailable, "this build has no CUDA backend");
 #endif
+}
+
+BatchLimits default_batch_limits(const DeviceInfo* gpu, BatchUsage usage) {
+  const bool offline = usage == BatchUsage::kOffline;
+  if (gpu == nullptr) return offline ? BatchLimits{256, 8192} : BatchLimits{64, 2048};
+  std::string name = gpu->name;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const bool large = gpu->total_bytes >= 70ull * 1024 * 1024 * 1024 && name.find("a100") == std::string::npos;
+  if (large) return offline ? BatchLimits{1024, 16384} : BatchLimits{1024, 8192};
+  return offline ? BatchLimits{256, 8192} : BatchLimits{256, 2048};
 }
 
 std::string describe(const DeviceInfo& d) {

@@ -38,6 +38,19 @@ DeviceProbe probe_devices();
 // without that device; Internal if the result is wrong.
 Status run_device_self_test(int index);
 
+// The batch limits a run gets when the user sets none: vLLM's rule, so that the same command
+// line means the same batch on both. A GPU of at least 70 GiB other than an A100 (H100, H200,
+// MI300X) gets 1,024 sequences, and 16,384 tokens per step offline (bench throughput) or 8,192
+// behind the server; other GPUs 256 sequences and 8,192 / 2,048 tokens (vLLM found the large
+// step slower on the A100). The CPU backend (gpu == nullptr) gets 256 / 8,192 offline and
+// 64 / 2,048 behind the server: its steps take seconds, and latency would suffer first.
+enum class BatchUsage { kOffline, kServer };
+struct BatchLimits {
+  std::int64_t max_num_seqs = 0;
+  std::int64_t max_num_batched_tokens = 0;
+};
+BatchLimits default_batch_limits(const DeviceInfo* gpu, BatchUsage usage);
+
 // "9.0 (sm_90), 139.8 GiB, 132 SMs" style one-line description.
 std::string describe(const DeviceInfo& device);
 

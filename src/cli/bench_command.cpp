@@ -68,7 +68,7 @@ Command add_bench_command(CLI::App& app) {
     ModelOptions model;
     std::int64_t batch_size = 8, input_len = 128, output_len = 128, num_prompts = 100;
     std::uint64_t seed = 0;
-    std::int64_t max_num_seqs = 256, max_num_batched_tokens = 8192;
+    std::int64_t max_num_seqs = 0, max_num_batched_tokens = 0;  // 0: the device's default (throughput)
     std::string dataset = "random";  // throughput: random (fixed lengths) or mixed (log-normal)
     bench::DatasetOptions mix;
     bool compare_uniform = false;
@@ -87,8 +87,12 @@ Command add_bench_command(CLI::App& app) {
   throughput->add_option("--num-prompts", thr->num_prompts, "requests")->capture_default_str();
   throughput->add_option("--input-len", thr->input_len, "prompt tokens per request")->capture_default_str();
   throughput->add_option("--output-len", thr->output_len, "tokens generated per request")->capture_default_str();
-  throughput->add_option("--max-num-seqs", thr->max_num_seqs, "sequences in a batch at most")->capture_default_str();
-  throughput->add_option("--max-num-batched-tokens", thr->max_num_batched_tokens, "tokens per step at most")->capture_default_str();
+  throughput->add_option("--max-num-seqs", thr->max_num_seqs,
+                         "sequences in a batch at most (0: vLLM's default, 1024 on a GPU of 70 GiB or more other than an A100, else 256)")
+      ->capture_default_str();
+  throughput->add_option("--max-num-batched-tokens", thr->max_num_batched_tokens,
+                         "tokens per step at most (0: vLLM's offline default, 16384 on a GPU of 70 GiB or more other than an A100, else 8192)")
+      ->capture_default_str();
   throughput->add_option("--seed", thr->seed, "random prompt tokens (and mixed lengths)")->capture_default_str();
   throughput->add_option("--dataset-name", thr->dataset, "random (--input-len/--output-len) or mixed (log-normal lengths)")
       ->check(CLI::IsMember({"random", "mixed"}))
@@ -153,15 +157,22 @@ Command add_bench_command(CLI::App& app) {
     } else if (o.compare_uniform) {
       return fail("throughput", Status(StatusCode::kInvalidArgument, "--compare-uniform compares a mixed run (--dataset-name mixed)"));
     }
-    o.model.max_num_seqs = o.max_num_seqs;
-    o.model.max_num_batched_tokens = std::max(o.max_num_batched_tokens, o.max_num_seqs);
+    const BatchLimits limits = o.model.batch_limits(o.max_num_seqs, o.max_num_batched_tokens, BatchUsage::kOffline);
+    if (limits.max_num_seqs < 1 || limits.max_num_batched_tokens < 1) {
+      return fail("throughput", Status(StatusCode::kInvalidArgument, "--max-num-seqs and --max-num-batched-tokens must be positive (or 0: the default)"));
+    }
+    o.model.max_num_seqs = limits.max_num_seqs;
+    o.model.max_num_batched_tokens = std::max(limits.max_num_batched_tokens, limits.max_num_seqs);
     o.model.max_model_len = longest;
-    auto m = o.model.load(std::max<std::int64_t>(o.max_num_seqs, 16) * longest);
+    auto m = o.model.load(std::max<std::int64_t>(limits.max_num_seqs, 16) * longest);
     if (!m) return fail("throughput", m.error());
     print_memory(*m->backend);
+    std::printf("batch limits: %lld sequences, %lld tokens per step%s\n", static_cast<long long>(limits.max_num_seqs),
+                static_cast<long long>(limits.max_num_batched_tokens),
+                o.max_num_seqs == 0 && o.max_num_batched_tokens == 0 ? " (defaults for this device)" : "");
     engine::EngineOptions eo;
-    eo.scheduler.max_num_seqs = o.max_num_seqs;
-    eo.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+    eo.scheduler.max_num_seqs = limits.max_num_seqs;
+    eo.scheduler.max_num_batched_tokens = limits.max_num_batched_tokens;
     eo.scheduler.max_model_len = longest;
     eo.scheduler.lanes = {{"default", 0.0, 0.0, std::max<std::int64_t>(o.num_prompts, 1)}};
     eo.scheduler.kv_watermark = 0.99;

@@ -24,6 +24,21 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_flag("--host-sampling", host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
 }
 
+std::optional<DeviceInfo> ModelOptions::gpu() const {
+  if (device == "cpu") return std::nullopt;
+  auto probe = probe_devices();
+  if (probe.devices.empty()) return std::nullopt;
+  return probe.devices.front();
+}
+
+BatchLimits ModelOptions::batch_limits(std::int64_t max_seqs, std::int64_t max_tokens, BatchUsage usage) const {
+  const auto g = gpu();
+  BatchLimits out = default_batch_limits(g ? &*g : nullptr, usage);
+  if (max_seqs != 0) out.max_num_seqs = max_seqs;
+  if (max_tokens != 0) out.max_num_batched_tokens = max_tokens;
+  return out;
+}
+
 Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) const {
   if (device != "auto" && device != "cpu" && device != "cuda") {
     return error(StatusCode::kInvalidArgument, "--device must be auto, cpu or cuda");

@@ -5,9 +5,11 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/devices.h"
 #include "common/status.h"
 #include "model/weights.h"
 #include "text/tokenizer.h"
@@ -33,6 +35,11 @@ struct ModelOptions {
   std::int64_t max_model_len = 0;  // 0: the model's
 
   void add_to(CLI::App& app);
+
+  // The GPU load() will run on (CUDA device 0), or nothing when it will use the CPU.
+  std::optional<DeviceInfo> gpu() const;
+  // max_seqs / max_tokens as given, or where 0 the default for that GPU (default_batch_limits).
+  BatchLimits batch_limits(std::int64_t max_seqs, std::int64_t max_tokens, BatchUsage usage) const;
 
   struct Loaded {
     std::shared_ptr<const model::ModelWeights> weights;

@@ -48,8 +48,8 @@ Command add_serve_command(CLI::App& app) {
     std::string positional_model;
     server::ServerOptions server;
     std::int64_t max_model_len = 0;
-    std::int64_t max_num_seqs = 64;
-    std::int64_t max_num_batched_tokens = 2048;
+    std::int64_t max_num_seqs = 0;            // 0: the device's default (default_batch_limits)
+    std::int64_t max_num_batched_tokens = 0;
     std::int64_t max_num_queued_reqs = 256;
     double gpu_memory_utilization = 0.9;
     double kv_watermark = 0.85;
@@ -84,8 +84,13 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--api-key", o->server.api_key, "require 'Authorization: Bearer KEY' (all routes but /health and /metrics)");
   app.add_flag("--metrics-require-key", o->server.metrics_require_key, "also require the key on /metrics");
   app.add_option("--max-model-len", o->max_model_len, "context length (0: the model's)")->capture_default_str();
-  app.add_option("--max-num-seqs", o->max_num_seqs, "sequences in a batch at most")->capture_default_str();
-  app.add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "tokens per engine step at most")->capture_default_str();
+  app.add_option("--max-num-seqs", o->max_num_seqs,
+                 "sequences in a batch at most (0: vLLM's default, 1024 on a GPU of 70 GiB or more other than an A100, 256 on other GPUs, 64 "
+                 "on the CPU)")
+      ->capture_default_str();
+  app.add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
+                 "tokens per engine step at most (0: 8192 on a GPU of 70 GiB or more other than an A100, else 2048)")
+      ->capture_default_str();
   app.add_option("--max-num-queued-reqs", o->max_num_queued_reqs, "waiting requests per lane before 429")->capture_default_str();
   app.add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
   app.add_option("--kv-watermark", o->kv_watermark, "admit new requests only while KV usage stays below this")->capture_default_str();
@@ -130,8 +135,9 @@ Command add_serve_command(CLI::App& app) {
     eo.seed = o->seed;
     eo.enable_prefix_caching = o->enable_prefix_caching;
     auto& so = eo.scheduler;
-    so.max_num_seqs = o->max_num_seqs;
-    so.max_num_batched_tokens = o->max_num_batched_tokens;
+    const BatchLimits limits = o->model.batch_limits(o->max_num_seqs, o->max_num_batched_tokens, BatchUsage::kServer);
+    so.max_num_seqs = limits.max_num_seqs;
+    so.max_num_batched_tokens = limits.max_num_batched_tokens;
     so.kv_watermark = o->kv_watermark;
     if (o->scheduling_policy == "priority") {
       so.policy = engine::SchedulerOptions::Policy::kPriority;

@@ -162,6 +162,39 @@ TEST(Cli, BenchLatencyAndThroughputReportTheirNumbers) {
   EXPECT_TRUE(std::regex_search(thr.output, std::regex(R"(model FLOPs: [0-9.e+-]+ TFLOP \(matmul [0-9.e+-]+, attention [0-9.e+-]+\) in [0-9.]+ s = [0-9.e+-]+ TFLOP/s\n)")))
       << thr.output;
   EXPECT_EQ(run("bench latency --model " + model_dir() + " --device cpu --output-len 1").exit_code, 2);
+  // Unset batch limits are the device's defaults (vLLM's rule); set ones are used as given.
+  EXPECT_NE(thr.output.find("batch limits: 256 sequences, 8192 tokens per step (defaults for this device)"), std::string::npos) << thr.output;
+  CommandRun set = run("bench throughput --model " + model_dir() +
+                       " --device cpu --num-prompts 2 --input-len 8 --output-len 2 --threads 2 --max-num-seqs 3 --max-num-batched-tokens 40");
+  ASSERT_EQ(set.exit_code, 0) << set.output;
+  EXPECT_NE(set.output.find("batch limits: 3 sequences, 40 tokens per step\n"), std::string::npos) << set.output;
+  EXPECT_EQ(run("bench throughput --model " + model_dir() + " --device cpu --num-prompts 2 --max-num-seqs -1").exit_code, 2);
+}
+
+// vLLM's defaults by device: large non-A100 GPUs get the big batch, the rest and the CPU less.
+TEST(BatchDefaults, FollowVllmsRuleByDevice) {
+  using lmserve::BatchLimits;
+  using lmserve::BatchUsage;
+  using lmserve::DeviceInfo;
+  auto limits = [](const DeviceInfo* d, BatchUsage u) {
+    BatchLimits b = lmserve::default_batch_limits(d, u);
+    return std::pair(b.max_num_seqs, b.max_num_batched_tokens);
+  };
+  using Limits = std::pair<std::int64_t, std::int64_t>;
+  constexpr std::uint64_t GiB = 1024ull * 1024 * 1024;
+  const DeviceInfo h200{.name = "NVIDIA H200", .total_bytes = 140 * GiB}, h100{.name = "NVIDIA H100 80GB HBM3", .total_bytes = 80 * GiB - GiB / 2};
+  const DeviceInfo a100{.name = "NVIDIA A100-SXM4-80GB", .total_bytes = 80 * GiB - GiB / 2}, l40s{.name = "NVIDIA L40S", .total_bytes = 45 * GiB};
+  const DeviceInfo edge{.name = "Some GPU", .total_bytes = 70 * GiB}, below{.name = "Some GPU", .total_bytes = 70 * GiB - 1};
+  EXPECT_EQ(limits(&h200, BatchUsage::kOffline), Limits(1024, 16384));
+  EXPECT_EQ(limits(&h200, BatchUsage::kServer), Limits(1024, 8192));
+  EXPECT_EQ(limits(&h100, BatchUsage::kOffline), Limits(1024, 16384));
+  EXPECT_EQ(limits(&edge, BatchUsage::kServer), Limits(1024, 8192));
+  EXPECT_EQ(limits(&below, BatchUsage::kServer), Limits(256, 2048));
+  EXPECT_EQ(limits(&a100, BatchUsage::kOffline), Limits(256, 8192));
+  EXPECT_EQ(limits(&a100, BatchUsage::kServer), Limits(256, 2048));
+  EXPECT_EQ(limits(&l40s, BatchUsage::kOffline), Limits(256, 8192));
+  EXPECT_EQ(limits(nullptr, BatchUsage::kOffline), Limits(256, 8192));
+  EXPECT_EQ(limits(nullptr, BatchUsage::kServer), Limits(64, 2048));
 }
 
 // The seed's lesson in the engine benchmark: a log-normal length mix next to the uniform run of

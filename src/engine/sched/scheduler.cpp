@@ -94,7 +94,9 @@ Request* Scheduler::remove(RequestId id) {
     found = *it;
     running_.erase(it);
   }
-  for (auto& q : waiting_) {
+  // A running request is in no queue: a finish does not scan thousands of waiting ones.
+  for (std::size_t l = 0; found == nullptr && l < waiting_.size(); ++l) {
+    auto& q = waiting_[l];
     if (auto it = std::find_if(q.begin(), q.end(), [&](Request* r) { return r->id == id; }); it != q.end()) {
       found = *it;
       q.erase(it);
