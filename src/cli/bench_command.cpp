@@ -72,6 +72,7 @@ Command add_bench_command(CLI::App& app) {
     std::string dataset = "random";  // throughput: random (fixed lengths) or mixed (log-normal)
     bench::DatasetOptions mix;
     bool compare_uniform = false;
+    double kv_growth_reserve = 0.0;
   };
   auto lat = std::make_shared<Opts>();
   auto thr = std::make_shared<Opts>();
@@ -92,6 +93,10 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   throughput->add_option("--max-num-batched-tokens", thr->max_num_batched_tokens,
                          "tokens per step at most (0: vLLM's offline default, 16384 on a GPU of 70 GiB or more other than an A100, else 8192)")
+      ->capture_default_str();
+  throughput->add_option("--kv-growth-reserve", thr->kv_growth_reserve,
+                         "admit a request only if the KV cache can also hold this share of every running request's remaining max_tokens (at most 4096 each): 0 counts prompts only and preempts when the running requests outgrow the cache (vLLM), 1 never preempts requests of up to 4096 output tokens (TensorRT-LLM's guaranteed-no-evict)")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   throughput->add_option("--seed", thr->seed, "random prompt tokens (and mixed lengths)")->capture_default_str();
   throughput->add_option("--dataset-name", thr->dataset, "random (--input-len/--output-len) or mixed (log-normal lengths)")
@@ -176,6 +181,7 @@ Command add_bench_command(CLI::App& app) {
     eo.scheduler.max_model_len = longest;
     eo.scheduler.lanes = {{"default", 0.0, 0.0, std::max<std::int64_t>(o.num_prompts, 1)}};
     eo.scheduler.kv_watermark = 0.99;
+    eo.scheduler.kv_growth_reserve = o.kv_growth_reserve;
     const std::int64_t vocab = m->weights->config().vocab_size;
     const model::ModelConfig config = m->weights->config();
     const double matmul_rate = m->backend->name() == "cuda" ? backend::measure_matmul_rate(0) : 0;

@@ -53,6 +53,7 @@ Command add_serve_command(CLI::App& app) {
     std::int64_t max_num_queued_reqs = 256;
     double gpu_memory_utilization = 0.9;
     double kv_watermark = 0.85;
+    double kv_growth_reserve = 0.0;
     double device_memory_limit = 0.95;
     double swap_space = 0;
     int tensor_parallel_size = 1;
@@ -94,6 +95,10 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--max-num-queued-reqs", o->max_num_queued_reqs, "waiting requests per lane before 429")->capture_default_str();
   app.add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
   app.add_option("--kv-watermark", o->kv_watermark, "admit new requests only while KV usage stays below this")->capture_default_str();
+  app.add_option("--kv-growth-reserve", o->kv_growth_reserve,
+                 "admit a request only if the KV cache can also hold this share of every running request's remaining max_tokens (at most 4096 each): 0 counts prompts only and preempts when the running requests outgrow the cache (vLLM), 1 never preempts requests of up to 4096 output tokens (TensorRT-LLM's guaranteed-no-evict)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--device-memory-limit", o->device_memory_limit, "admit nothing while device memory use is above this share")
       ->capture_default_str();
   app.add_option("--lanes", o->lanes, "priority lanes, first most urgent, NAME[:RESERVED_SHARE],...")->capture_default_str();
@@ -139,6 +144,7 @@ Command add_serve_command(CLI::App& app) {
     so.max_num_seqs = limits.max_num_seqs;
     so.max_num_batched_tokens = limits.max_num_batched_tokens;
     so.kv_watermark = o->kv_watermark;
+    so.kv_growth_reserve = o->kv_growth_reserve;
     if (o->scheduling_policy == "priority") {
       so.policy = engine::SchedulerOptions::Policy::kPriority;
     } else if (o->scheduling_policy != "fcfs") {

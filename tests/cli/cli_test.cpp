@@ -169,6 +169,19 @@ TEST(Cli, BenchLatencyAndThroughputReportTheirNumbers) {
   ASSERT_EQ(set.exit_code, 0) << set.output;
   EXPECT_NE(set.output.find("batch limits: 3 sequences, 40 tokens per step\n"), std::string::npos) << set.output;
   EXPECT_EQ(run("bench throughput --model " + model_dir() + " --device cpu --num-prompts 2 --max-num-seqs -1").exit_code, 2);
+  // Four requests of 2 blocks at the end in a pool of 6: by the prompt alone they all start and
+  // one is preempted; with the remaining output reserved (--kv-growth-reserve 1) none is.
+  const std::string small = "bench throughput --model " + model_dir() +
+                            " --device cpu --threads 2 --num-prompts 4 --input-len 16 --output-len 16 --num-kv-blocks 6 --kv-growth-reserve ";
+  for (const char* reserve : {"0", "1"}) {
+    CommandRun g = run(small + reserve);
+    ASSERT_EQ(g.exit_code, 0) << g.output;
+    EXPECT_NE(g.output.find("output tokens 64,"), std::string::npos) << g.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(g.output, m, std::regex(R"(preemptions ([0-9]+))"))) << g.output;
+    EXPECT_EQ(m[1].str() == "0", std::string(reserve) == "1") << g.output;
+  }
+  EXPECT_EQ(run(small + "1.5").exit_code, 2);
 }
 
 // vLLM's defaults by device: large non-A100 GPUs get the big batch, the rest and the CPU less.

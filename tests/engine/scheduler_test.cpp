@@ -218,6 +218,79 @@ TEST_F(SchedulerTest, PreemptedRequestsResumeFromTheirCachedPrefix) {
   EXPECT_EQ(out.scheduled[0].num_new_tokens, tokens - 4);
 }
 
+// Five requests that start together and each grow to 6 blocks, in a pool of 24. By the prompt
+// alone (vLLM's rule) all five start, outgrow the pool and one is preempted and recomputed;
+// with the whole remaining output reserved, the fifth waits for the first to finish, and
+// nothing is preempted. Both finish all five.
+TEST_F(SchedulerTest, AGrowthReserveKeepsRequestsThatStartTogetherFromPreemptingEachOther) {
+  for (double reserve : {0.0, 1.0}) {
+    SchedulerOptions o;
+    o.kv_watermark = 1.0;
+    o.kv_growth_reserve = reserve;
+    o.lanes = {{"only", 0, 0, 10}};
+    make(24, 4, o);
+    std::vector<Request*> rs;
+    for (int i = 0; i < 5; ++i) {
+      rs.push_back(req(8, 0, 0, 16));  // 8 + 16 tokens = 6 blocks
+      ASSERT_EQ(sched_->add(rs.back()), Rejection::kNone);
+    }
+    SchedulerOutput first = step();
+    EXPECT_EQ(plan(first).size(), reserve == 0 ? 5u : 4u) << reserve;
+    if (reserve > 0) {
+      EXPECT_EQ(first.blocked, AdmissionBlock::kKvBlocks);
+    }
+    int finished = 0;
+    for (int s = 0; s < 200 && finished < 5; ++s) {
+      step();
+      for (Request* r : rs) {
+        if (r->status == RequestStatus::kRunning && static_cast<std::int64_t>(r->output.size()) == r->params.max_tokens) {
+          sched_->remove(r->id);
+          r->status = RequestStatus::kFinished;
+          ++finished;
+        }
+      }
+    }
+    EXPECT_EQ(finished, 5) << reserve;
+    if (reserve == 0) {
+      EXPECT_GT(sched_->stats().preemptions_total, 0);
+    } else {
+      EXPECT_EQ(sched_->stats().preemptions_total, 0);
+    }
+    EXPECT_EQ(kv_->pool().num_used(), 0) << reserve;
+    rs.clear();
+  }
+}
+
+// The estimate is clipped (kv_growth_clip) and scaled (kv_growth_reserve), and it never holds
+// back a request when nothing runs, however long its output may be.
+TEST_F(SchedulerTest, TheGrowthReserveIsClippedScaledAndNeverBlocksALoneRequest) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.kv_growth_reserve = 0.5;
+  o.kv_growth_clip = 16;
+  o.lanes = {{"only", 0, 0, 10}};
+  make(10, 4, o);
+  Request* lone = req(8, 0, 0, 100);  // 8 + min(100, 16) x 0.5 = 16 tokens expected: 4 blocks
+  Request* b = req(8, 0, 0, 100);     // the same: 2 blocks now, 4 expected
+  Request* c = req(4, 0, 0, 100);     // 4 + 8 = 12 tokens: 3 blocks expected
+  for (Request* r : {lone, b, c}) ASSERT_EQ(sched_->add(r), Rejection::kNone);
+  SchedulerOutput out = step();
+  // lone (2 blocks used, 2 more expected) and b (2 + 2) fit the 10 blocks; c's 3 do not.
+  EXPECT_EQ(plan(out), (Plan{{lone->id, 8}, {b->id, 8}}));
+  EXPECT_EQ(out.blocked, AdmissionBlock::kKvBlocks);
+  sched_->remove(lone->id);
+  sched_->remove(b->id);
+  sched_->remove(c->id);
+
+  // Alone, a request whose expected growth exceeds the pool still starts.
+  o.kv_growth_reserve = 1.0;
+  o.kv_growth_clip = 4096;
+  make(4, 4, o);
+  Request* big = req(8, 0, 0, 1000);
+  ASSERT_EQ(sched_->add(big), Rejection::kNone);
+  EXPECT_EQ(plan(step()), (Plan{{big->id, 8}}));
+}
+
 TEST(SchedulerOptions, ValidationNamesTheProblem) {
   SchedulerOptions o;
   o.lanes = {{"a", 0.6, 0, 1}, {"b", 0.5, 0, 1}};
@@ -227,6 +300,12 @@ TEST(SchedulerOptions, ValidationNamesTheProblem) {
   o.lanes = {{"a", 0, 0, 1}};
   o.kv_watermark = 0;
   EXPECT_NE(o.validate().message().find("kv_watermark"), std::string::npos);
+  o.kv_watermark = 0.5;
+  o.kv_growth_reserve = 1.5;
+  EXPECT_NE(o.validate().message().find("kv_growth_reserve"), std::string::npos);
+  o.kv_growth_reserve = 1;
+  o.kv_growth_clip = 0;
+  EXPECT_NE(o.validate().message().find("kv_growth_clip"), std::string::npos);
 }
 
 }  // namespace

@@ -36,6 +36,8 @@ Status SchedulerOptions::validate() const {
   if (max_num_seqs < 1) return bad("max_num_seqs must be at least 1");
   if (max_model_len < 2) return bad("max_model_len must be at least 2");
   if (!(kv_watermark > 0 && kv_watermark <= 1)) return bad("kv_watermark must be in (0, 1]");
+  if (!(kv_growth_reserve >= 0 && kv_growth_reserve <= 1)) return bad("kv_growth_reserve must be in [0, 1]");
+  if (kv_growth_clip < 1) return bad("kv_growth_clip must be at least 1");
   if (lanes.empty()) return bad("at least one lane is needed");
   double kv = 0, seq = 0;
   for (std::size_t i = 0; i < lanes.size(); ++i) {
@@ -139,6 +141,17 @@ std::int64_t Scheduler::reserved_seqs_elsewhere(std::size_t lane) const {
   return n;
 }
 
+std::int64_t Scheduler::expected_tokens(const Request* r) const {
+  if (options_.kv_growth_reserve <= 0) return r->num_tokens();
+  const std::int64_t remaining = std::max<std::int64_t>(0, r->params.max_tokens - static_cast<std::int64_t>(r->output.size()));
+  const double grow = std::ceil(static_cast<double>(std::min(remaining, options_.kv_growth_clip)) * options_.kv_growth_reserve);
+  return r->num_tokens() + static_cast<std::int64_t>(grow);
+}
+
+std::int64_t Scheduler::growth_blocks(const Request* r) const {
+  return options_.kv_growth_reserve <= 0 ? 0 : kv_.blocks_needed(r->id, expected_tokens(r));
+}
+
 bool Scheduler::can_allocate(const Request* r, std::int64_t num_tokens) const {
   const std::int64_t need = kv_.blocks_needed(r->id, num_tokens);
   return kv_.pool().num_free() - need >= reserved_blocks_elsewhere(r->lane);
@@ -188,6 +201,9 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
     return out;
   }
   const auto total = static_cast<double>(kv_.pool().num_blocks());
+  // Blocks the running requests are expected to grow into (none without a growth reserve).
+  std::int64_t growth = 0;
+  for (const Request* r : running_) growth += growth_blocks(r);
   for (std::size_t lane = 0; lane < waiting_.size(); ++lane) {
     auto& q = waiting_[lane];
     std::size_t i = 0;
@@ -219,7 +235,9 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
       const std::int64_t cached = kv_.adopt_prefix(r->id, tokens, r->cache_salt);
       r->num_computed = cached;
       const double limit = std::min(1.0, options_.kv_watermark + options_.lanes[lane].kv_reserve);
-      const std::int64_t after = kv_.pool().num_used() + kv_.blocks_needed(r->id, r->num_tokens());
+      // The reserve counts only next to running requests: a lone request always may start.
+      const std::int64_t after = kv_.pool().num_used() + (running_.empty() ? kv_.blocks_needed(r->id, r->num_tokens())
+                                                                            : growth + kv_.blocks_needed(r->id, expected_tokens(r)));
       const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget);
       if (static_cast<double>(after) > total) {
         why = AdmissionBlock::kKvBlocks;
@@ -245,6 +263,7 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
       q.erase(q.begin() + static_cast<std::ptrdiff_t>(i));
       r->status = RequestStatus::kRunning;
       running_.push_back(r);
+      growth += growth_blocks(r);
       out.scheduled.push_back({r, n});
       out.num_tokens += n;
     }

@@ -13,7 +13,9 @@
 //
 // Admission watermark: a waiting request starts only if, once its whole prompt has blocks,
 // KV usage stays <= kv_watermark (a lane with a reserve may go above by its reserved share);
-// nothing new starts while the device-memory signal is over its hard limit.
+// nothing new starts while the device-memory signal is over its hard limit. With a growth
+// reserve (SchedulerOptions::kv_growth_reserve) the expected growth of the running requests
+// and of the new one counts as used.
 //
 // Works on ids and counts only; not thread-safe (the engine thread owns it).
 #pragma once
@@ -45,6 +47,15 @@ struct SchedulerOptions {
   std::int64_t max_num_seqs = 64;
   std::int64_t max_model_len = 2048;
   double kv_watermark = 0.85;
+  // Admission also counts the KV that the requests already running will grow into: each one
+  // reserves min(its remaining max_tokens, kv_growth_clip) x kv_growth_reserve tokens beyond
+  // its prompt and output so far, and so does the request being admitted. 0 (the default,
+  // vLLM's rule): only prompts count, and when the running requests outgrow the cache the
+  // lowest-ranked is preempted and later recomputed. 1: no preemption among requests of at
+  // most kv_growth_clip output tokens (TensorRT-LLM's guaranteed-no-evict policy, with the clip
+  // SGLang puts on its estimate). The reserve never holds back a request when nothing runs.
+  double kv_growth_reserve = 0.0;
+  std::int64_t kv_growth_clip = 4096;
   std::vector<LaneOptions> lanes = {{"high", 0.2, 0.2, 1024}, {"low", 0.0, 0.0, 1024}};
 
   // InvalidArgument naming the field.
@@ -112,6 +123,10 @@ class Scheduler {
   std::int64_t reserved_blocks_elsewhere(std::size_t lane) const;
   std::int64_t reserved_seqs_elsewhere(std::size_t lane) const;
   bool can_allocate(const Request* r, std::int64_t num_tokens) const;
+  // r's tokens so far plus its expected growth (kv_growth_reserve), and the blocks beyond its
+  // table that it takes to hold them (0 without a growth reserve).
+  std::int64_t expected_tokens(const Request* r) const;
+  std::int64_t growth_blocks(const Request* r) const;
   void preempt(Request* r, SchedulerOutput& out);
 
   SchedulerOptions options_;
