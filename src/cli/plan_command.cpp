@@ -34,7 +34,7 @@ Command add_plan_command(CLI::App& app) {
     std::string model, dtype = "auto", quantization = "none", kv = "auto", gpu = "H200", measured;
     double gpu_memory = 0, util = 0.9, qps = 0, target_latency = 0, redundancy = 1.5;
     int tp = 1;
-    std::int64_t max_model_len = 0, max_num_batched_tokens = 8192, concurrency = 0;
+    std::int64_t max_model_len = 0, max_num_batched_tokens = 0, max_num_seqs = 0, concurrency = 0;
     bench::DatasetOptions d;
     double sigma = 0.8;
     bool json = false, rule = false;
@@ -51,7 +51,10 @@ Command add_plan_command(CLI::App& app) {
   app.add_option("--gpu-memory-utilization", o->util, "share of GPU memory lmserve may use")->capture_default_str();
   app.add_option("--tensor-parallel-size", o->tp, "GPUs per replica")->capture_default_str();
   app.add_option("--max-model-len", o->max_model_len, "context length (0: the model's)");
-  app.add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "step size the activation reserve is sized for")->capture_default_str();
+  app.add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
+                 "step size the activation reserve is sized for (0: serve's default on that GPU)")
+      ->capture_default_str();
+  app.add_option("--max-num-seqs", o->max_num_seqs, "sequences a replica runs at once (0: serve's default on that GPU)")->capture_default_str();
   app.add_option("--dataset-name", o->d.name, "length mix: mixed, random, jsonl or sharegpt")->capture_default_str();
   app.add_option("--dataset-path", o->d.path, "jsonl / sharegpt file");
   app.add_option("--random-input-len", o->d.input_len, "random: prompt tokens")->capture_default_str();
@@ -101,6 +104,7 @@ Command add_plan_command(CLI::App& app) {
     in.tensor_parallel_size = o->tp;
     in.max_model_len = o->max_model_len;
     in.max_num_batched_tokens = o->max_num_batched_tokens;
+    in.max_num_seqs = o->max_num_seqs;
     o->d.input_sigma = o->d.output_sigma = o->sigma;
     auto specs = bench::make_dataset(o->d);
     if (!specs) return fail(specs.error());

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/devices.h"
+
 namespace lmserve::plan {
 namespace {
 
@@ -117,6 +119,9 @@ Result<PlanResult> make_plan(const PlanInput& in) {
     return error(StatusCode::kInvalidArgument, "GPU memory and utilization must be positive (utilization at most 1)");
   }
   if (in.redundancy < 1) return error(StatusCode::kInvalidArgument, "--redundancy must be >= 1");
+  if (in.max_num_seqs < 0 || in.max_num_batched_tokens < 0) {
+    return error(StatusCode::kInvalidArgument, "--max-num-seqs and --max-num-batched-tokens must be positive (or 0: serve's default)");
+  }
   if (!in.concurrency && !in.qps) {
     return error(StatusCode::kInvalidArgument, "give a target: --concurrency N, or --qps Q (with --target-latency S to check it)");
   }
@@ -126,20 +131,32 @@ Result<PlanResult> make_plan(const PlanInput& in) {
   r.weights_bytes = static_cast<std::uint64_t>(params * r.weight_bytes_per_param);
   r.weights_per_gpu = r.weights_bytes / static_cast<std::uint64_t>(tp);
   r.kv_bytes_per_token = backend::kv_block_bytes(c, in.kv_dtype, 1);
-  // The CUDA backend's step buffers for max_num_batched_tokens (float32 residual, GEMM outputs,
-  // model-dtype GEMM inputs), logits for 256 rows, cuBLASLt workspace, plus 0.5 GiB of context.
-  const double T = static_cast<double>(in.max_num_batched_tokens), H = static_cast<double>(c.hidden_size),
+  // The batch limits `serve` would run with on this GPU, unless given.
+  const DeviceInfo device{.name = in.gpu.name, .total_bytes = static_cast<std::uint64_t>(in.gpu.memory_gib * kGiB)};
+  const BatchLimits served = default_batch_limits(&device, BatchUsage::kServer);
+  r.max_num_seqs = in.max_num_seqs > 0 ? in.max_num_seqs : served.max_num_seqs;
+  r.max_num_batched_tokens = in.max_num_batched_tokens > 0 ? in.max_num_batched_tokens : served.max_num_batched_tokens;
+  // The CUDA backend's step buffers for max(max_num_batched_tokens, max_num_seqs) tokens, as serve
+  // plans them (float32 residual, GEMM outputs, model-dtype GEMM inputs), logits for
+  // max_num_seqs rows, cuBLASLt workspace, plus 0.5 GiB of context.
+  const double T = static_cast<double>(std::max(r.max_num_batched_tokens, r.max_num_seqs)), H = static_cast<double>(c.hidden_size),
                I = static_cast<double>(c.intermediate_size) / tp, qd = static_cast<double>(c.num_heads * c.head_dim) / tp,
                kvd = static_cast<double>(c.num_kv_heads * c.head_dim) / tp, a = 2.0;
   const double per_token = H * 4 + H * a + (qd + 2 * kvd) * 4 + qd * 4 + qd * a + H * 4 + 2 * I * 4 + I * a;
   r.activation_reserve_per_gpu =
-      static_cast<std::uint64_t>(T * per_token + 256.0 * static_cast<double>(c.vocab_size) * 4 * 2 + 32.0 * 1048576 + 0.5 * kGiB);
+      static_cast<std::uint64_t>(T * per_token + static_cast<double>(r.max_num_seqs) * static_cast<double>(c.vocab_size) * 4 * 2 +
+                                 32.0 * 1048576 + 0.5 * kGiB);
   const double usable = in.gpu_memory_utilization * in.gpu.memory_gib * kGiB;
   const double kv_per_gpu = usable - static_cast<double>(r.weights_per_gpu) - static_cast<double>(r.activation_reserve_per_gpu);
   r.kv_pool_bytes = kv_per_gpu > 0 ? static_cast<std::uint64_t>(kv_per_gpu * tp) : 0;
   r.kv_pool_tokens = static_cast<std::int64_t>(static_cast<double>(r.kv_pool_bytes) / static_cast<double>(r.kv_bytes_per_token));
   const double footprint = in.mean_input_len + in.mean_output_len;
-  r.max_concurrent_seqs = static_cast<std::int64_t>(static_cast<double>(r.kv_pool_tokens) / footprint);
+  const auto by_memory = static_cast<std::int64_t>(static_cast<double>(r.kv_pool_tokens) / footprint);
+  r.max_concurrent_seqs = std::min(by_memory, r.max_num_seqs);
+  if (by_memory > r.max_num_seqs) {
+    r.notes.push_back("The KV pool holds " + std::to_string(by_memory) + " requests at these lengths, but a replica runs " +
+                      std::to_string(r.max_num_seqs) + " at once (--max-num-seqs); the rest queue.");
+  }
   const std::int64_t max_len = in.max_model_len > 0 ? in.max_model_len : c.max_position_embeddings;
   r.fits = r.kv_pool_tokens >= std::min<std::int64_t>(max_len, static_cast<std::int64_t>(footprint) * 4) && r.max_concurrent_seqs >= 1;
 
@@ -212,6 +229,8 @@ std::string plan_json(const PlanInput& in, const PlanResult& r) {
          {"activation_reserve_per_gpu_bytes", r.activation_reserve_per_gpu},
          {"kv_pool_bytes", r.kv_pool_bytes},
          {"kv_pool_tokens", r.kv_pool_tokens},
+         {"max_num_seqs", r.max_num_seqs},
+         {"max_num_batched_tokens", r.max_num_batched_tokens},
          {"max_concurrent_seqs", r.max_concurrent_seqs},
          {"latency_s", r.latency_s},
          {"latency_measured", r.latency_measured},

@@ -49,7 +49,10 @@ struct PlanInput {
   double gpu_memory_utilization = 0.9;
   int tensor_parallel_size = 1;
   std::int64_t max_model_len = 0;            // 0: the model's
-  std::int64_t max_num_batched_tokens = 8192;
+  // 0: what `serve` uses on this GPU (default_batch_limits): the step the activation reserve is
+  // sized for, and the sequences one replica runs at once (which caps max_concurrent_seqs).
+  std::int64_t max_num_batched_tokens = 0;
+  std::int64_t max_num_seqs = 0;
   double mean_input_len = 400, mean_output_len = 200;
   std::optional<std::int64_t> concurrency;   // target: concurrent requests, or
   std::optional<double> qps, target_latency_s;  // requests/s, and optionally a latency goal
@@ -64,7 +67,8 @@ struct PlanResult {
   std::uint64_t activation_reserve_per_gpu = 0;
   std::uint64_t kv_pool_bytes = 0;  // per replica
   std::int64_t kv_pool_tokens = 0;
-  std::int64_t max_concurrent_seqs = 0;  // per replica at the mix's mean lengths
+  std::int64_t max_num_seqs = 0, max_num_batched_tokens = 0;  // the batch limits planned for
+  std::int64_t max_concurrent_seqs = 0;  // per replica at the mix's mean lengths, at most max_num_seqs
   double latency_s = 0;                  // per request: measured or estimated
   bool latency_measured = false;
   double required_concurrency = 0;

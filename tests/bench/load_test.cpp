@@ -207,6 +207,8 @@ TEST(Plan, WeightsPoolAndGpusByLittlesLaw) {
   EXPECT_NEAR(static_cast<double>(r->kv_pool_bytes), pool, 1.0);
   EXPECT_EQ(r->kv_pool_tokens, static_cast<std::int64_t>(pool / 131072.0));
   EXPECT_EQ(r->max_concurrent_seqs, r->kv_pool_tokens / 2000);
+  EXPECT_EQ(r->max_num_seqs, 1024);  // serve's default on the H200 (default_batch_limits)
+  EXPECT_EQ(r->max_num_batched_tokens, 8192);
   EXPECT_DOUBLE_EQ(r->required_concurrency, 40.0);  // 20 req/s x 2 s
   // Memory allows it on one replica; the measured token rate needs 20 x 1000 x 1.5 / 5000 = 6.
   EXPECT_EQ(r->replicas, 6);
@@ -230,6 +232,39 @@ TEST(Plan, WeightsPoolAndGpusByLittlesLaw) {
   none.gpu = *gpu_preset("A10");
   EXPECT_FALSE(make_plan(none)) << "no target";
   EXPECT_FALSE(gpu_preset("TPU"));
+}
+
+// A replica runs at most max_num_seqs requests at once, whatever its KV pool holds; the limits
+// default to serve's on that GPU, and the activation reserve grows with them (step buffers for
+// the token limit, logits for every sequence).
+TEST(Plan, ConcurrencyIsCappedByTheBatchLimitsServeRunsWith) {
+  PlanInput in;
+  in.model = *model_preset("llama-3.1-8b");
+  in.gpu = *gpu_preset("H200");
+  in.mean_input_len = 128;
+  in.mean_output_len = 128;
+  in.concurrency = 4000;
+  auto r = make_plan(in);
+  ASSERT_TRUE(r);
+  EXPECT_GT(r->kv_pool_tokens / 256, 1024);  // memory would hold more than 1,024 such requests
+  EXPECT_EQ(r->max_concurrent_seqs, 1024);
+  EXPECT_EQ(r->replicas, 6);  // ceil(4000 x 1.5 / 1024)
+  ASSERT_FALSE(r->notes.empty());
+  EXPECT_NE(r->notes.front().find("--max-num-seqs"), std::string::npos) << r->notes.front();
+  in.max_num_seqs = 64;
+  auto small = make_plan(in);
+  ASSERT_TRUE(small);
+  EXPECT_EQ(small->max_concurrent_seqs, 64);
+  EXPECT_LT(small->activation_reserve_per_gpu, r->activation_reserve_per_gpu);  // 64 logits rows, not 1,024
+  in.max_num_seqs = 0;
+  in.gpu = *gpu_preset("A100-80G");  // vLLM's rule leaves the A100 at 256 / 2,048
+  auto a100 = make_plan(in);
+  ASSERT_TRUE(a100);
+  EXPECT_EQ(a100->max_num_seqs, 256);
+  EXPECT_EQ(a100->max_num_batched_tokens, 2048);
+  EXPECT_EQ(a100->max_concurrent_seqs, 256);
+  in.max_num_seqs = -1;
+  EXPECT_FALSE(make_plan(in));
 }
 
 }  // namespace
