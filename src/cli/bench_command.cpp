@@ -94,10 +94,7 @@ Command add_bench_command(CLI::App& app) {
   throughput->add_option("--max-num-batched-tokens", thr->max_num_batched_tokens,
                          "tokens per step at most (0: vLLM's offline default, 16384 on a GPU of 70 GiB or more other than an A100, else 8192)")
       ->capture_default_str();
-  throughput->add_option("--kv-growth-reserve", thr->kv_growth_reserve,
-                         "admit a request only if the KV cache can also hold this share of every running request's remaining max_tokens (at most 4096 each): 0 counts prompts only and preempts when the running requests outgrow the cache (vLLM), 1 never preempts requests of up to 4096 output tokens (TensorRT-LLM's guaranteed-no-evict)")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
+  add_kv_growth_reserve_option(*throughput, &thr->kv_growth_reserve);
   throughput->add_option("--seed", thr->seed, "random prompt tokens (and mixed lengths)")->capture_default_str();
   throughput->add_option("--dataset-name", thr->dataset, "random (--input-len/--output-len) or mixed (log-normal lengths)")
       ->check(CLI::IsMember({"random", "mixed"}))

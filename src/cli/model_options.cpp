@@ -24,6 +24,15 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_flag("--host-sampling", host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
 }
 
+void add_kv_growth_reserve_option(CLI::App& app, double* reserve) {
+  app.add_option("--kv-growth-reserve", *reserve,
+                 "admit a request only if the KV cache can also hold this share of every running request's remaining max_tokens (at most "
+                 "4096 each): 0 counts prompts only and preempts when the running requests outgrow the cache (vLLM), 1 never preempts "
+                 "requests of up to 4096 output tokens (TensorRT-LLM's guaranteed-no-evict)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+}
+
 std::optional<DeviceInfo> ModelOptions::gpu() const {
   if (device == "cpu") return std::nullopt;
   auto probe = probe_devices();

@@ -16,6 +16,9 @@
 
 namespace lmserve::cli {
 
+// --kv-growth-reserve (SchedulerOptions::kv_growth_reserve), as serve and bench throughput take it.
+void add_kv_growth_reserve_option(CLI::App& app, double* reserve);
+
 struct ModelOptions {
   std::string model;
   std::string tokenizer;  // empty: the model folder

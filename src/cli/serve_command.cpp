@@ -95,10 +95,7 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--max-num-queued-reqs", o->max_num_queued_reqs, "waiting requests per lane before 429")->capture_default_str();
   app.add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
   app.add_option("--kv-watermark", o->kv_watermark, "admit new requests only while KV usage stays below this")->capture_default_str();
-  app.add_option("--kv-growth-reserve", o->kv_growth_reserve,
-                 "admit a request only if the KV cache can also hold this share of every running request's remaining max_tokens (at most 4096 each): 0 counts prompts only and preempts when the running requests outgrow the cache (vLLM), 1 never preempts requests of up to 4096 output tokens (TensorRT-LLM's guaranteed-no-evict)")
-      ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
+  add_kv_growth_reserve_option(app, &o->kv_growth_reserve);
   app.add_option("--device-memory-limit", o->device_memory_limit, "admit nothing while device memory use is above this share")
       ->capture_default_str();
   app.add_option("--lanes", o->lanes, "priority lanes, first most urgent, NAME[:RESERVED_SHARE],...")->capture_default_str();

@@ -203,7 +203,9 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
   const auto total = static_cast<double>(kv_.pool().num_blocks());
   // Blocks the running requests are expected to grow into (none without a growth reserve).
   std::int64_t growth = 0;
-  for (const Request* r : running_) growth += growth_blocks(r);
+  if (options_.kv_growth_reserve > 0) {
+    for (const Request* r : running_) growth += growth_blocks(r);
+  }
   for (std::size_t lane = 0; lane < waiting_.size(); ++lane) {
     auto& q = waiting_[lane];
     std::size_t i = 0;
