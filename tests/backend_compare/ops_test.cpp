@@ -40,7 +40,7 @@ TEST_P(ActOps, AddRmsNorm) {
   LMSERVE_REQUIRE_GPU();
   const int act = GetParam();
   std::mt19937 rng(2);
-  for (int H : {64, 200, 4096}) {
+  for (int H : {64, 198, 200, 4096, 4100, 20000}) {  // 198: not float4; 20000: the row re-read
     for (int T : {1, 7}) {
       SCOPED_TRACE("H=" + std::to_string(H) + " T=" + std::to_string(T));
       auto x = random_vec(rng, static_cast<std::size_t>(T * H), -3, 3), delta = random_vec(rng, x.size());

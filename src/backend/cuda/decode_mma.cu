@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   constexpr int QW = D / 4;  // dims of a K row one thread reads
   constexpr int VW = D / 8;  // dims of a V row one thread reads
   extern __shared__ __align__(16) unsigned char smem[];
-  const int item = blockIdx.x, g = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+  const int item = a.heads_first ? blockIdx.y : blockIdx.x, g = a.heads_first ? blockIdx.x : blockIdx.y;
+  const int split = blockIdx.z, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, q = lane >> 2, c = lane & 3;
   const int G = a.nh / a.nkv;
   pdl_wait();
@@ -112,23 +113,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   const int per = split_keys(kv_len, a.splits, a.min_split_keys);
   const int begin = split * per, end = min(kv_len, begin + per);
   if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
-
-  const float kscale = a.k_scale ? a.k_scale[g] : 1.0f, vscale = a.v_scale ? a.v_scale[g] : 1.0f;
-  const float qscale = a.scale * kscale * 1.4426950408889634f;  // S in the exp2 domain
-  const std::int64_t qrow = static_cast<std::int64_t>(tok) * a.nh * D + static_cast<std::int64_t>(g) * G * D;
-  // Q fragments: rows q (regs 0, 2) and q + 8 (regs 1, 3); dims c * QW + 4 kk + {0,1} / {2,3}.
-  unsigned qf[KD][4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = q + 8 * h;
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < G) v = *reinterpret_cast<const float4*>(a.q + qrow + r * D + c * QW + 4 * kk);
-      qf[kk][h] = M::pack(v.x * qscale, v.y * qscale);
-      qf[kk][2 + h] = M::pack(v.z * qscale, v.w * qscale);
-    }
-  }
 
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
   const char* kc = static_cast<const char*>(a.kv_ptrs[2 * a.layer]);
@@ -174,6 +158,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
 
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) issue(k);
+
+  // Q after the first tiles' copies are issued: its loads' latency hides under theirs.
+  const float kscale = a.k_scale ? a.k_scale[g] : 1.0f, vscale = a.v_scale ? a.v_scale[g] : 1.0f;
+  const float qscale = a.scale * kscale * 1.4426950408889634f;  // S in the exp2 domain
+  const std::int64_t qrow = static_cast<std::int64_t>(tok) * a.nh * D + static_cast<std::int64_t>(g) * G * D;
+  // Q fragments: rows q (regs 0, 2) and q + 8 (regs 1, 3); dims c * QW + 4 kk + {0,1} / {2,3}.
+  unsigned qf[KD][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = q + 8 * h;
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < G) v = *reinterpret_cast<const float4*>(a.q + qrow + r * D + c * QW + 4 * kk);
+      qf[kk][h] = M::pack(v.x * qscale, v.y * qscale);
+      qf[kk][2 + h] = M::pack(v.z * qscale, v.w * qscale);
+    }
+  }
+
   for (int k = 0; k < mine; ++k) {
     cp_async_wait<kStages - 2>();  // this lane's copies of tile k have landed
     __syncwarp();                  // ... and every lane's; the stage of tile k - 1 is free
@@ -315,9 +318,18 @@ bool decode_mma_enabled() {
   return on;
 }
 
+// LMSERVE_CUDA_DECODE_GRID=items: the grid (items, nkv, splits) of before, for A/B runs.
+bool decode_heads_first() {
+  static const bool on = !env_is("LMSERVE_CUDA_DECODE_GRID", "items");
+  return on;
+}
+
 template <int D, Kv K, Act A>
-void launch_one(const AttnArgs& a, cudaStream_t s) {
-  dim3 grid(static_cast<unsigned>(a.num_items), static_cast<unsigned>(a.nkv), static_cast<unsigned>(a.splits));
+void launch_one(const AttnArgs& args, cudaStream_t s) {
+  AttnArgs a = args;
+  a.heads_first = decode_heads_first() && a.num_items <= 65535;  // gridDim.y's limit
+  const auto items = static_cast<unsigned>(a.num_items), heads = static_cast<unsigned>(a.nkv);
+  const dim3 grid(a.heads_first ? heads : items, a.heads_first ? items : heads, static_cast<unsigned>(a.splits));
   launch_pdl(decode_mma_kernel<D, K, A>, grid, dim3(kThreads), Shape<D, K>::kSmem, s, a);
 }
 

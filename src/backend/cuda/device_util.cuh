@@ -27,6 +27,36 @@ __device__ __forceinline__ void act_store(void* p, std::int64_t i, float v) {
   if constexpr (A == Act::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
 }
 
+// Four consecutive values (i a multiple of 4) in one 16- or 8-byte load.
+template <Act A>
+__device__ __forceinline__ float4 act_load4(const void* p, std::int64_t i) {
+  if constexpr (A == Act::kF32) {
+    return *reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
+  } else if constexpr (A == Act::kBF16) {
+    const uint2 r = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p) + i);
+    const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.x)), hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  } else {
+    const uint2 r = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p) + i);
+    const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&r.x)), hi = __half22float2(*reinterpret_cast<const __half2*>(&r.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+}
+
+// Four consecutive outputs (i a multiple of 4) in one 16- or 8-byte store.
+template <Act A>
+__device__ __forceinline__ void act_store4(void* p, std::int64_t i, float a, float b, float c, float d) {
+  if constexpr (A == Act::kF32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(a, b, c, d);
+  } else if constexpr (A == Act::kBF16) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p) + i) = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+  } else {
+    const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
+    *reinterpret_cast<uint2*>(static_cast<__half*>(p) + i) = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+  }
+}
+
 template <Kv K>
 __device__ __forceinline__ float kv_load(const void* p, std::int64_t i) {
   if constexpr (K == Kv::kF32) return static_cast<const float*>(p)[i];

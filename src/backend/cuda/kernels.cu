@@ -43,11 +43,12 @@ __global__ void add_kernel(float* x, const float* d, std::int64_t n) {
   }
 }
 
-constexpr int kNormThreads = 1024;  // at most; a block has about H / 4 threads
+constexpr int kNormThreads = 1024;  // at most; a block has about H / 16 threads
 
-// One block per row, about H / 4 threads. The row is read with float4 loads, up to kNormLoads
-// per thread issued before any is used (one each for H <= 4096: the whole row in flight at
-// once), then normalised in a second pass.
+// One block per row, about H / 16 threads. The row is read with float4 loads, up to kNormLoads
+// per thread issued before any is used (the whole row in flight at once for H <= 16,384). Where
+// those loads cover the row (every model's), the values stay in registers for the
+// normalisation and the output goes out four at a time; else a second pass re-reads the row.
 constexpr int kNormLoads = 4;
 
 template <Act A>
@@ -58,15 +59,18 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   pdl_wait();
   pdl_release();
   const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
+  const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
   float* xr = x + src * H;
   const float* dr = delta ? delta + src * H : nullptr;
+  const bool vec = H % 4 == 0, held = vec && H / 4 <= threads * kNormLoads;
   float ss = 0.0f;
-  if (H % 4 == 0) {
+  float4 v[kNormLoads];
+  if (vec) {
     float4* x4 = reinterpret_cast<float4*>(xr);
     const float4* d4 = reinterpret_cast<const float4*>(dr);
     const int n4 = H / 4;
     for (int i0 = threadIdx.x; i0 < n4; i0 += threads * kNormLoads) {
-      float4 v[kNormLoads], d[kNormLoads];
+      float4 d[kNormLoads];
 #pragma unroll
       for (int u = 0; u < kNormLoads; ++u) {
         const int i = i0 + u * threads;
@@ -88,12 +92,12 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
     }
   } else {
     for (int i = threadIdx.x; i < H; i += threads) {
-      float v = xr[i];
+      float e = xr[i];
       if (dr) {
-        v += dr[i];
-        xr[i] = v;
+        e += dr[i];
+        xr[i] = e;
       }
-      ss += v * v;
+      ss += e * e;
     }
   }
   ss = warp_sum(ss);
@@ -102,7 +106,16 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   float total = 0.0f;
   for (int i = 0; i < threads / 32; ++i) total += partial[i];
   const float inv = 1.0f / sqrtf(total / static_cast<float>(H) + eps);
-  const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
+  if (held) {
+#pragma unroll
+    for (int u = 0; u < kNormLoads; ++u) {
+      const int i = threadIdx.x + u * threads;
+      if (i >= H / 4) continue;
+      const float4 g = act_load4<A>(w, 4 * i);
+      act_store4<A>(out, o + 4 * i, g.x * (v[u].x * inv), g.y * (v[u].y * inv), g.z * (v[u].z * inv), g.w * (v[u].w * inv));
+    }
+    return;
+  }
 #pragma unroll 4
   for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
 }
@@ -122,6 +135,29 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
   const std::int64_t slot = a.slots[t];
   void* kc = a.kv_ptrs[2 * a.layer];
   void* vc = a.kv_ptrs[2 * a.layer + 1];
+  // Each lane holds pairs (i, i + half) of a head, i = lane, lane + 32, ... (D <= 256), with
+  // the bias added.
+  auto load = [&](int hi, float (&lo)[4], float (&hv)[4]) {
+    const int base = hi * D;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = lane + 32 * j;
+      lo[j] = hv[j] = 0.0f;
+      if (i < half) {
+        lo[j] = row[base + i];
+        hv[j] = row[base + i + half];
+        if (a.bias) {
+          lo[j] += act_load<A>(a.bias, base + i);
+          hv[j] += act_load<A>(a.bias, base + i + half);
+        }
+      }
+    }
+  };
+  const int stride = warps * static_cast<int>(gridDim.y);
+  float lo[4], hv[4];
+  // The warp's first head is loaded before the rotation table is made: the loads' latency and
+  // the sin/cos overlap.
+  if (warp < heads) load(warp, lo, hv);
   // The rotation of pair i depends on the token only: one thread per pair computes it (in double,
   // for large positions) for every head of the block. Per head, the double sin/cos made the
   // kernel instruction-bound at 8,192 tokens (ncu: IPC 2.2, 11% of the FP64 peak, DRAM 27%).
@@ -132,45 +168,34 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
     s_sin[threadIdx.x] = static_cast<float>(sin(static_cast<double>(angle)));
   }
   __syncthreads();
-  for (int hi = warp; hi < heads; hi += warps * static_cast<int>(gridDim.y)) {
+  for (int hi = warp; hi < heads; hi += stride) {
     const int base = hi * D;
     const bool is_q = hi < a.nh, is_k = !is_q && hi < a.nh + a.nkv;
     const int kvh = is_q ? 0 : (is_k ? hi - a.nh : hi - a.nh - a.nkv);
-    // Each lane holds pairs (i, i + half), i = lane, lane + 32, ... (D <= 256).
-    float lo[4], hi_v[4];
-    float ss = 0.0f;
-    for (int j = 0; j < 4; ++j) {
-      const int i = lane + 32 * j;
-      lo[j] = hi_v[j] = 0.0f;
-      if (i < half) {
-        lo[j] = row[base + i];
-        hi_v[j] = row[base + i + half];
-        if (a.bias) {
-          lo[j] += act_load<A>(a.bias, base + i);
-          hi_v[j] += act_load<A>(a.bias, base + i + half);
-        }
-        ss += lo[j] * lo[j] + hi_v[j] * hi_v[j];
-      }
-    }
     const void* nw = is_q ? a.q_norm : (is_k ? a.k_norm : nullptr);
     if (nw) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ss += lo[j] * lo[j] + hv[j] * hv[j];  // zeros past half
       const float inv = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(D) + a.eps);
+#pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int i = lane + 32 * j;
         if (i < half) {
           lo[j] = act_load<A>(nw, i) * (lo[j] * inv);
-          hi_v[j] = act_load<A>(nw, i + half) * (hi_v[j] * inv);
+          hv[j] = act_load<A>(nw, i + half) * (hv[j] * inv);
         }
       }
     }
+#pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int i = lane + 32 * j;
       if (i >= half) continue;
-      float x0 = lo[j], x1 = hi_v[j];
+      float x0 = lo[j], x1 = hv[j];
       if (is_q || is_k) {
         const float c = s_cos[i], s = s_sin[i];
-        x0 = lo[j] * c - hi_v[j] * s;
-        x1 = hi_v[j] * c + lo[j] * s;
+        x0 = lo[j] * c - hv[j] * s;
+        x1 = hv[j] * c + lo[j] * s;
       }
       if (is_q) {
         float* q = a.q_out + static_cast<std::int64_t>(t) * a.nh * D + base;
@@ -189,6 +214,7 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
         }
       }
     }
+    if (hi + stride < heads) load(hi + stride, lo, hv);
   }
 }
 
@@ -201,20 +227,6 @@ __global__ void silu_mul_kernel(const float* gu, int I, void* out) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < I; i += gridDim.x * blockDim.x) {
     const float gate = row[i];
     act_store<A>(out, t * I + i, gate / (1.0f + expf(-gate)) * row[I + i]);
-  }
-}
-
-// Four consecutive outputs (i a multiple of 4) in one 16- or 8-byte store.
-template <Act A>
-__device__ __forceinline__ void act_store4(void* p, std::int64_t i, float a, float b, float c, float d) {
-  if constexpr (A == Act::kF32) {
-    *reinterpret_cast<float4*>(static_cast<float*>(p) + i) = make_float4(a, b, c, d);
-  } else if constexpr (A == Act::kBF16) {
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
-    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p) + i) = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
-  } else {
-    const __half2 lo = __floats2half2_rn(a, b), hi = __floats2half2_rn(c, d);
-    *reinterpret_cast<uint2*>(static_cast<__half*>(p) + i) = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
   }
 }
 
@@ -272,7 +284,10 @@ void launch_add(float* x, const float* delta, std::int64_t n, cudaStream_t s) {
 void launch_add_rmsnorm(float* x, const float* delta, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps, void* out,
                         cudaStream_t s) {
   if (R == 0) return;
-  const int threads = std::min(kNormThreads, std::max(32, (H / 4 + 31) / 32 * 32));
+  // kNormLoads float4 loads per thread (256 threads at H = 4,096): at most 64 registers a
+  // thread, so 4 rows run per SM. With H / 4 threads a row took a 1,024-thread block and an SM
+  // ran one row at a time (ncu at 1,024 rows: 24.9 us, 2.3 TB/s).
+  const int threads = std::min(kNormThreads, std::max(32, (H / (4 * kNormLoads) + 31) / 32 * 32));
   LMSERVE_WITH_ACT(act, A, (launch_pdl(add_rmsnorm_kernel<A>, dim3(R), dim3(threads), 0, s, x, delta, rows, H, w, eps, out)));
 }
 

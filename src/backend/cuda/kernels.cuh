@@ -86,6 +86,10 @@ struct AttnArgs {
   float* partial = nullptr;   // [num_single, nkv, splits, kAttnRows, D + 2]
   void* out = nullptr;        // [T, nh * D] in act
   Act act = Act::kF32;
+  // The tensor-core decode kernel's grid is (nkv, items, splits): the blocks of one item's KV
+  // heads run side by side and read its cache rows (all heads of a slot) together. false: (items,
+  // nkv, splits). Set by launch_decode_mma.
+  bool heads_first = false;
 };
 bool attention_supports(int head_dim, int group);
 // Raises the attention kernels' shared-memory limits on the current device: once per device
