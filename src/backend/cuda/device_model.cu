@@ -257,7 +257,7 @@ class CudaModel final : public DeviceModel {
       times->stage_seconds = std::chrono::duration<double>(staged_at - t0).count();
       times->graph = decode;
     }
-    if (report) LMSERVE_TRY(report_.add(decode, times->stage_seconds, times->host_seconds - times->stage_seconds, device_s));
+    if (report) LMSERVE_TRY(report_.add(decode, times->stage_seconds, times->host_seconds - times->stage_seconds, device_s, in.num_tokens));
     return {};
   }
 
