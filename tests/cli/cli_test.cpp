@@ -61,6 +61,23 @@ TEST(Cli, VersionPrintsBuildAndDevices) {
   EXPECT_EQ(run("--version").output, "0.1.0\n");
 }
 
+// The commit a binary reports is the one it was built from, also after commits built
+// incrementally (the hash used to be taken when CMake configured the tree, and went stale).
+TEST(Cli, VersionNamesTheCommitItWasBuiltFrom) {
+  const auto src = lmserve::testing::source_dir();
+  FILE* git = popen(("git -C '" + src.string() + "' rev-parse --short=12 HEAD 2>/dev/null").c_str(), "r");
+  ASSERT_NE(git, nullptr);
+  std::array<char, 64> buf{};
+  const std::size_t n = fread(buf.data(), 1, buf.size(), git);
+  const bool ok = pclose(git) == 0 && n >= 12;
+  if (!ok) GTEST_SKIP() << "no git checkout at " << src;
+  const std::string head(buf.data(), 12);
+  CommandRun r = run("version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(r.output.find("(commit " + head + ",") != std::string::npos || r.output.find("(commit " + head + "-dirty,") != std::string::npos)
+      << "HEAD is " << head << "\n" << r.output;
+}
+
 TEST(Cli, PendingSubcommandsSayNotYetAvailableAndExitTwo) {
   for (const char* sub : {"gateway --port 9000", "model verify x"}) {
     CommandRun r = run(sub);
