@@ -505,7 +505,7 @@ class CudaModel final : public DeviceModel {
       launch_attention(at, stream_);
       LMSERVE_TRY(gemm_.run(L.o.p, attn_.p, out_.as<float>(), H, T, qd, act_, stream_));
       launch_add_rmsnorm(x_.as<float>(), out_.as<float>(), nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
-      LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.as<float>(), mlp_in_.p, I, T, H, act_, stream_));
+      LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
       LMSERVE_TRY(gemm_.run(L.down.p, mlp_in_.p, out_.as<float>(), H, T, I, act_, stream_));
     }
     launch_add(x_.as<float>(), out_.as<float>(), static_cast<std::int64_t>(T) * H, stream_);
@@ -532,12 +532,13 @@ class CudaModel final : public DeviceModel {
     struct Product {
       int m, k;
       Gemm::Operands on;
+      Act out = Act::kF32;
     };
     const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.as<float>(), stream_}},
                                 {H, qd, {L.o.p, attn_.p, out_.as<float>(), stream_}},
-                                {2 * I, H, {L.gate_up.p, h_.p, gu_.as<float>(), stream_}},
+                                {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, act_},  // run_gate_up_silu's product, in act
                                 {H, I, {L.down.p, mlp_in_.p, out_.as<float>(), stream_}}};
-    for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on));
+    for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
     const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};
     return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head);
   }

@@ -254,7 +254,7 @@ int n_bucket(int n) {
 
 }  // namespace
 
-std::string Gemm::make_plan(int m, int n, int k, Act act, const Operands* tune, int tune_n, Plan* p) {
+std::string Gemm::make_plan(int m, int n, int k, Act act, Act out, const Operands* tune, int tune_n, Plan* p) {
   const auto t0 = std::chrono::steady_clock::now();
   const cudaDataType_t in = data_type(act);
   // Column-major view: C[m, n] = op(A)[m, k] * B[k, n] with A = W stored [k, m] (transposed),
@@ -266,7 +266,7 @@ std::string Gemm::make_plan(int m, int n, int k, Act act, const Operands* tune, 
   cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
   cublasLtMatrixLayoutCreate(&p->a, in, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(m), k);
   cublasLtMatrixLayoutCreate(&p->b, in, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n), k);
-  cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(n), m);
+  cublasLtMatrixLayoutCreate(&p->c, data_type(out), static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(n), m);
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulPreferenceCreate(&pref);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_));
@@ -337,13 +337,13 @@ std::string Gemm::fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* 
   return error;
 }
 
-std::string Gemm::plan_for(int m, int n, int k, Act act, bool exact, Plan** out) {
+std::string Gemm::plan_for(int m, int n, int k, Act act, Act out, bool exact, Plan** plan) {
   const int bucket = exact ? n : n_bucket(n);
-  auto key = std::make_tuple(m, exact ? -n : bucket, k, static_cast<int>(act));
+  auto key = std::make_tuple(m, exact ? -n : bucket, k, static_cast<int>(act), static_cast<int>(out));
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     Plan p;
-    if (std::string e = make_plan(m, bucket, k, act, nullptr, 0, &p); !e.empty()) return e;
+    if (std::string e = make_plan(m, bucket, k, act, out, nullptr, 0, &p); !e.empty()) return e;
     it = plans_.emplace(key, p).first;
   }
   Plan& p = it->second;
@@ -352,18 +352,18 @@ std::string Gemm::plan_for(int m, int n, int k, Act act, bool exact, Plan** out)
     cublasLtMatrixLayoutSetAttribute(p.b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols));
     cublasLtMatrixLayoutSetAttribute(p.c, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols));
   }
-  *out = &p;
+  *plan = &p;
   return {};
 }
 
-std::string Gemm::prepare(int m, int k, Act act, int max_n, const Operands* tune) {
+std::string Gemm::prepare(int m, int k, Act act, int max_n, const Operands* tune, Act out) {
   if (!gemm_tune()) tune = nullptr;
   for (int n = kGemvMaxN + 1; n <= max_n; n = n_bucket(n) + 1) {
     const int bucket = n_bucket(n);
-    auto key = std::make_tuple(m, bucket, k, static_cast<int>(act));
+    auto key = std::make_tuple(m, bucket, k, static_cast<int>(act), static_cast<int>(out));
     if (plans_.count(key)) continue;
     Plan p;
-    if (std::string e = make_plan(m, bucket, k, act, tune, std::min(bucket, max_n), &p); !e.empty()) return e;
+    if (std::string e = make_plan(m, bucket, k, act, out, tune, std::min(bucket, max_n), &p); !e.empty()) return e;
     plans_.emplace(key, p);
   }
   return {};
@@ -373,7 +373,7 @@ bool Gemm::thin(const void* w, const void* x, int n, int k, Act act) {
   return act != Act::kF32 && n <= kGemvMaxN && k % 8 == 0 && aligned16(w) && aligned16(x);
 }
 
-std::string Gemm::run_gate_up_silu(const void* w, const void* x, float* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s) {
+std::string Gemm::run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
   if (thin(w, x, n, k, act)) {
     if (act == Act::kBF16) {
@@ -383,7 +383,7 @@ std::string Gemm::run_gate_up_silu(const void* w, const void* x, float* scratch,
     }
     return {};
   }
-  if (std::string e = run(w, x, scratch, 2 * I, n, k, act, s); !e.empty()) return e;
+  if (std::string e = run_lt(w, x, scratch, act, 2 * I, n, k, act, s); !e.empty()) return e;
   launch_silu_mul(scratch, n, I, out, act, s);
   return {};
 }
@@ -398,12 +398,16 @@ std::string Gemm::run(const void* w, const void* x, float* y, int m, int n, int 
     }
     return {};
   }
+  return run_lt(w, x, y, Act::kF32, m, n, k, act, s);
+}
+
+std::string Gemm::run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s) {
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   // The bucket's algorithm first; if cuBLASLt refuses it for this n, the heuristic's for n.
   for (bool exact : {!gemm_buckets(), true}) {
     Plan* p = nullptr;
-    if (std::string e = plan_for(m, n, k, act, exact, &p); !e.empty()) return e;
+    if (std::string e = plan_for(m, n, k, act, out, exact, &p); !e.empty()) return e;
     st = cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo, workspace_, workspace_bytes_, s);
     if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) break;
     if (exact) break;

@@ -33,20 +33,22 @@ class Gemm {
   std::string init(std::size_t workspace_bytes);
   std::string run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
   // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
-  // weight-streaming pass where run() would stream (no float32 intermediate, no second kernel),
-  // else run() into scratch [n, 2I] and launch_silu_mul.
+  // weight-streaming pass where run() would stream (no intermediate, no second kernel), else
+  // cuBLASLt into scratch [n, 2I] in act (float32 accumulation, rounded once) and
+  // launch_silu_mul.
   // Buffers a product of up to max_n rows may run on, for prepare() to time algorithms on.
   struct Operands {
     const void* w = nullptr;
     const void* x = nullptr;  // max_n rows
-    float* y = nullptr;       // max_n rows of m
+    void* y = nullptr;        // max_n rows of m, in the plan's output dtype
     cudaStream_t stream = nullptr;
   };
   // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing). With
   // `tune` (and unless LMSERVE_CUDA_GEMM_TUNE=0), each bucket's algorithm is the fastest of the
   // heuristic's first candidates, timed on those buffers at the bucket's n (at most max_n).
-  std::string prepare(int m, int k, Act act, int max_n, const Operands* tune = nullptr);
-  std::string run_gate_up_silu(const void* w, const void* x, float* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
+  // `out`: the products' output dtype (float32 for run(), act for run_gate_up_silu()).
+  std::string prepare(int m, int k, Act act, int max_n, const Operands* tune = nullptr, Act out = Act::kF32);
+  std::string run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
@@ -57,15 +59,17 @@ class Gemm {
   };
   // The plan of n's bucket with its B and C layouts set to n columns; `exact`: the heuristic's
   // answer for n itself (when the bucket's algorithm refuses n).
-  std::string plan_for(int m, int n, int k, Act act, bool exact, Plan** out);
-  std::string make_plan(int m, int n, int k, Act act, const Operands* tune, int tune_n, Plan* p);
+  std::string plan_for(int m, int n, int k, Act act, Act out, bool exact, Plan** plan);
+  std::string make_plan(int m, int n, int k, Act act, Act out, const Operands* tune, int tune_n, Plan* p);
+  // Y (in `out`) = X W^T by cuBLASLt.
+  std::string run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s);
   std::string fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* candidates, int count, const Operands& o, int* best);
   static bool thin(const void* w, const void* x, int n, int k, Act act);  // the weight-streaming kernel applies
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
-  std::map<std::tuple<int, int, int, int>, Plan> plans_;  // (m, bucket of n or -n if exact, k, act)
+  std::map<std::tuple<int, int, int, int, int>, Plan> plans_;  // (m, bucket of n or -n if exact, k, act, out)
 
  public:
   // Plans made and the seconds their heuristic queries took (LMSERVE_CUDA_STEP_REPORT).
