@@ -155,9 +155,10 @@ std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::v
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
-  void* g = a.upload_act(gu, A);
+  const Act G = Gemm::gate_up_dtype(A);
+  void* g = a.upload_act(gu, G);
   void* od = a.alloc(static_cast<std::size_t>(T) * I * static_cast<std::size_t>(act_bytes(A)));
-  launch_silu_mul(g, T, I, od, A, nullptr);
+  launch_silu_mul(g, G, T, I, od, A, nullptr);
   *out = a.download_act(od, A, static_cast<std::size_t>(T) * I);
   return finish(a);
 }
@@ -168,7 +169,7 @@ std::string gate_up_silu(int act, const std::vector<float>& w, const std::vector
   const Act A = static_cast<Act>(act);
   void* wd = a.upload_act(w, A);
   void* xd = a.upload_act(x, A);
-  void* scratch = a.alloc(static_cast<std::size_t>(n) * 2 * I * static_cast<std::size_t>(act_bytes(A)));
+  void* scratch = a.alloc(static_cast<std::size_t>(n) * 2 * I * 4);
   void* od = a.alloc(static_cast<std::size_t>(n) * I * static_cast<std::size_t>(act_bytes(A)));
   Gemm g;
   if (auto e = g.init(8u << 20); !e.empty()) return e;

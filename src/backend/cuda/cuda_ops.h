@@ -30,7 +30,7 @@ std::string gemm(int act, const std::vector<float>& w, const std::vector<float>&
 std::string gemm_series(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int k, const std::vector<int>& ns, bool prepare,
                         std::vector<std::vector<float>>* ys, int* plans_prepared, int* plans_total);
 
-// gu is uploaded in act (rounded), as the gate / up GEMM leaves it.
+// gu is uploaded in Gemm::gate_up_dtype(act) (rounded), as the gate / up GEMM leaves it.
 std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::vector<float>* out);
 
 // out[n, I] = silu(x w_gate^T) * (x w_up^T) for w = [w_gate; w_up] of [2I, k] (Gemm::run_gate_up_silu).

@@ -536,7 +536,7 @@ class CudaModel final : public DeviceModel {
     };
     const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.as<float>(), stream_}},
                                 {H, qd, {L.o.p, attn_.p, out_.as<float>(), stream_}},
-                                {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, act_},  // run_gate_up_silu's product, in act
+                                {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, Gemm::gate_up_dtype(act_)},
                                 {H, I, {L.down.p, mlp_in_.p, out_.as<float>(), stream_}}};
     for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
     const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};

@@ -369,6 +369,11 @@ std::string Gemm::prepare(int m, int k, Act act, int max_n, const Operands* tune
   return {};
 }
 
+Act Gemm::gate_up_dtype(Act act) {
+  static const bool f32 = env_is("LMSERVE_CUDA_GATE_UP_F32", "1");
+  return f32 ? Act::kF32 : act;
+}
+
 bool Gemm::thin(const void* w, const void* x, int n, int k, Act act) {
   return act != Act::kF32 && n <= kGemvMaxN && k % 8 == 0 && aligned16(w) && aligned16(x);
 }
@@ -383,8 +388,9 @@ std::string Gemm::run_gate_up_silu(const void* w, const void* x, void* scratch, 
     }
     return {};
   }
-  if (std::string e = run_lt(w, x, scratch, act, 2 * I, n, k, act, s); !e.empty()) return e;
-  launch_silu_mul(scratch, n, I, out, act, s);
+  const Act mid = gate_up_dtype(act);
+  if (std::string e = run_lt(w, x, scratch, mid, 2 * I, n, k, act, s); !e.empty()) return e;
+  launch_silu_mul(scratch, mid, n, I, out, act, s);
   return {};
 }
 

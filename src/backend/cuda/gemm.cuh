@@ -34,8 +34,8 @@ class Gemm {
   std::string run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
   // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
   // weight-streaming pass where run() would stream (no intermediate, no second kernel), else
-  // cuBLASLt into scratch [n, 2I] in act (float32 accumulation, rounded once) and
-  // launch_silu_mul.
+  // cuBLASLt into scratch [n, 2I] in gate_up_dtype(act) (float32 accumulation, rounded once)
+  // and launch_silu_mul.
   // Buffers a product of up to max_n rows may run on, for prepare() to time algorithms on.
   struct Operands {
     const void* w = nullptr;
@@ -46,9 +46,13 @@ class Gemm {
   // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing). With
   // `tune` (and unless LMSERVE_CUDA_GEMM_TUNE=0), each bucket's algorithm is the fastest of the
   // heuristic's first candidates, timed on those buffers at the bucket's n (at most max_n).
-  // `out`: the products' output dtype (float32 for run(), act for run_gate_up_silu()).
+  // `out`: the products' output dtype (float32 for run(), gate_up_dtype(act) for
+  // run_gate_up_silu()).
   std::string prepare(int m, int k, Act act, int max_n, const Operands* tune = nullptr, Act out = Act::kF32);
   std::string run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
+  // The dtype of run_gate_up_silu's product: act, or float32 with LMSERVE_CUDA_GATE_UP_F32=1
+  // (the path before 2026-12-01, for A/B runs). Scratch holds n x 2I of float32 either way.
+  static Act gate_up_dtype(Act act);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:

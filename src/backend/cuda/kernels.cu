@@ -218,29 +218,30 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
   }
 }
 
-// gu in act: the gate / up product comes out of cuBLASLt in the model's dtype (as vLLM's does),
-// which halves this kernel's reads and the GEMM's writes for 16-bit models (at 1,024 rows of
-// Llama-3.1-8B a float32 gu was 117 MB each way; ncu: 34.2 us per layer at the copy rate).
-template <Act A>
+// gu in G: the act (Gemm::gate_up_dtype: the gate / up product comes out of cuBLASLt in the
+// model's dtype, as vLLM's does, which halves this kernel's reads and the GEMM's writes for
+// 16-bit models; at 1,024 rows of Llama-3.1-8B a float32 gu was 117 MB each way and this kernel
+// took 34.2 us a layer at the copy rate) or float32 (LMSERVE_CUDA_GATE_UP_F32=1).
+template <Act A, Act G>
 __global__ void silu_mul_kernel(const void* gu, int I, void* out) {
   pdl_wait();
   pdl_release();
   const std::int64_t t = blockIdx.y, row = t * 2 * I;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < I; i += gridDim.x * blockDim.x) {
-    const float gate = act_load<A>(gu, row + i);
-    act_store<A>(out, t * I + i, gate / (1.0f + expf(-gate)) * act_load<A>(gu, row + I + i));
+    const float gate = act_load<G>(gu, row + i);
+    act_store<A>(out, t * I + i, gate / (1.0f + expf(-gate)) * act_load<G>(gu, row + I + i));
   }
 }
 
 // silu_mul_kernel four elements at a time (I a multiple of 4): 16- or 8-byte loads of gate and
 // up keep more bytes in flight than one element per thread did (~2.1 TB/s at 8,192 tokens).
-template <Act A>
+template <Act A, Act G>
 __global__ void silu_mul4_kernel(const void* gu, int I, void* out) {
   pdl_wait();
   pdl_release();
   const std::int64_t t = blockIdx.y, row = t * 2 * I;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < I / 4; i += gridDim.x * blockDim.x) {
-    const float4 g = act_load4<A>(gu, row + 4 * i), u = act_load4<A>(gu, row + I + 4 * i);
+    const float4 g = act_load4<G>(gu, row + 4 * i), u = act_load4<G>(gu, row + I + 4 * i);
     act_store4<A>(out, t * I + 4 * i, g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
                   g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
   }
@@ -299,18 +300,18 @@ void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {
 }
 
 
-void launch_silu_mul(const void* gu, int T, int I, void* out, Act act, cudaStream_t s) {
+void launch_silu_mul(const void* gu, Act gu_act, int T, int I, void* out, Act act, cudaStream_t s) {
   if (T == 0) return;
+  const bool f32_in = gu_act == Act::kF32;
   if (I % 4 == 0) {
     const int blocks = (I / 4 + 255) / 256;
     dim3 grid(static_cast<unsigned>(blocks > 64 ? 64 : blocks), static_cast<unsigned>(T));
-    LMSERVE_WITH_ACT(act, A, (launch_pdl(silu_mul4_kernel<A>, grid, dim3(256), 0, s, gu, I, out)));
+    LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_in ? silu_mul4_kernel<A, Act::kF32> : silu_mul4_kernel<A, A>, grid, dim3(256), 0, s, gu, I, out)));
     return;
   }
   dim3 grid(static_cast<unsigned>((I + 255) / 256 > 64 ? 64 : (I + 255) / 256), static_cast<unsigned>(T));
-  LMSERVE_WITH_ACT(act, A, (launch_pdl(silu_mul_kernel<A>, grid, dim3(256), 0, s, gu, I, out)));
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_in ? silu_mul_kernel<A, Act::kF32> : silu_mul_kernel<A, A>, grid, dim3(256), 0, s, gu, I, out)));
 }
-
 
 void launch_float_to_act(const float* in, void* out, Act act, std::int64_t n, cudaStream_t s) {
   if (n == 0) return;
