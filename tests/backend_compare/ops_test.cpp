@@ -43,7 +43,7 @@ TEST_P(ActOps, AddRmsNorm) {
   for (int H : {64, 198, 200, 4096, 4100, 20000}) {  // 198: not float4; 20000: the row re-read
     for (int T : {1, 7}) {
       SCOPED_TRACE("H=" + std::to_string(H) + " T=" + std::to_string(T));
-      auto x = random_vec(rng, static_cast<std::size_t>(T * H), -3, 3), delta = random_vec(rng, x.size());
+      auto x = random_vec(rng, static_cast<std::size_t>(T * H), -3, 3), delta = rounded(act, random_vec(rng, x.size()));  // as a product leaves it
       auto w = rounded(act, random_vec(rng, static_cast<std::size_t>(H), 0.5f, 1.5f));
       auto gx = x;
       std::vector<float> got;
@@ -86,6 +86,9 @@ TEST_P(ActOps, Gemm) {
     backend::cpu::matmul(pool, x.data(), n, k, wt, nullptr, want.data(), m);
     // Both accumulate in float32 from identical inputs; only the summation order differs.
     EXPECT_LE(rel_l2(got, want), 1e-5);
+    // The layer products' form: the output rounded once to the act's dtype.
+    ASSERT_EQ(ops::gemm(act, w, x, m, n, k, &got, true), "");
+    EXPECT_LE(rel_l2(got, rounded(act, want)), std::max(tolerance(act) / 10, 1e-5)) << "output in the act's dtype";
   }
 }
 
@@ -247,7 +250,7 @@ TEST_P(KvOps, QkvRopeWritesTheCache) {
       in.nh = nh;
       in.nkv = nkv;
       in.D = D;
-      in.qkv = random_vec(rng, static_cast<std::size_t>(T * (nh + 2 * nkv) * D), -2, 2);
+      in.qkv = rounded(act, random_vec(rng, static_cast<std::size_t>(T * (nh + 2 * nkv) * D), -2, 2));  // as the QKV product leaves it
       in.inv_freq = backend::rope_inv_freq(cfg);
       if (variant == 1) {
         in.bias = rounded(act, random_vec(rng, static_cast<std::size_t>((nh + 2 * nkv) * D)));

@@ -98,29 +98,29 @@ std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
+  const Act P = Gemm::product_dtype(A);
   float* xd = a.upload(*x);
-  const float* dd = delta ? a.upload(*delta) : nullptr;
+  const void* dd = delta ? a.upload_act(*delta, P) : nullptr;
   const std::int32_t* rd = rows ? a.upload(*rows) : nullptr;
   void* wd = a.upload_act(w, A);
   void* od = a.alloc(static_cast<std::size_t>(R) * hidden * static_cast<std::size_t>(act_bytes(A)));
-  launch_add_rmsnorm(xd, dd, rd, R, hidden, wd, A, eps, od, nullptr);
+  launch_add_rmsnorm(xd, dd, P, rd, R, hidden, wd, A, eps, od, nullptr);
   *out = a.download_act(od, A, static_cast<std::size_t>(R) * hidden);
   cudaMemcpy(x->data(), xd, x->size() * 4, cudaMemcpyDeviceToHost);
   return finish(a);
 }
 
-std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y) {
+std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y, bool act_out) {
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
-  const Act A = static_cast<Act>(act);
+  const Act A = static_cast<Act>(act), out = act_out ? A : Act::kF32;
   void* wd = a.upload_act(w, A);
   void* xd = a.upload_act(x, A);
-  auto* yd = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * m * 4));
+  void* yd = a.alloc(static_cast<std::size_t>(n) * m * 4);
   Gemm g;
   if (auto e = g.init(8u << 20); !e.empty()) return e;
-  if (auto e = g.run(wd, xd, yd, m, n, k, A, nullptr); !e.empty()) return e;
-  y->resize(static_cast<std::size_t>(n) * m);
-  cudaMemcpy(y->data(), yd, y->size() * 4, cudaMemcpyDeviceToHost);
+  if (auto e = g.run(wd, xd, yd, out, m, n, k, A, nullptr); !e.empty()) return e;
+  *y = a.download_act(yd, out, static_cast<std::size_t>(n) * m);
   return finish(a);
 }
 
@@ -155,7 +155,7 @@ std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::v
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
-  const Act G = Gemm::gate_up_dtype(A);
+  const Act G = Gemm::product_dtype(A);
   void* g = a.upload_act(gu, G);
   void* od = a.alloc(static_cast<std::size_t>(T) * I * static_cast<std::size_t>(act_bytes(A)));
   launch_silu_mul(g, G, T, I, od, A, nullptr);
@@ -184,7 +184,8 @@ std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::v
   const Act A = static_cast<Act>(act);
   const int T = static_cast<int>(in.positions.size());
   QkvRopeArgs r;
-  r.qkv = a.upload(in.qkv);
+  r.qkv_act = Gemm::product_dtype(A);
+  r.qkv = a.upload_act(in.qkv, r.qkv_act);
   r.bias = a.upload_act(in.bias, A);
   r.q_norm = a.upload_act(in.q_norm, A);
   r.k_norm = a.upload_act(in.k_norm, A);

@@ -16,12 +16,14 @@ namespace lmserve::cuda::ops {
 
 std::string embed(int act, const std::vector<float>& table, int hidden, const std::vector<std::int32_t>& tokens, std::vector<float>* x);
 
-// x += delta (if given, rows of x picked by `rows` if given), out = w * rmsnorm(x).
+// x += delta (if given, rows of x picked by `rows` if given), out = w * rmsnorm(x). delta is
+// uploaded in Gemm::product_dtype(act) (rounded), as the layer's products leave it.
 std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>* delta, const std::vector<std::int32_t>* rows, int R,
                         int hidden, const std::vector<float>& w, float eps, std::vector<float>* out);
 
-// y[n, m] = x[n, k] * w[m, k]^T through cuBLASLt.
-std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y);
+// y[n, m] = x[n, k] * w[m, k]^T (cuBLASLt, or the weight-streaming kernel for n <= 2), y in
+// float32 or, with act_out, in act.
+std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y, bool act_out = false);
 
 // One Gemm through a series of products with the first ns[i] rows of x (as the engine's steps
 // change their token count): ys[i] = x[:ns[i]] * w^T. With `prepare`, Gemm::prepare(m, k, max of
@@ -53,7 +55,8 @@ struct QkvRopeInput {
   int nh = 0, nkv = 0, D = 0;
   float eps = 1e-6f;
 };
-// Writes K/V into `cache` (updated in place) and returns the rotated q [T, nh * D].
+// Writes K/V into `cache` (updated in place) and returns the rotated q [T, nh * D]. qkv is
+// uploaded in Gemm::product_dtype(act) (rounded), as the QKV product leaves it.
 std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::vector<float>* q);
 
 struct AttentionInput {

@@ -446,13 +446,15 @@ class CudaModel final : public DeviceModel {
     const int nh = static_cast<int>(d_.heads), nkv = static_cast<int>(d_.kv_heads), qd = nh * D, qkvd = (nh + 2 * nkv) * D;
     const std::size_t item_stride = items == decode_items_.as<char>() ? static_cast<std::size_t>(max_seqs_) * 4
                                                                       : off_item_cnt_ - off_item_tok_;
+    const Act prod = Gemm::product_dtype(act_);  // the layer products' dtype (out_, qkv_, gu_)
     launch_embed(embed_.p, act_, tokens, T, H, x_.as<float>(), stream_);
     for (int l = 0; l < d_.layers; ++l) {
       const LayerBuffers& L = layers_[static_cast<std::size_t>(l)];
-      launch_add_rmsnorm(x_.as<float>(), l == 0 ? nullptr : out_.as<float>(), nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_);
-      LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.as<float>(), qkvd, T, H, act_, stream_));
+      launch_add_rmsnorm(x_.as<float>(), l == 0 ? nullptr : out_.p, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_);
+      LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, stream_));
       QkvRopeArgs r;
-      r.qkv = qkv_.as<float>();
+      r.qkv = qkv_.p;
+      r.qkv_act = prod;
       r.bias = d_.qkv_bias ? L.qkv_bias.p : nullptr;
       r.q_norm = d_.qk_norm ? L.q_norm.p : nullptr;
       r.k_norm = d_.qk_norm ? L.k_norm.p : nullptr;
@@ -503,18 +505,18 @@ class CudaModel final : public DeviceModel {
       at.out = attn_.p;
       at.act = act_;
       launch_attention(at, stream_);
-      LMSERVE_TRY(gemm_.run(L.o.p, attn_.p, out_.as<float>(), H, T, qd, act_, stream_));
-      launch_add_rmsnorm(x_.as<float>(), out_.as<float>(), nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
+      LMSERVE_TRY(gemm_.run(L.o.p, attn_.p, out_.p, prod, H, T, qd, act_, stream_));
+      launch_add_rmsnorm(x_.as<float>(), out_.p, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
       LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
-      LMSERVE_TRY(gemm_.run(L.down.p, mlp_in_.p, out_.as<float>(), H, T, I, act_, stream_));
+      LMSERVE_TRY(gemm_.run(L.down.p, mlp_in_.p, out_.p, prod, H, T, I, act_, stream_));
     }
-    launch_add(x_.as<float>(), out_.as<float>(), static_cast<std::int64_t>(T) * H, stream_);
+    launch_add(x_.as<float>(), out_.p, prod, static_cast<std::int64_t>(T) * H, stream_);
     return {};
   }
 
   std::string enqueue_head(const std::int32_t* rows, int R, const SampleSpec* specs) {
     const int H = static_cast<int>(d_.hidden);
-    launch_add_rmsnorm(x_.as<float>(), nullptr, rows, R, H, final_norm_.p, act_, d_.eps, hrows_.p, stream_);
+    launch_add_rmsnorm(x_.as<float>(), nullptr, Act::kF32, rows, R, H, final_norm_.p, act_, d_.eps, hrows_.p, stream_);
     LMSERVE_TRY(gemm_.run(d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), static_cast<int>(d_.vocab), R, H, act_, stream_));
     // Part of every head (and so of every graph) when device sampling is on: a few passes over
     // the logits, small next to the lm_head GEMM; rows of mode 0 return at once.
@@ -534,10 +536,11 @@ class CudaModel final : public DeviceModel {
       Gemm::Operands on;
       Act out = Act::kF32;
     };
-    const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.as<float>(), stream_}},
-                                {H, qd, {L.o.p, attn_.p, out_.as<float>(), stream_}},
-                                {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, Gemm::gate_up_dtype(act_)},
-                                {H, I, {L.down.p, mlp_in_.p, out_.as<float>(), stream_}}};
+    const Act prod = Gemm::product_dtype(act_);
+    const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.p, stream_}, prod},
+                                {H, qd, {L.o.p, attn_.p, out_.p, stream_}, prod},
+                                {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, prod},
+                                {H, I, {L.down.p, mlp_in_.p, out_.p, stream_}, prod}};
     for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
     const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};
     return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head);

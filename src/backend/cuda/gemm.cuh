@@ -1,5 +1,5 @@
-// Matrix products: Y[n, m] (float32, row-major) = X[n, k] * W[m, k]^T, with X and W in the
-// model's dtype and a float32 accumulator. One or two rows of 16-bit X: a weight-streaming kernel
+// Matrix products: Y[n, m] (row-major; float32, or the model's dtype where run() is asked for
+// it) = X[n, k] * W[m, k]^T, with X and W in the model's dtype and a float32 accumulator. One or two rows of 16-bit X: a weight-streaming kernel
 // of our own (gemm.cu); otherwise cuBLASLt (bf16/f16 tensor cores, or exact float32 without
 // TF32). Plans (layouts + the heuristic's algorithm) are cached per (m, k, dtype) and bucket of
 // n (powers of two and 1.5x them): a step's token count changes from step to step, and a plan
@@ -32,9 +32,11 @@ class Gemm {
   // Empty string on success, else what failed.
   std::string init(std::size_t workspace_bytes);
   std::string run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
+  // Y in `out`: float32, or act (rounded once from the float32 accumulator).
+  std::string run(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s);
   // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
   // weight-streaming pass where run() would stream (no intermediate, no second kernel), else
-  // cuBLASLt into scratch [n, 2I] in gate_up_dtype(act) (float32 accumulation, rounded once)
+  // cuBLASLt into scratch [n, 2I] in product_dtype(act) (float32 accumulation, rounded once)
   // and launch_silu_mul.
   // Buffers a product of up to max_n rows may run on, for prepare() to time algorithms on.
   struct Operands {
@@ -46,13 +48,14 @@ class Gemm {
   // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing). With
   // `tune` (and unless LMSERVE_CUDA_GEMM_TUNE=0), each bucket's algorithm is the fastest of the
   // heuristic's first candidates, timed on those buffers at the bucket's n (at most max_n).
-  // `out`: the products' output dtype (float32 for run(), gate_up_dtype(act) for
-  // run_gate_up_silu()).
+  // `out`: the products' output dtype (float32 for run(), product_dtype(act) for
+  // run_gate_up_silu() and the layer products).
   std::string prepare(int m, int k, Act act, int max_n, const Operands* tune = nullptr, Act out = Act::kF32);
   std::string run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
-  // The dtype of run_gate_up_silu's product: act, or float32 with LMSERVE_CUDA_GATE_UP_F32=1
-  // (the path before 2026-12-01, for A/B runs). Scratch holds n x 2I of float32 either way.
-  static Act gate_up_dtype(Act act);
+  // The dtype of a layer's products (QKV, o_proj, gate/up, down; not the logits): act, as vLLM
+  // keeps them, or float32 with LMSERVE_CUDA_F32_PRODUCTS=1 (the path before 2026-12-01, for
+  // A/B runs). The buffers hold float32 either way.
+  static Act product_dtype(Act act);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:

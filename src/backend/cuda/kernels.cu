@@ -34,12 +34,13 @@ __global__ void embed_kernel(const void* table, const std::int32_t* tokens, int 
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = act_load<A>(table, row + i);
 }
 
-__global__ void add_kernel(float* x, const float* d, std::int64_t n) {
+template <Act G>
+__global__ void add_kernel(float* x, const void* d, std::int64_t n) {
   pdl_wait();
   pdl_release();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    x[i] += d[i];
+    x[i] += act_load<G>(d, i);
   }
 }
 
@@ -51,8 +52,9 @@ constexpr int kNormThreads = 1024;  // at most; a block has about H / 16 threads
 // normalisation and the output goes out four at a time; else a second pass re-reads the row.
 constexpr int kNormLoads = 4;
 
-template <Act A>
-__global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ delta, const std::int32_t* rows,
+// delta in G: act or float32.
+template <Act A, Act G>
+__global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __restrict__ x, const void* __restrict__ delta, const std::int32_t* rows,
                                                                    int H, const void* __restrict__ w, float eps, void* __restrict__ out) {
   __shared__ float partial[kNormThreads / 32];
   const int threads = static_cast<int>(blockDim.x);
@@ -61,13 +63,12 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
   float* xr = x + src * H;
-  const float* dr = delta ? delta + src * H : nullptr;
+  const std::int64_t drow = src * H;  // delta's row
   const bool vec = H % 4 == 0, held = vec && H / 4 <= threads * kNormLoads;
   float ss = 0.0f;
   float4 v[kNormLoads];
   if (vec) {
     float4* x4 = reinterpret_cast<float4*>(xr);
-    const float4* d4 = reinterpret_cast<const float4*>(dr);
     const int n4 = H / 4;
     for (int i0 = threadIdx.x; i0 < n4; i0 += threads * kNormLoads) {
       float4 d[kNormLoads];
@@ -76,14 +77,14 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
         const int i = i0 + u * threads;
         if (i < n4) {
           v[u] = x4[i];
-          if (d4) d[u] = d4[i];
+          if (delta) d[u] = act_load4<G>(delta, drow + 4 * i);
         }
       }
 #pragma unroll
       for (int u = 0; u < kNormLoads; ++u) {
         const int i = i0 + u * threads;
         if (i >= n4) continue;
-        if (d4) {
+        if (delta) {
           v[u].x += d[u].x, v[u].y += d[u].y, v[u].z += d[u].z, v[u].w += d[u].w;
           x4[i] = v[u];
         }
@@ -93,8 +94,8 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   } else {
     for (int i = threadIdx.x; i < H; i += threads) {
       float e = xr[i];
-      if (dr) {
-        e += dr[i];
+      if (delta) {
+        e += act_load<G>(delta, drow + i);
         xr[i] = e;
       }
       ss += e * e;
@@ -124,13 +125,14 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
 // y * warps .. y * warps + warps - 1 of token t.
 constexpr int kRopeThreads = 256;
 
-template <Act A, Kv K>
+// qkv in G: act or float32.
+template <Act A, Kv K, Act G>
 __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
   const int t = blockIdx.x, lane = threadIdx.x & 31, warps = kRopeThreads / 32, warp = blockIdx.y * warps + (threadIdx.x >> 5);
   pdl_wait();
   pdl_release();
   const int D = a.D, half = D / 2, heads = a.nh + 2 * a.nkv;
-  const float* row = a.qkv + static_cast<std::int64_t>(t) * heads * D;
+  const std::int64_t row = static_cast<std::int64_t>(t) * heads * D;  // the token's qkv row
   const std::int32_t pos = a.positions[t];
   const std::int64_t slot = a.slots[t];
   void* kc = a.kv_ptrs[2 * a.layer];
@@ -144,8 +146,8 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
       const int i = lane + 32 * j;
       lo[j] = hv[j] = 0.0f;
       if (i < half) {
-        lo[j] = row[base + i];
-        hv[j] = row[base + i + half];
+        lo[j] = act_load<G>(a.qkv, row + base + i);
+        hv[j] = act_load<G>(a.qkv, row + base + i + half);
         if (a.bias) {
           lo[j] += act_load<A>(a.bias, base + i);
           hv[j] += act_load<A>(a.bias, base + i + half);
@@ -218,10 +220,10 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
   }
 }
 
-// gu in G: the act (Gemm::gate_up_dtype: the gate / up product comes out of cuBLASLt in the
+// gu in G: the act (Gemm::product_dtype: the gate / up product comes out of cuBLASLt in the
 // model's dtype, as vLLM's does, which halves this kernel's reads and the GEMM's writes for
 // 16-bit models; at 1,024 rows of Llama-3.1-8B a float32 gu was 117 MB each way and this kernel
-// took 34.2 us a layer at the copy rate) or float32 (LMSERVE_CUDA_GATE_UP_F32=1).
+// took 34.2 us a layer at the copy rate) or float32 (LMSERVE_CUDA_F32_PRODUCTS=1).
 template <Act A, Act G>
 __global__ void silu_mul_kernel(const void* gu, int I, void* out) {
   pdl_wait();
@@ -277,26 +279,30 @@ void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T,
   LMSERVE_WITH_ACT(act, A, (launch_pdl(embed_kernel<A>, dim3(T), dim3(256), 0, s, table, tokens, H, x)));
 }
 
-void launch_add(float* x, const float* delta, std::int64_t n, cudaStream_t s) {
+void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  launch_pdl(add_kernel, dim3(grid_for(n, 256)), dim3(256), 0, s, x, delta, n);
+  LMSERVE_WITH_ACT(delta_act, G, (launch_pdl(add_kernel<G>, dim3(grid_for(n, 256)), dim3(256), 0, s, x, delta, n)));
 }
 
-void launch_add_rmsnorm(float* x, const float* delta, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps, void* out,
-                        cudaStream_t s) {
+void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
+                        void* out, cudaStream_t s) {
   if (R == 0) return;
   // kNormLoads float4 loads per thread (256 threads at H = 4,096): at most 64 registers a
   // thread, so 4 rows run per SM. With H / 4 threads a row took a 1,024-thread block and an SM
   // ran one row at a time (ncu at 1,024 rows: 24.9 us, 2.3 TB/s).
   const int threads = std::min(kNormThreads, std::max(32, (H / (4 * kNormLoads) + 31) / 32 * 32));
-  LMSERVE_WITH_ACT(act, A, (launch_pdl(add_rmsnorm_kernel<A>, dim3(R), dim3(threads), 0, s, x, delta, rows, H, w, eps, out)));
+  const bool f32_delta = delta_act == Act::kF32;
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_delta ? add_rmsnorm_kernel<A, Act::kF32> : add_rmsnorm_kernel<A, A>, dim3(R), dim3(threads), 0, s, x, delta,
+                                       rows, H, w, eps, out)));
 }
 
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
   const int heads = a.nh + 2 * a.nkv, warps = kRopeThreads / 32;
   const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>((heads + warps - 1) / warps));
-  LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (launch_pdl(qkv_rope_kernel<A, K>, grid, dim3(kRopeThreads), 0, s, a))));
+  const bool f32_qkv = a.qkv_act == Act::kF32;
+  LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (launch_pdl(f32_qkv ? qkv_rope_kernel<A, K, Act::kF32> : qkv_rope_kernel<A, K, A>, grid,
+                                                                  dim3(kRopeThreads), 0, s, a))));
 }
 
 
