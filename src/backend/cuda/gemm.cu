@@ -276,6 +276,12 @@ std::string Gemm::make_plan(int m, int n, int k, Act act, Act out, const Operand
   cublasLtMatmulPreference_t pref;
   cublasLtMatmulPreferenceCreate(&pref);
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_));
+  if (out != Act::kF32) {
+    // A split-K product reduced in a 16-bit output (in place, or staged in the output type) rounds
+    // every partial sum; a layer product is rounded once, so only the float32 reduction may run.
+    const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes));
+  }
   constexpr int kCandidates = 8;
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
