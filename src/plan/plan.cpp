@@ -137,12 +137,12 @@ Result<PlanResult> make_plan(const PlanInput& in) {
   r.max_num_seqs = in.max_num_seqs > 0 ? in.max_num_seqs : served.max_num_seqs;
   r.max_num_batched_tokens = in.max_num_batched_tokens > 0 ? in.max_num_batched_tokens : served.max_num_batched_tokens;
   // The CUDA backend's step buffers for max(max_num_batched_tokens, max_num_seqs) tokens, as serve
-  // plans them (float32 residual, GEMM outputs, model-dtype GEMM inputs), logits for
-  // max_num_seqs rows, cuBLASLt workspace, plus 0.5 GiB of context.
+  // plans them (float32 residual and roped Q; GEMM inputs and the layer products in the model's
+  // dtype), logits for max_num_seqs rows, cuBLASLt workspace, plus 0.5 GiB of context.
   const double T = static_cast<double>(std::max(r.max_num_batched_tokens, r.max_num_seqs)), H = static_cast<double>(c.hidden_size),
                I = static_cast<double>(c.intermediate_size) / tp, qd = static_cast<double>(c.num_heads * c.head_dim) / tp,
                kvd = static_cast<double>(c.num_kv_heads * c.head_dim) / tp, a = 2.0;
-  const double per_token = H * 4 + H * a + (qd + 2 * kvd) * 4 + qd * 4 + qd * a + H * 4 + 2 * I * 4 + I * a;
+  const double per_token = H * 4 + H * a + (qd + 2 * kvd) * a + qd * 4 + qd * a + H * a + 2 * I * a + I * a;
   r.activation_reserve_per_gpu =
       static_cast<std::uint64_t>(T * per_token + static_cast<double>(r.max_num_seqs) * static_cast<double>(c.vocab_size) * 4 * 2 +
                                  32.0 * 1048576 + 0.5 * kGiB);
@@ -280,7 +280,7 @@ std::string rule_of_thumb_table() {
     out += line;
   }
   out += "The rule's 20% covers activations, the CUDA context and fragmentation; lmserve's plan counts\n"
-         "the activation reserve for the step size instead (about 1.8 GiB for an 8B model at 8,192 tokens)\n"
+         "the activation reserve for the step size instead (about 1.2 GiB for an 8B model at 8,192 tokens)\n"
          "and gives everything else to the KV cache, so its weight figure is the exact one.\n";
   return out;
 }

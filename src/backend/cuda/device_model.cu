@@ -303,13 +303,14 @@ class CudaModel final : public DeviceModel {
     const std::size_t T = static_cast<std::size_t>(max_tokens_), R = static_cast<std::size_t>(max_seqs_);
     const std::size_t H = d_.hidden, I = d_.intermediate, D = d_.head_dim, qd = d_.heads * D;
     const std::size_t qkvd = (d_.heads + 2 * d_.kv_heads) * D, a = static_cast<std::size_t>(act_bytes(act_));
+    const std::size_t p = static_cast<std::size_t>(act_bytes(Gemm::product_dtype(act_)));  // the layer products
     LMSERVE_TRY(x_.alloc(T * H * 4));
     LMSERVE_TRY(h_.alloc(T * H * a));
-    LMSERVE_TRY(qkv_.alloc(T * qkvd * 4));
+    LMSERVE_TRY(qkv_.alloc(T * qkvd * p));
     LMSERVE_TRY(q_.alloc(T * qd * 4));
     LMSERVE_TRY(attn_.alloc(T * qd * a));
-    LMSERVE_TRY(out_.alloc(T * H * 4));
-    LMSERVE_TRY(gu_.alloc(T * 2 * I * 4));
+    LMSERVE_TRY(out_.alloc(T * H * p));
+    LMSERVE_TRY(gu_.alloc(T * 2 * I * p));
     LMSERVE_TRY(mlp_in_.alloc(T * I * a));
     LMSERVE_TRY(hrows_.alloc(R * H * a));
     LMSERVE_TRY(logits_.alloc(R * static_cast<std::size_t>(d_.vocab) * 4));

@@ -54,7 +54,7 @@ class Gemm {
   std::string run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
   // The dtype of a layer's products (QKV, o_proj, gate/up, down; not the logits): act, as vLLM
   // keeps them, or float32 with LMSERVE_CUDA_F32_PRODUCTS=1 (the path before 2026-12-01, for
-  // A/B runs). The buffers hold float32 either way.
+  // A/B runs). The model sizes the products' buffers by it.
   static Act product_dtype(Act act);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
