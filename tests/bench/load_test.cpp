@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "bench/engine_bench.h"
+#include "backend/step_buffers.h"
 #include "bench/serve_bench.h"
 #include "model/config.h"
 #include "plan/plan.h"
@@ -232,6 +233,37 @@ TEST(Plan, WeightsPoolAndGpusByLittlesLaw) {
   none.gpu = *gpu_preset("A10");
   EXPECT_FALSE(make_plan(none)) << "no target";
   EXPECT_FALSE(gpu_preset("TPU"));
+}
+
+// The activation reserve is the CUDA backend's step buffers (backend::step_buffer_bytes, which
+// the backend allocates from too) for the step's tokens, logits for every sequence, the cuBLASLt
+// workspace and 0.5 GiB of context. At the Llama-3.1-8B shape a token's buffers are 152 KiB with
+// 16-bit products (228 KiB with float32 ones, the layout before 2026-12-01).
+TEST(Plan, ActivationReserveIsTheBackendsStepBuffers) {
+  const auto per = backend::step_buffer_bytes(4096, 32, 8, 128, 14336, 2, 2);
+  EXPECT_EQ(per.residual, 4096u * 4);
+  EXPECT_EQ(per.qkv, 6144u * 2);
+  EXPECT_EQ(per.q, 4096u * 4);
+  EXPECT_EQ(per.gate_up, 2u * 14336 * 2);
+  EXPECT_EQ(per.total(), 155648u);
+  EXPECT_EQ(backend::step_buffer_bytes(4096, 32, 8, 128, 14336, 2, 4).total(), 233472u);
+  PlanInput in;
+  in.model = *model_preset("llama-3.1-8b");
+  in.gpu = *gpu_preset("H200");
+  in.concurrency = 10;
+  in.max_num_seqs = 1024;
+  in.max_num_batched_tokens = 8192;
+  auto r = make_plan(in);
+  ASSERT_TRUE(r);
+  const double want = 8192.0 * 155648 + 1024.0 * 128256 * 4 * 2 + 32.0 * 1048576 + 0.5 * 1073741824.0;
+  EXPECT_EQ(r->activation_reserve_per_gpu, static_cast<std::uint64_t>(want));
+  // Under tensor parallelism a GPU holds its share of the heads and of the MLP.
+  in.model = *model_preset("llama-3.1-70b");
+  in.tensor_parallel_size = 4;
+  auto tp = make_plan(in);
+  ASSERT_TRUE(tp);
+  const double per70 = static_cast<double>(backend::step_buffer_bytes(8192, 16, 2, 128, 7168, 2, 2).total());
+  EXPECT_EQ(tp->activation_reserve_per_gpu, static_cast<std::uint64_t>(8192.0 * per70 + 1024.0 * 128256 * 4 * 2 + 32.0 * 1048576 + 0.5 * 1073741824.0));
 }
 
 // A replica runs at most max_num_seqs requests at once, whatever its KV pool holds; the limits

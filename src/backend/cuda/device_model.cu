@@ -13,6 +13,7 @@
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/kernels.cuh"
 #include "backend/cuda/step_report.cuh"
+#include "backend/step_buffers.h"
 
 namespace lmserve::cuda {
 namespace {
@@ -301,17 +302,18 @@ class CudaModel final : public DeviceModel {
 
   std::string allocate_activations() {
     const std::size_t T = static_cast<std::size_t>(max_tokens_), R = static_cast<std::size_t>(max_seqs_);
-    const std::size_t H = d_.hidden, I = d_.intermediate, D = d_.head_dim, qd = d_.heads * D;
-    const std::size_t qkvd = (d_.heads + 2 * d_.kv_heads) * D, a = static_cast<std::size_t>(act_bytes(act_));
-    const std::size_t p = static_cast<std::size_t>(act_bytes(Gemm::product_dtype(act_)));  // the layer products
-    LMSERVE_TRY(x_.alloc(T * H * 4));
-    LMSERVE_TRY(h_.alloc(T * H * a));
-    LMSERVE_TRY(qkv_.alloc(T * qkvd * p));
-    LMSERVE_TRY(q_.alloc(T * qd * 4));
-    LMSERVE_TRY(attn_.alloc(T * qd * a));
-    LMSERVE_TRY(out_.alloc(T * H * p));
-    LMSERVE_TRY(gu_.alloc(T * 2 * I * p));
-    LMSERVE_TRY(mlp_in_.alloc(T * I * a));
+    const std::size_t H = d_.hidden, D = d_.head_dim;
+    const std::size_t a = static_cast<std::size_t>(act_bytes(act_));
+    const auto per = backend::step_buffer_bytes(d_.hidden, d_.heads, d_.kv_heads, D, d_.intermediate, act_bytes(act_),
+                                                act_bytes(Gemm::product_dtype(act_)));  // per token; `lmserve plan` counts the same
+    LMSERVE_TRY(x_.alloc(T * per.residual));
+    LMSERVE_TRY(h_.alloc(T * per.normed));
+    LMSERVE_TRY(qkv_.alloc(T * per.qkv));
+    LMSERVE_TRY(q_.alloc(T * per.q));
+    LMSERVE_TRY(attn_.alloc(T * per.attn));
+    LMSERVE_TRY(out_.alloc(T * per.layer_out));
+    LMSERVE_TRY(gu_.alloc(T * per.gate_up));
+    LMSERVE_TRY(mlp_in_.alloc(T * per.mlp_in));
     LMSERVE_TRY(hrows_.alloc(R * H * a));
     LMSERVE_TRY(logits_.alloc(R * static_cast<std::size_t>(d_.vocab) * 4));
     LMSERVE_TRY(sampled_.alloc(R * 4));
