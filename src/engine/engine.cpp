@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "engine/output/output_processor.h"
 
@@ -82,6 +84,8 @@ struct Engine::Live {
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options)
     : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), options_(std::move(options)) {
   eos_ids_ = backend_->config().eos_token_ids;
+  // LMSERVE_OVERLAP_OUTPUTS=0: every row's outputs in the step, for A/B runs of one binary.
+  if (const char* v = std::getenv("LMSERVE_OVERLAP_OUTPUTS"); v != nullptr && std::string_view(v) == "0") options_.overlap_outputs = false;
   const auto& kvc = backend_->kv_config();
   kv_ = std::make_unique<KvCacheManager>(kvc.num_blocks, kvc.block_size, options_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
@@ -245,21 +249,68 @@ void Engine::finish(Request* r, FinishReason reason, const std::string& text, co
   e.completion_tokens = static_cast<std::int64_t>(r->output.size());
   e.cached_prompt_tokens = r->num_cached_prompt;
   e.time = Clock::now();
+  retire(r, L.index);
+  L.stream->set_times(L.times);
+  L.stream->push(std::move(e), true);
+  live_.erase(it);
+}
+
+void Engine::retire(Request* r, std::int32_t choice_index) {
   scheduler_->remove(r->id);
   // Siblings waiting on this choice's prompt may go now. Only the first choice of a group is
   // waited on, and its siblings have the ids after it: no scan of every live request (at
   // 10,000 queued requests that scan was most of a step's output time).
-  if (L.index == 0) {
+  if (choice_index == 0) {
     for (std::int32_t i = 1; i < r->params.n; ++i) {
       if (auto s = live_.find(r->id + static_cast<RequestId>(i)); s != live_.end() && s->second->req->wait_for == r) {
         s->second->req->wait_for = nullptr;
       }
     }
   }
-  L.stream->set_times(L.times);
-  L.stream->push(std::move(e), true);
   ++finished_;
-  live_.erase(it);
+}
+
+void Engine::drain_outputs() {
+  if (emitter_.valid()) emitter_.get();
+  for (RequestId id : retired_) live_.erase(id);
+  retired_.clear();
+}
+
+void Engine::emit(std::vector<DeferredRow>& rows) const {
+  // Detokenization touches each row's own output processor only: in parallel for many rows.
+  auto text = [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) {
+      DeferredRow& d = rows[i];
+      OutputProcessor::Update u = d.live->out->add_token(d.res.token, d.num_output);
+      if (d.finish != FinishReason::kNone && u.finish == FinishReason::kNone) u.text += d.live->out->flush();  // max_model_len
+      d.text = std::move(u.text);
+    }
+  };
+  if (rows.size() >= std::max<std::size_t>(2, options_.parallel_output_rows)) {
+    sampler_pool_->parallel_for(rows.size(), text);
+  } else {
+    text(0, rows.size());
+  }
+  const auto now = Clock::now();
+  for (DeferredRow& d : rows) {
+    StreamEvent e;
+    e.index = d.live->index;
+    e.token_ids = {d.res.token};
+    e.text = std::move(d.text);
+    if (d.r->params.logprobs) e.logprobs.push_back(std::move(d.res));
+    e.prompt_tokens = static_cast<std::int64_t>(d.r->prompt.size());
+    e.completion_tokens = d.num_output;
+    e.cached_prompt_tokens = d.cached_prompt;
+    e.time = now;
+    if (d.finish == FinishReason::kNone) {
+      d.live->stream->push(std::move(e), false);
+    } else {
+      e.finish = d.finish;
+      e.stop_reason = std::move(d.stop_reason);
+      d.live->stream->set_times(d.times);
+      d.live->stream->push(std::move(e), true);
+    }
+  }
 }
 
 Status Engine::step() {
@@ -282,8 +333,8 @@ Status Engine::step() {
 
   const int bs = backend_->kv_config().block_size;
   StepBuffers& sb = step_;
-  auto& [tokens, positions, logits_rows, tables, sampled_tokens, slots, table_start, host_rows, seqs, sampled, lives, sample_rows,
-         results, updates] = sb;
+  auto& [tokens, positions, logits_rows, tables, sampled_tokens, slots, table_start, host_rows, sync_rows, seqs, sampled, lives,
+         sample_rows, results, updates] = sb;
   tokens.clear();
   positions.clear();
   logits_rows.clear();
@@ -353,6 +404,7 @@ Status Engine::step() {
   Status st = backend_->forward(batch, logits);
   const auto fwd_end = Clock::now();
   mu_.lock();
+  drain_outputs();  // the previous step's deferred rows went out while this one ran
   const auto relocked_at = Clock::now();
   if (!st.is_ok()) return st;
   staging_seconds_ = backend_->staging_seconds_total();
@@ -379,13 +431,34 @@ Status Engine::step() {
     }
   });
   const auto sampled_at = Clock::now();
-  // A row's output processing (detokenization, stop strings) touches its own request only: in a
-  // step of many rows it runs on the sampler threads; the events then go out here, in row order.
+  // Each row's token. In a step of many rows, a row of a request without stop strings ends by
+  // its token alone (overlap_outputs): decided here, with its text and event deferred to the
+  // emitter. The other rows' output processing (detokenization, stop strings) touches their own
+  // request only: in a step of many rows it runs on the sampler threads; their events then go
+  // out here, in row order.
+  const bool many = sampled.size() >= std::max<std::size_t>(2, options_.parallel_output_rows);
+  deferred_.clear();
+  sync_rows.clear();
+  for (std::size_t i = 0; i < sampled.size(); ++i) {
+    Request* r = sampled[i];
+    r->output.push_back(results[i].token);
+    if (!many || !options_.overlap_outputs || !r->params.stop.empty()) {
+      sync_rows.push_back(i);
+      continue;
+    }
+    DeferredRow& d = deferred_.emplace_back();
+    d.r = r;
+    d.live = lives[i];
+    d.num_output = static_cast<std::int64_t>(r->output.size());
+    d.cached_prompt = r->num_cached_prompt;
+    d.finish = lives[i]->out->finish_by_token(results[i].token, d.num_output, &d.stop_reason);
+    if (d.finish == FinishReason::kNone && r->num_tokens() >= options_.scheduler.max_model_len) d.finish = FinishReason::kLength;
+  }
   updates.resize(sampled.size());
   auto process = [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) {
+    for (std::size_t k = b; k < e; ++k) {
+      const std::size_t i = sync_rows[k];
       Request* r = sampled[i];
-      r->output.push_back(results[i].token);
       OutputProcessor::Update& u = updates[i];
       u = lives[i]->out->add_token(results[i].token, static_cast<std::int64_t>(r->output.size()));
       // Not even max_model_len may be passed.
@@ -395,10 +468,10 @@ Status Engine::step() {
       }
     }
   };
-  if (sampled.size() >= std::max<std::size_t>(2, options_.parallel_output_rows)) {
-    sampler_pool_->parallel_for(sampled.size(), process);
+  if (sync_rows.size() >= std::max<std::size_t>(2, options_.parallel_output_rows)) {
+    sampler_pool_->parallel_for(sync_rows.size(), process);
   } else {
-    process(0, sampled.size());
+    process(0, sync_rows.size());
   }
   const auto emitted = Clock::now();  // the time of every event of this step
   for (std::size_t i = 0; i < sampled.size(); ++i) {
@@ -410,6 +483,10 @@ Status Engine::step() {
     }
     ++generation_tokens_;
     if (L.times.first_token == Clock::time_point{}) L.times.first_token = emitted;
+  }
+  for (std::size_t i : sync_rows) {
+    Request* r = sampled[i];
+    Live& L = *lives[i];
     SampleResult& res = results[i];
     OutputProcessor::Update& update = updates[i];
     if (update.finish != FinishReason::kNone) {
@@ -427,6 +504,24 @@ Status Engine::step() {
     e.time = emitted;
     L.stream->push(std::move(e), false);
   }
+  if (!deferred_.empty()) {
+    // The ended requests leave the scheduler now, so the next step does not run them; their
+    // Live stays until the emitter is done with it (drain_outputs).
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < sampled.size(); ++i) {
+      if (k < sync_rows.size() && sync_rows[k] == i) {
+        ++k;
+        continue;
+      }
+      DeferredRow& d = deferred_[i - k];
+      d.res = std::move(results[i]);
+      if (d.finish == FinishReason::kNone) continue;
+      d.times = lives[i]->times;
+      retire(d.r, lives[i]->index);
+      retired_.push_back(d.r->id);
+    }
+    emitter_ = std::async(std::launch::async, [this] { emit(deferred_); });
+  }
   const auto end = Clock::now();
   auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   forward_seconds_ += secs(fwd_start, fwd_end);
@@ -443,6 +538,7 @@ void Engine::loop() {
   std::unique_lock lock(mu_);
   while (true) {
     work_cv_.wait(lock, [&] { return stop_ || !to_abort_.empty() || scheduler_->has_work(); });
+    if (stop_ || !to_abort_.empty()) drain_outputs();  // before live_ is scanned
     for (RequestId id : std::exchange(to_abort_, {})) {
       std::vector<Request*> group;
       for (auto& [rid, L] : live_) {
@@ -452,12 +548,14 @@ void Engine::loop() {
     }
     if (stop_) break;
     if (!scheduler_->has_work()) {
+      drain_outputs();  // idle means every event is out
       idle_cv_.notify_all();
       continue;
     }
     const auto before = steps_;
     Status st = step();
     if (!st.is_ok()) {
+      drain_outputs();
       spdlog::error("engine: backend failed, finishing all requests: {}", st.to_string());
       dead_ = true;
       std::vector<Request*> all;
@@ -469,8 +567,12 @@ void Engine::loop() {
       // Nothing could be scheduled (e.g. a device-memory stop): wait briefly, not spin.
       work_cv_.wait_for(lock, std::chrono::milliseconds(5));
     }
-    if (!scheduler_->has_work()) idle_cv_.notify_all();
+    if (!scheduler_->has_work()) {
+      drain_outputs();
+      idle_cv_.notify_all();
+    }
   }
+  drain_outputs();
   idle_cv_.notify_all();
 }
 

@@ -4,7 +4,9 @@
 //   build/release/tests/bench/engine_benchmark
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
@@ -57,7 +59,10 @@ BENCHMARK(BM_Generate)->Arg(1)->Arg(16)->Unit(benchmark::kSecond)->UseRealTime()
 // 2 = logits and requests sampled at temperature 1 (the OpenAI default), top_p 1.
 class InstantBackend final : public backend::Backend {
  public:
-  InstantBackend(model::ModelConfig c, std::int64_t blocks, bool decides) : c_(std::move(c)), kv_{backend::KvDtype::kBFloat16, 16, blocks}, decides_(decides) {}
+  // device_ms > 0: each forward also sleeps that long, standing in for a device step during
+  // which the host has nothing to do but wait (what the engine's deferred outputs fill).
+  InstantBackend(model::ModelConfig c, std::int64_t blocks, bool decides, double device_ms = 0)
+      : c_(std::move(c)), kv_{backend::KvDtype::kBFloat16, 16, blocks}, decides_(decides), device_ms_(device_ms) {}
   std::string_view name() const override { return "instant"; }
   const model::ModelConfig& config() const override { return c_; }
   const backend::KvCacheConfig& kv_config() const override { return kv_; }
@@ -77,6 +82,7 @@ class InstantBackend final : public backend::Backend {
       row[winner] = 1.0f;
     }
     ++step_;
+    if (device_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(device_ms_));
     return Status::ok();
   }
 
@@ -84,6 +90,7 @@ class InstantBackend final : public backend::Backend {
   model::ModelConfig c_;
   backend::KvCacheConfig kv_;
   bool decides_;
+  double device_ms_;
   std::uint64_t step_ = 0;
 };
 
@@ -99,7 +106,10 @@ void BM_EngineHostStep(benchmark::State& state) {
     return;
   }
   constexpr int kIn = 128, kOut = 64;
-  auto backend = std::make_unique<InstantBackend>(*config, batch * (kIn + kOut) / 16 + batch, decides);
+  // ENGINE_BENCH_DEVICE_MS: a device step of that many ms (the wall time per step then shows
+  // how much host work stays outside it; LMSERVE_OVERLAP_OUTPUTS=0 for the engine without overlap).
+  const char* device_ms = std::getenv("ENGINE_BENCH_DEVICE_MS");
+  auto backend = std::make_unique<InstantBackend>(*config, batch * (kIn + kOut) / 16 + batch, decides, device_ms ? std::strtod(device_ms, nullptr) : 0.0);
   engine::EngineOptions o;
   o.scheduler.max_model_len = kIn + kOut;
   o.scheduler.max_num_seqs = batch;
@@ -109,8 +119,9 @@ void BM_EngineHostStep(benchmark::State& state) {
   if (const char* v = std::getenv("ENGINE_BENCH_PARALLEL_OUTPUT_ROWS")) o.parallel_output_rows = std::strtoull(v, nullptr, 10);
   o.scheduler.lanes = {{"default", 0, 0, 4096}};
   auto eng = engine::Engine::create(std::move(backend), *tok, o);
-  double host = 0, steps = 0;
+  double host = 0, steps = 0, wall = 0;
   for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
     const auto before = (*eng)->stats();
     std::vector<std::shared_ptr<engine::RequestStream>> streams;
     for (int i = 0; i < requests; ++i) {
@@ -129,10 +140,12 @@ void BM_EngineHostStep(benchmark::State& state) {
       }
     }
     const auto after = (*eng)->stats();
+    wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     host += after.host_seconds_total - before.host_seconds_total + after.forward_seconds_total - before.forward_seconds_total;
     steps += static_cast<double>(after.steps_total - before.steps_total);
   }
   state.counters["host_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * host / steps : 0);
+  state.counters["wall_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * wall / steps : 0);
 }
 BENCHMARK(BM_EngineHostStep)
     ->Args({64, 0, 1})

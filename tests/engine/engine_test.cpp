@@ -91,6 +91,9 @@ struct Result {
   std::string text;
   FinishReason finish = FinishReason::kNone;
   int finish_events = 0;
+  std::string stop_reason;
+  std::int64_t completion_tokens = 0;  // as the last event counts them
+  std::vector<float> logprobs;
 };
 
 Result collect(const std::shared_ptr<RequestStream>& s) {
@@ -99,8 +102,11 @@ Result collect(const std::shared_ptr<RequestStream>& s) {
   while (s->next(&e)) {
     r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
     r.text += e.text;
+    for (const auto& lp : e.logprobs) r.logprobs.push_back(lp.logprob);
+    r.completion_tokens = e.completion_tokens;
     if (e.finish != FinishReason::kNone) {
       r.finish = e.finish;
+      r.stop_reason = e.stop_reason;
       ++r.finish_events;
     }
   }
@@ -499,46 +505,102 @@ TEST(Engine, StopStringsAreNeverStreamedAndThenRetracted) {
 
 // Steps of at least parallel_output_rows rows detokenize and match stop strings on the sampler
 // threads; what each request streams must not depend on it.
-TEST(Engine, OutputsProcessedOnTheSamplerThreadsMatchTheSerialOnes) {
-  auto run = [](std::size_t parallel_rows) {
+// A step's outputs three ways: serially in the step, on the sampler threads in the step, and
+// (overlap_outputs) decided by token in the step with the text and events deferred to the
+// emitter while the next step runs. Every request gets the same tokens, text, end, stop reason,
+// counts and log-probabilities each way: greedy and seeded choices, stop strings (always in the
+// step), end-of-sequence and stop tokens past min_tokens, max_tokens, n = 2.
+TEST(Engine, OutputsDeferredOrOnTheSamplerThreadsMatchTheSerialOnes) {
+  auto run = [](std::size_t parallel_rows, bool overlap) {
     EngineOptions o;
     o.parallel_output_rows = parallel_rows;
+    o.overlap_outputs = overlap;
     o.sampler_threads = 4;
     auto engine = make_engine(demo(), 256, o);
     std::vector<std::shared_ptr<RequestStream>> streams;
-    for (int i = 0; i < 24; ++i) {
+    std::vector<std::int32_t> choices;
+    for (int i = 0; i < 30; ++i) {
       auto prompt = demo().tokenizer->encode("<|im_start|>user\nTell me about item " + std::to_string(i) +
                                              ", please.<|im_end|>\n<|im_start|>assistant\n");
       SamplingParams p = greedy(12 + i);
-      if (i % 3 == 1) p.stop = {" the", "."};
-      if (i % 3 == 2) {
-        p.temperature = 0.8;
-        p.seed = i;
+      switch (i % 6) {
+        case 1: p.stop = {" the", "."}; break;
+        case 2: p.temperature = 0.8, p.seed = i; break;
+        case 3: p.ignore_eos = false, p.min_tokens = 3, p.max_tokens = 200; break;  // ends on end-of-sequence
+        case 4:  // the tokens of the stop strings above, as stop tokens
+          for (const char* t : {" the", "."}) {
+            for (auto id : demo().tokenizer->encode(t, {.add_special_tokens = false})) p.stop_token_ids.push_back(id);
+          }
+          p.min_tokens = 2, p.logprobs = 2;
+          break;
+        case 5: p.n = 2, p.temperature = 1.0, p.seed = i; break;
+        default: break;
       }
       auto sub = engine->submit({.prompt = prompt, .params = p});
       EXPECT_TRUE(sub);
-      if (sub) streams.push_back(sub->stream);
+      if (sub) {
+        streams.push_back(sub->stream);
+        choices.push_back(p.n);
+      }
     }
-    std::vector<Result> results;
-    for (auto& s : streams) results.push_back(collect(s));
+    std::vector<std::vector<Result>> results;
+    for (std::size_t k = 0; k < streams.size(); ++k) {
+      // n choices share a stream; split their events by choice index.
+      std::vector<Result> by_choice(static_cast<std::size_t>(choices[k]));
+      StreamEvent e;
+      while (streams[k]->next(&e)) {
+        Result& r = by_choice.at(static_cast<std::size_t>(e.index));
+        r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
+        r.text += e.text;
+        for (const auto& lp : e.logprobs) r.logprobs.push_back(lp.logprob);
+        r.completion_tokens = e.completion_tokens;
+        if (e.finish != FinishReason::kNone) {
+          r.finish = e.finish;
+          r.stop_reason = e.stop_reason;
+          ++r.finish_events;
+        }
+      }
+      results.push_back(std::move(by_choice));
+    }
+    auto s = engine->stats();
+    EXPECT_EQ(s.running, 0);
+    EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
+    EXPECT_EQ(s.requests_finished, 35u);
     return results;
   };
-  const auto serial = run(1000), parallel = run(1);
-  ASSERT_EQ(serial.size(), 24u);
-  ASSERT_EQ(parallel.size(), 24u);
-  int stopped = 0;
+  const auto serial = run(1000, false), parallel = run(1, false), deferred = run(1, true);
+  ASSERT_EQ(serial.size(), 30u);
+  ASSERT_EQ(parallel.size(), 30u);
+  ASSERT_EQ(deferred.size(), 30u);
+  int stopped = 0, eos = 0, stop_tokens = 0, with_logprobs = 0;
   for (std::size_t i = 0; i < serial.size(); ++i) {
-    SCOPED_TRACE("request " + std::to_string(i));
-    EXPECT_EQ(parallel[i].tokens, serial[i].tokens);
-    EXPECT_EQ(parallel[i].text, serial[i].text);
-    EXPECT_EQ(parallel[i].finish, serial[i].finish);
-    EXPECT_EQ(parallel[i].finish_events, 1);
-    if (serial[i].finish == FinishReason::kLength) {
-      EXPECT_EQ(serial[i].text, demo().tokenizer->decode(serial[i].tokens, true));
+    for (std::size_t c = 0; c < serial[i].size(); ++c) {
+      SCOPED_TRACE("request " + std::to_string(i) + " choice " + std::to_string(c));
+      const Result& want = serial[i][c];
+      for (const auto* got : {&parallel[i][c], &deferred[i][c]}) {
+        EXPECT_EQ(got->tokens, want.tokens);
+        EXPECT_EQ(got->text, want.text);
+        EXPECT_EQ(got->finish, want.finish);
+        EXPECT_EQ(got->stop_reason, want.stop_reason);
+        EXPECT_EQ(got->completion_tokens, want.completion_tokens);
+        EXPECT_EQ(got->logprobs, want.logprobs);
+        EXPECT_EQ(got->finish_events, 1);
+      }
+      EXPECT_EQ(want.completion_tokens, static_cast<std::int64_t>(want.tokens.size()));
+      if (want.finish == FinishReason::kLength) {
+        EXPECT_EQ(want.text, demo().tokenizer->decode(want.tokens, true));
+      }
+      stopped += want.finish == FinishReason::kStop && i % 6 == 1;
+      eos += want.finish == FinishReason::kStop && i % 6 == 3;
+      stop_tokens += !want.stop_reason.empty() && i % 6 == 4;
+      with_logprobs += !want.logprobs.empty();
     }
-    stopped += serial[i].finish == FinishReason::kStop;
   }
-  EXPECT_GT(stopped, 0);  // some stop string matched, so that path ran too
+  // Each path ran: a stop string matched, a request ended on end-of-sequence and one on a stop token.
+  EXPECT_GT(stopped, 0);
+  EXPECT_GT(eos, 0);
+  EXPECT_GT(stop_tokens, 0);
+  EXPECT_GT(with_logprobs, 0);
 }
 
 TEST(Engine, AbortFinishesOnceAndFreesBlocks) {
@@ -597,10 +659,15 @@ TEST(Engine, ShutdownRejectsNewWorkAndAbortsTheRest) {
 // Thousands of requests on a tiny model: random lengths, lanes, priorities and aborts, a
 // tiny pool. Every request finishes exactly once, every block comes back, and a high-lane
 // request is never left waiting while a low-lane one is admitted after it.
-TEST(Engine, RandomizedStress) {
+// Thousands of requests with aborts among them, with outputs in the step (parallel_output_rows
+// 128, above the batch) and deferred to the emitter (2).
+class EngineStress : public ::testing::TestWithParam<std::size_t> {};
+
+TEST_P(EngineStress, RandomizedStress) {
   fs::path dir = lmserve::testing::source_dir() / "tests/fixtures/models/tiny-llama3";
   Loaded tiny{*model::ModelWeights::load(dir, {}), demo().tokenizer};
   EngineOptions o;
+  o.parallel_output_rows = GetParam();
   o.scheduler.policy = SchedulerOptions::Policy::kPriority;
   o.scheduler.max_num_batched_tokens = 64;
   o.scheduler.max_num_seqs = 16;
@@ -655,6 +722,9 @@ TEST(Engine, RandomizedStress) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(OutputRows, EngineStress, ::testing::Values(128, 2),
+                         [](const ::testing::TestParamInfo<std::size_t>& p) { return p.param == 2 ? "deferred" : "in_step"; });
 
 }  // namespace
 }  // namespace lmserve::engine

@@ -50,19 +50,29 @@ OutputProcessor::Update OutputProcessor::finish_with(FinishReason reason, std::s
   return u;
 }
 
-OutputProcessor::Update OutputProcessor::add_token(std::int32_t token, std::int64_t num_output) {
+FinishReason OutputProcessor::finish_by_token(std::int32_t token, std::int64_t num_output, std::string* stop_reason) const {
   const bool eos = !params_.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
   const bool stop_token = std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(), token) != params_.stop_token_ids.end();
   if ((eos || stop_token) && num_output > params_.min_tokens - 1) {
-    // The stop token's own text is not part of the output. stop_reason names a stop token
-    // the request asked for; a plain end-of-sequence has none (as in vLLM).
-    return finish_with(FinishReason::kStop, stop_token ? std::to_string(token) : "");
+    // stop_reason names a stop token the request asked for; a plain end-of-sequence has none
+    // (as in vLLM).
+    *stop_reason = stop_token ? std::to_string(token) : "";
+    return FinishReason::kStop;
   }
+  stop_reason->clear();
+  return num_output >= params_.max_tokens ? FinishReason::kLength : FinishReason::kNone;
+}
+
+OutputProcessor::Update OutputProcessor::add_token(std::int32_t token, std::int64_t num_output) {
+  std::string reason;
+  const FinishReason by_token = finish_by_token(token, num_output, &reason);
+  // The stop token's own text is not part of the output.
+  if (by_token == FinishReason::kStop) return finish_with(FinishReason::kStop, std::move(reason));
   held_ += detok_.push(token);
   for (const auto& s : params_.stop) {  // a stop string can only start inside held_ text
     if (held_.find(s) != std::string::npos) return finish_with(FinishReason::kStop, s);
   }
-  if (num_output >= params_.max_tokens) return finish_with(FinishReason::kLength, "");
+  if (by_token == FinishReason::kLength) return finish_with(FinishReason::kLength, "");
   Update u;
   u.text = take_emittable();
   return u;

@@ -28,6 +28,11 @@ class OutputProcessor {
 
   // `token` was just generated; `num_output` counts it.
   Update add_token(std::int32_t token, std::int64_t num_output);
+  // The end `token` decides without its text, as add_token decides it: kStop for an
+  // end-of-sequence (unless ignore_eos) or stop token once min_tokens are out (`stop_reason`: the
+  // stop token's id, empty for end-of-sequence), else kLength at max_tokens, else kNone. Only
+  // stop strings end a request on text besides, so for a request without any this is its end.
+  FinishReason finish_by_token(std::int32_t token, std::int64_t num_output, std::string* stop_reason) const;
   // Ends the request for another reason (abort, error): returns what is held back.
   std::string flush();
 
