@@ -255,15 +255,19 @@ TEST(Plan, ActivationReserveIsTheBackendsStepBuffers) {
   in.max_num_batched_tokens = 8192;
   auto r = make_plan(in);
   ASSERT_TRUE(r);
-  const double want = 8192.0 * 155648 + 1024.0 * 128256 * 4 * 2 + 32.0 * 1048576 + 0.5 * 1073741824.0;
-  EXPECT_EQ(r->activation_reserve_per_gpu, static_cast<std::uint64_t>(want));
+  // 8,192 tokens of step buffers, 1,024 rows of float32 logits (and their sampling copy), 32 MiB
+  // of cuBLASLt workspace, 0.5 GiB of context.
+  auto reserve = [](double per_token) {
+    return static_cast<std::uint64_t>(8192.0 * per_token + 1024.0 * 128256 * 4 * 2 + 32.0 * 1048576 + 0.5 * 1073741824.0);
+  };
+  EXPECT_EQ(r->activation_reserve_per_gpu, reserve(155648));
   // Under tensor parallelism a GPU holds its share of the heads and of the MLP.
   in.model = *model_preset("llama-3.1-70b");
   in.tensor_parallel_size = 4;
   auto tp = make_plan(in);
   ASSERT_TRUE(tp);
   const double per70 = static_cast<double>(backend::step_buffer_bytes(8192, 16, 2, 128, 7168, 2, 2).total());
-  EXPECT_EQ(tp->activation_reserve_per_gpu, static_cast<std::uint64_t>(8192.0 * per70 + 1024.0 * 128256 * 4 * 2 + 32.0 * 1048576 + 0.5 * 1073741824.0));
+  EXPECT_EQ(tp->activation_reserve_per_gpu, reserve(per70));
 }
 
 // A replica runs at most max_num_seqs requests at once, whatever its KV pool holds; the limits

@@ -96,20 +96,22 @@ struct Result {
   std::vector<float> logprobs;
 };
 
+void add_event(Result* r, const StreamEvent& e) {
+  r->tokens.insert(r->tokens.end(), e.token_ids.begin(), e.token_ids.end());
+  r->text += e.text;
+  for (const auto& lp : e.logprobs) r->logprobs.push_back(lp.logprob);
+  r->completion_tokens = e.completion_tokens;
+  if (e.finish != FinishReason::kNone) {
+    r->finish = e.finish;
+    r->stop_reason = e.stop_reason;
+    ++r->finish_events;
+  }
+}
+
 Result collect(const std::shared_ptr<RequestStream>& s) {
   Result r;
   StreamEvent e;
-  while (s->next(&e)) {
-    r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
-    r.text += e.text;
-    for (const auto& lp : e.logprobs) r.logprobs.push_back(lp.logprob);
-    r.completion_tokens = e.completion_tokens;
-    if (e.finish != FinishReason::kNone) {
-      r.finish = e.finish;
-      r.stop_reason = e.stop_reason;
-      ++r.finish_events;
-    }
-  }
+  while (s->next(&e)) add_event(&r, e);
   return r;
 }
 
@@ -548,18 +550,7 @@ TEST(Engine, OutputsDeferredOrOnTheSamplerThreadsMatchTheSerialOnes) {
       // n choices share a stream; split their events by choice index.
       std::vector<Result> by_choice(static_cast<std::size_t>(choices[k]));
       StreamEvent e;
-      while (streams[k]->next(&e)) {
-        Result& r = by_choice.at(static_cast<std::size_t>(e.index));
-        r.tokens.insert(r.tokens.end(), e.token_ids.begin(), e.token_ids.end());
-        r.text += e.text;
-        for (const auto& lp : e.logprobs) r.logprobs.push_back(lp.logprob);
-        r.completion_tokens = e.completion_tokens;
-        if (e.finish != FinishReason::kNone) {
-          r.finish = e.finish;
-          r.stop_reason = e.stop_reason;
-          ++r.finish_events;
-        }
-      }
+      while (streams[k]->next(&e)) add_event(&by_choice.at(static_cast<std::size_t>(e.index)), e);
       results.push_back(std::move(by_choice));
     }
     auto s = engine->stats();
