@@ -647,11 +647,43 @@ TEST(Engine, ShutdownRejectsNewWorkAndAbortsTheRest) {
   EXPECT_EQ(late.error().rejection, Rejection::kShuttingDown);
 }
 
+// With outputs deferred to the emitter (overlap_outputs, from 2 rows a step): requests that end
+// by length while others run, aborts and a shutdown mid-run each end every request exactly once,
+// and every block comes back.
+TEST(Engine, AbortsAndShutdownWhileOutputsAreDeferred) {
+  EngineOptions o;
+  o.parallel_output_rows = 1;
+  auto engine = make_engine(demo(), 256, o);
+  std::vector<Submitted> subs;
+  for (int i = 0; i < 8; ++i) {
+    auto sub = engine->submit({.prompt = {1, 2, 3, static_cast<std::int32_t>(10 + i)}, .params = greedy(i % 2 == 0 ? 3 : 900)});
+    ASSERT_TRUE(sub);
+    subs.push_back(*sub);
+  }
+  std::vector<Result> results(subs.size());
+  for (std::size_t i = 0; i < subs.size(); i += 2) results[i] = collect(subs[i].stream);  // the short ones end by length
+  engine->abort(subs[1].id);
+  engine->abort(subs[0].id);  // ended already: nothing to do
+  engine->shutdown(std::chrono::milliseconds(0));
+  for (std::size_t i = 1; i < subs.size(); i += 2) results[i] = collect(subs[i].stream);
+  for (std::size_t i = 0; i < subs.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i));
+    EXPECT_EQ(results[i].finish_events, 1);
+    EXPECT_EQ(results[i].finish, i % 2 == 0 ? FinishReason::kLength : FinishReason::kAbort);
+    if (i % 2 == 0) {
+      EXPECT_EQ(results[i].completion_tokens, 3);
+    }
+  }
+  auto s = engine->stats();
+  EXPECT_EQ(s.running, 0);
+  EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
+  EXPECT_EQ(s.requests_finished, 8u);
+}
+
 // Thousands of requests on a tiny model: random lengths, lanes, priorities and aborts, a
 // tiny pool. Every request finishes exactly once, every block comes back, and a high-lane
-// request is never left waiting while a low-lane one is admitted after it.
-// Thousands of requests with aborts among them, with outputs in the step (parallel_output_rows
-// 128, above the batch) and deferred to the emitter (2).
+// request is never left waiting while a low-lane one is admitted after it; with outputs in the
+// step (parallel_output_rows 128, above the batch) and deferred to the emitter (2).
 class EngineStress : public ::testing::TestWithParam<std::size_t> {};
 
 TEST_P(EngineStress, RandomizedStress) {
