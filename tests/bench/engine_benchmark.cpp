@@ -120,6 +120,7 @@ void BM_EngineHostStep(benchmark::State& state) {
   o.scheduler.lanes = {{"default", 0, 0, 4096}};
   auto eng = engine::Engine::create(std::move(backend), *tok, o);
   double host = 0, steps = 0, wall = 0;
+  engine::EngineStats::HostPhases phases;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto before = (*eng)->stats();
@@ -143,7 +144,17 @@ void BM_EngineHostStep(benchmark::State& state) {
     wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     host += after.host_seconds_total - before.host_seconds_total + after.forward_seconds_total - before.forward_seconds_total;
     steps += static_cast<double>(after.steps_total - before.steps_total);
+    auto d = after.host_phases;
+    d -= before.host_phases;
+    phases.schedule += d.schedule, phases.inputs += d.inputs, phases.relock += d.relock, phases.sample += d.sample, phases.outputs += d.outputs;
   }
+  // The engine's own split of its host time (EngineStats::host_phases), per step.
+  auto per_step = [&](double seconds) { return benchmark::Counter(steps > 0 ? 1e3 * seconds / steps : 0); };
+  state.counters["schedule_ms"] = per_step(phases.schedule);
+  state.counters["inputs_ms"] = per_step(phases.inputs);
+  state.counters["relock_ms"] = per_step(phases.relock);
+  state.counters["sample_ms"] = per_step(phases.sample);
+  state.counters["outputs_ms"] = per_step(phases.outputs);
   state.counters["host_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * host / steps : 0);
   state.counters["wall_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * wall / steps : 0);
 }
