@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <limits>
 
 #include "text/jinja/interpreter.h"
 #include "text/utf8.h"
@@ -506,6 +507,10 @@ Result<Value> Interpreter::apply_filter(const std::string& name, const Value& v,
   if (name == "tojson") {
     Value indent = args.get(0, "indent", Value::none());
     Value sort_keys = args.get(3, "sort_keys", Value::boolean(false));
+    // An indent past int's range cannot fit the output cap anyway (json_value checks the rest).
+    if (indent.is_number() && indent.as_int() > std::numeric_limits<int>::max()) {
+      return error(Status(StatusCode::kResourceExhausted, "tojson output too large"));
+    }
     auto j = v.to_json(indent.is_number() ? static_cast<int>(indent.as_int()) : -1, sort_keys.truthy());
     if (!j && j.error().code() == StatusCode::kResourceExhausted) return error(j.error());
     if (!j) return error(Status(StatusCode::kInvalidArgument, "TypeError: " + j.error().message()));
@@ -610,8 +615,15 @@ Result<Value> Interpreter::apply_filter(const std::string& name, const Value& v,
     Value width = args.get(0, "width", Value::integer(4));
     bool first = args.get(1, "first", Value::boolean(false)).truthy();
     bool blank = args.get(2, "blank", Value::boolean(false)).truthy();
-    std::string ind = width.is_string() ? width.str().text : std::string(static_cast<std::size_t>(std::max<std::int64_t>(0, width.as_int())), ' ');
+    const std::int64_t pad = width.is_string() ? 0 : std::max<std::int64_t>(0, width.as_int());
     std::string s = v.to_str().text + "\n";
+    // Every line gets the indentation: refuse what could not fit the output cap before building it.
+    const auto line_count = static_cast<std::uint64_t>(std::count(s.begin(), s.end(), '\n') + std::count(s.begin(), s.end(), '\r'));
+    const std::uint64_t ind_bytes = width.is_string() ? width.str().text.size() : static_cast<std::uint64_t>(pad);
+    if (ind_bytes > Value::kMaxTextBytes || ind_bytes * line_count + s.size() > Value::kMaxTextBytes) {
+      return error(Status(StatusCode::kResourceExhausted, "indent: output too large"));
+    }
+    std::string ind = width.is_string() ? width.str().text : std::string(static_cast<std::size_t>(pad), ' ');
     std::vector<std::string> lines;
     std::size_t pos = 0;
     while (pos < s.size()) {

@@ -250,11 +250,15 @@ void json_string(const std::string& s, std::string& out) {
 Status json_value(const Value& v, int indent, bool sort_keys, int level, std::string& out) {
   if (level > Value::kMaxNesting) return Status(StatusCode::kInvalidArgument, "Circular reference detected");
   if (out.size() > text_cap) return Status(StatusCode::kResourceExhausted, "tojson output too large");
-  auto newline = [&](int lvl) {
-    if (indent >= 0) {
-      out += '\n';
-      out.append(static_cast<std::size_t>(indent * lvl), ' ');
-    }
+  // A line break and its indentation, which alone may pass the cap: tojson(indent=1111390033)
+  // appended a gigabyte of spaces before the next check (found by template_fuzz).
+  auto newline = [&](int lvl) -> Status {
+    if (indent < 0) return Status::ok();
+    const std::size_t pad = static_cast<std::size_t>(indent) * static_cast<std::size_t>(lvl);
+    if (pad > text_cap || out.size() + 1 + pad > text_cap) return Status(StatusCode::kResourceExhausted, "tojson output too large");
+    out += '\n';
+    out.append(pad, ' ');
+    return Status::ok();
   };
   const char* item_sep = indent >= 0 ? "," : ", ";
   switch (v.kind()) {
@@ -276,10 +280,10 @@ Status json_value(const Value& v, int indent, bool sort_keys, int level, std::st
       out += '[';
       for (std::size_t i = 0; i < a.size(); ++i) {
         if (i) out += item_sep;
-        newline(level + 1);
+        LMSERVE_RETURN_IF_ERROR(newline(level + 1));
         LMSERVE_RETURN_IF_ERROR(json_value(a[i], indent, sort_keys, level + 1, out));
       }
-      newline(level);
+      LMSERVE_RETURN_IF_ERROR(newline(level));
       out += ']';
       return Status::ok();
     }
@@ -297,12 +301,12 @@ Status json_value(const Value& v, int indent, bool sort_keys, int level, std::st
       out += '{';
       for (std::size_t i = 0; i < items.size(); ++i) {
         if (i) out += item_sep;
-        newline(level + 1);
+        LMSERVE_RETURN_IF_ERROR(newline(level + 1));
         json_string(items[i]->first, out);
         out += ": ";
         LMSERVE_RETURN_IF_ERROR(json_value(items[i]->second, indent, sort_keys, level + 1, out));
       }
-      newline(level);
+      LMSERVE_RETURN_IF_ERROR(newline(level));
       out += '}';
       return Status::ok();
     }
