@@ -159,17 +159,19 @@ TEST(Jinja, ListsSharedThousandsOfTimesStayBounded) {
 
 TEST(Jinja, HugeIndentsFailAtTheOutputLimitBeforeAllocating) {
   // Found by template_fuzz: tojson(indent=1111390033) appended a gigabyte of spaces (the cap was
-  // checked only between values), and a huge width of the indent filter would build it too.
+  // checked only between values), and a huge width of the indent or center filter would build
+  // it too.
   ojson ctx = {{"x", ojson::array({1, 2})}};
   for (const char* src : {"{{ x | tojson(indent=1111390033) }}", "{{ x | tojson(indent=99999999999999) }}",
-                          "{{ 'a\nb' | indent(1000000000000) }}", "{{ 'a\nb' | indent(40000000, true) }}"}) {
+                          "{{ 'a\nb' | indent(1000000000000) }}", "{{ 'a\nb' | indent(40000000, true) }}",
+                          "{{ 'a' | center(1000000000000) }}"}) {
     auto r = render(src, ctx);
     ASSERT_FALSE(r) << src;
     EXPECT_EQ(r.error().code(), StatusCode::kResourceExhausted) << src << ": " << r.error().to_string();
   }
-  auto ok = render("{{ x | tojson(indent=3) }}|{{ 'a\nb' | indent(2) }}", ctx);
+  auto ok = render("{{ x | tojson(indent=3) }}|{{ 'a\nb' | indent(2) }}|{{ 'ab' | center(6) }}|", ctx);
   ASSERT_TRUE(ok) << ok.error().to_string();
-  EXPECT_EQ(*ok, "[\n   1,\n   2\n]|a\n  b");
+  EXPECT_EQ(*ok, "[\n   1,\n   2\n]|a\n  b|  ab  |");
 }
 
 TEST(Jinja, IntegerArithmeticFollowsPythonOrFailsOutsideInt64) {

@@ -722,6 +722,9 @@ Result<Value> Interpreter::apply_filter(const std::string& name, const Value& v,
     std::string s = v.to_str().text;
     auto len = static_cast<std::int64_t>(utf8_length(s));
     if (width <= len) return str_result(s, v);
+    if (static_cast<std::uint64_t>(width - len) + s.size() > Value::kMaxTextBytes) {
+      return error(Status(StatusCode::kResourceExhausted, "center: output too large"));
+    }
     std::int64_t total = width - len, left = total / 2 + (total & width & 1);
     return str_result(std::string(static_cast<std::size_t>(left), ' ') + s +
                           std::string(static_cast<std::size_t>(total - left), ' '),
