@@ -1,6 +1,7 @@
 #include "common/thread_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace lmserve {
 
@@ -67,6 +68,57 @@ void ThreadPool::parallel_for(std::size_t n, const std::function<void(std::size_
   if (b < e) fn(b, e);
   std::unique_lock lock(mu_);
   done_cv_.wait(lock, [&] { return pending_ == 0; });
+}
+
+BackgroundTask::BackgroundTask() : thread_([this] { loop(); }) {}
+
+BackgroundTask::~BackgroundTask() {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void BackgroundTask::start(std::function<void()> job) {
+  {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });  // the previous job's error, if any, waits for wait()
+    job_ = std::move(job);
+    busy_ = true;
+  }
+  cv_.notify_all();
+}
+
+void BackgroundTask::wait() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !busy_; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void BackgroundTask::loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || busy_; });
+    if (busy_) {
+      auto job = std::move(job_);
+      lock.unlock();
+      try {
+        job();
+      } catch (...) {
+        lock.lock();
+        error_ = std::current_exception();
+        lock.unlock();
+      }
+      lock.lock();
+      busy_ = false;
+      cv_.notify_all();
+      continue;
+    }
+    return;  // stop_, nothing in flight
+  }
 }
 
 }  // namespace lmserve

@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -34,6 +35,31 @@ class ThreadPool {
   const std::function<void(std::size_t, std::size_t)>* job_ = nullptr;
   std::size_t n_ = 0, generation_ = 0, pending_ = 0;
   bool stop_ = false;
+};
+
+// One long-lived thread that runs one job at a time beside its owner: start() hands a job over
+// (the previous one must be waited for), wait() blocks until it has run and rethrows what it
+// threw. A thread made once, not one per job (std::async), so that starting a job costs a
+// wake-up and cannot fail for want of threads.
+class BackgroundTask {
+ public:
+  BackgroundTask();
+  ~BackgroundTask();  // waits for the job in flight, then joins
+  BackgroundTask(const BackgroundTask&) = delete;
+  BackgroundTask& operator=(const BackgroundTask&) = delete;
+
+  void start(std::function<void()> job);
+  void wait();
+
+ private:
+  void loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: started once the members above exist
 };
 
 }  // namespace lmserve

@@ -271,7 +271,7 @@ void Engine::retire(Request* r, std::int32_t choice_index) {
 }
 
 void Engine::drain_outputs() {
-  if (emitter_.valid()) emitter_.get();
+  emitter_.wait();
   for (RequestId id : retired_) live_.erase(id);
   retired_.clear();
 }
@@ -520,7 +520,7 @@ Status Engine::step() {
       retire(d.r, lives[i]->index);
       retired_.push_back(d.r->id);
     }
-    emitter_ = std::async(std::launch::async, [this] { emit(deferred_); });
+    emitter_.start([this] { emit(deferred_); });
   }
   const auto end = Clock::now();
   auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };

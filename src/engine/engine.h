@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -250,7 +249,7 @@ class Engine {
   void emit(std::vector<DeferredRow>& rows) const;  // on the emitter thread: no engine state
   std::vector<DeferredRow> deferred_;
   std::vector<RequestId> retired_;
-  std::future<void> emitter_;
+  BackgroundTask emitter_;
   std::vector<std::uint64_t> rejections_;
   std::vector<std::uint64_t> limit_episodes_;
   AdmissionBlock last_block_ = AdmissionBlock::kNone;
