@@ -164,7 +164,7 @@ TEST(Jinja, HugeIndentsFailAtTheOutputLimitBeforeAllocating) {
   ojson ctx = {{"x", ojson::array({1, 2})}};
   for (const char* src : {"{{ x | tojson(indent=1111390033) }}", "{{ x | tojson(indent=99999999999999) }}",
                           "{{ 'a\nb' | indent(1000000000000) }}", "{{ 'a\nb' | indent(40000000, true) }}",
-                          "{{ 'a' | center(1000000000000) }}"}) {
+                          "{{ 'a' | center(1000000000000) }}", "{{ 'a' | center(6.07e20) }}"}) {
     auto r = render(src, ctx);
     ASSERT_FALSE(r) << src;
     EXPECT_EQ(r.error().code(), StatusCode::kResourceExhausted) << src << ": " << r.error().to_string();

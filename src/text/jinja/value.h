@@ -66,7 +66,15 @@ class Value {
   bool is_namespace() const { return kind_ == Kind::kObject && namespace_; }
 
   bool as_bool() const { return b_; }
-  std::int64_t as_int() const { return kind_ == Kind::kFloat ? static_cast<std::int64_t>(f_) : i_; }
+  // A float outside int64's range saturates (NaN: 0): converting it was undefined behaviour (found by
+  // template_fuzz under UBSan, e.g. center(6.07e20)); the callers' caps then refuse the extreme.
+  std::int64_t as_int() const {
+    if (kind_ != Kind::kFloat) return i_;
+    if (!(f_ == f_)) return 0;
+    if (f_ >= 9223372036854775807.0) return INT64_MAX;
+    if (f_ <= -9223372036854775808.0) return INT64_MIN;
+    return static_cast<std::int64_t>(f_);
+  }
   double as_double() const { return kind_ == Kind::kFloat ? f_ : static_cast<double>(i_); }
   const Str& str() const { return *s_; }
   Array& array_ref() const { return *a_; }
