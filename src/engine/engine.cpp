@@ -453,6 +453,7 @@ Status Engine::step() {
     d.cached_prompt = r->num_cached_prompt;
     d.finish = lives[i]->out->finish_by_token(results[i].token, d.num_output, &d.stop_reason);
     if (d.finish == FinishReason::kNone && r->num_tokens() >= options_.scheduler.max_model_len) d.finish = FinishReason::kLength;
+    d.res = std::move(results[i]);  // the row's only reader from here on is the emitter
   }
   updates.resize(sampled.size());
   auto process = [&](std::size_t b, std::size_t e) {
@@ -507,17 +508,10 @@ Status Engine::step() {
   if (!deferred_.empty()) {
     // The ended requests leave the scheduler now, so the next step does not run them; their
     // Live stays until the emitter is done with it (drain_outputs).
-    std::size_t k = 0;
-    for (std::size_t i = 0; i < sampled.size(); ++i) {
-      if (k < sync_rows.size() && sync_rows[k] == i) {
-        ++k;
-        continue;
-      }
-      DeferredRow& d = deferred_[i - k];
-      d.res = std::move(results[i]);
+    for (DeferredRow& d : deferred_) {
       if (d.finish == FinishReason::kNone) continue;
-      d.times = lives[i]->times;
-      retire(d.r, lives[i]->index);
+      d.times = d.live->times;  // first_token is set by now
+      retire(d.r, d.live->index);
       retired_.push_back(d.r->id);
     }
     emitter_.start([this] { emit(deferred_); });
