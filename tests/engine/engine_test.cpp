@@ -574,7 +574,14 @@ TEST(Engine, OutputsDeferredOrOnTheSamplerThreadsMatchTheSerialOnes) {
         EXPECT_EQ(got->finish, want.finish);
         EXPECT_EQ(got->stop_reason, want.stop_reason);
         EXPECT_EQ(got->completion_tokens, want.completion_tokens);
-        EXPECT_EQ(got->logprobs, want.logprobs);
+        if (on_cuda()) {
+          // The CUDA backend's sums depend on the batch a row lands in (the three engines batch
+          // their arrivals differently), so its log-probabilities agree to rounding, not bit for bit.
+          ASSERT_EQ(got->logprobs.size(), want.logprobs.size());
+          for (std::size_t t = 0; t < want.logprobs.size(); ++t) EXPECT_NEAR(got->logprobs[t], want.logprobs[t], 1e-4) << t;
+        } else {
+          EXPECT_EQ(got->logprobs, want.logprobs);
+        }
         EXPECT_EQ(got->finish_events, 1);
       }
       EXPECT_EQ(want.completion_tokens, static_cast<std::int64_t>(want.tokens.size()));
