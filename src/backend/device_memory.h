@@ -8,14 +8,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "common/thread_pool.h"
 
 namespace lmserve {
 
@@ -49,14 +49,11 @@ class DeviceMemoryMonitor {
   void sample_all();
 
   std::vector<int> devices_;
-  std::chrono::milliseconds period_;
   GpuMemorySampler sampler_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
   std::vector<GpuMemorySample> latest_;
   std::uint64_t samples_ = 0;
-  std::thread thread_;
+  std::optional<PeriodicTask> ticker_;  // last: stopped before the members above go
 };
 
 }  // namespace lmserve

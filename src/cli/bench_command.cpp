@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/gpu_power.h"
 #include "bench/engine_bench.h"
 #include "bench/load.h"
 #include "cli/commands.h"
@@ -47,7 +48,10 @@ void print_throughput(const bench::ThroughputResult& r) {
 }
 
 // Model FLOPs of a run (bench::model_flops) per second, and their share of the matrix rate.
-void print_flops(const bench::ThroughputResult& r, const model::ModelConfig& config, const bench::ThroughputOptions& o, double matmul_rate) {
+// Against both measured rates: the burst (top clock) and, where measured, the rate sustained at the
+// board's power limit.
+void print_flops(const bench::ThroughputResult& r, const model::ModelConfig& config, const bench::ThroughputOptions& o, double matmul_rate,
+                 double sustained_rate, double sustain_seconds) {
   std::vector<std::int64_t> in = o.input_lens, out = o.output_lens;
   if (in.empty()) {
     in.assign(static_cast<std::size_t>(o.num_prompts), o.input_len);
@@ -58,6 +62,10 @@ void print_flops(const bench::ThroughputResult& r, const model::ModelConfig& con
   std::printf("model FLOPs: %.4g TFLOP (matmul %.4g, attention %.4g) in %.2f s = %.4g TFLOP/s", f.total() / 1e12, f.matmul / 1e12,
               f.attention / 1e12, r.seconds, rate / 1e12);
   if (matmul_rate > 0) std::printf(" = %.1f%% of the measured bf16 matrix rate (%.0f TFLOP/s)", 100.0 * rate / matmul_rate, matmul_rate / 1e12);
+  if (sustained_rate > 0) {
+    std::printf("; %.1f%% of the rate it sustains (%.0f TFLOP/s, the last %.3g s of %.3g s of products)", 100.0 * rate / sustained_rate,
+                sustained_rate / 1e12, sustain_seconds / 2, sustain_seconds);
+  }
   std::printf("\n");
 }
 
@@ -73,6 +81,7 @@ Command add_bench_command(CLI::App& app) {
     bench::DatasetOptions mix;
     bool compare_uniform = false;
     double kv_growth_reserve = 0.0;
+    double sustain_seconds = 6.0;  // throughput on a GPU: the sustained matrix rate's measurement
   };
   auto lat = std::make_shared<Opts>();
   auto thr = std::make_shared<Opts>();
@@ -101,6 +110,10 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   add_mixed_length_options(*throughput, thr->mix);
   throughput->add_flag("--compare-uniform", thr->compare_uniform, "mixed: also run uniform lengths with the same means and compare");
+  throughput->add_option("--sustained-rate-seconds", thr->sustain_seconds,
+                         "GPU: after the run, time bf16 products this long for the matrix rate the power limit sustains (0: skip)")
+      ->check(CLI::Range(0.0, 600.0))
+      ->capture_default_str();
   auto* serve = app.add_subcommand("serve", "load test an OpenAI-compatible endpoint (streaming; datasets, sweeps, goodput)");
   Command serve_run = add_bench_serve(*serve);
 
@@ -118,8 +131,11 @@ Command add_bench_command(CLI::App& app) {
       print_memory(*m->backend);
       bench::LatencyOptions lo{o.batch_size, o.input_len, o.output_len, o.model.max_num_batched_tokens, o.seed, 0};
       if (m->backend->name() == "cuda") lo.copy_bandwidth = backend::measure_copy_bandwidth(0);
+      std::optional<GpuPowerRecorder> recorder;
+      if (m->backend->name() == "cuda") recorder.emplace(0, std::chrono::milliseconds(50));
       auto r = bench::run_latency(*m->backend, lo);
       if (!r) return fail("latency", r.error());
+      if (recorder) recorder->stop();
       std::printf("batch %lld, input %lld, output %lld\n", static_cast<long long>(o.batch_size), static_cast<long long>(o.input_len),
                   static_cast<long long>(o.output_len));
       std::printf("prefill %.2f ms (%.0f tokens/s)\n", r->prefill_seconds * 1e3,
@@ -131,6 +147,7 @@ Command add_bench_command(CLI::App& app) {
                     r->bound_seconds * 1e3, r->weight_bytes / 1e9, r->kv_bytes_per_step / 1e9, lo.copy_bandwidth / 1e9,
                     r->mean_step / r->bound_seconds);
       }
+      if (recorder) std::printf("gpu 0 during the run: %s\n", recorder->summary().describe().c_str());
       return 0;
     }
     auto& o = *thr;
@@ -181,24 +198,43 @@ Command add_bench_command(CLI::App& app) {
     eo.scheduler.kv_growth_reserve = o.kv_growth_reserve;
     const std::int64_t vocab = m->weights->config().vocab_size;
     const model::ModelConfig config = m->weights->config();
-    const double matmul_rate = m->backend->name() == "cuda" ? backend::measure_matmul_rate(0) : 0;
+    const bool on_gpu = m->backend->name() == "cuda";
+    const double matmul_rate = on_gpu ? backend::measure_matmul_rate(0) : 0;
     auto e = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
     if (!e) return fail("throughput", e.error());
-    auto r = bench::run_throughput(**e, vocab, to);
+    // A run with the GPU's clocks and power sampled beside it; the summary is printed with it.
+    auto run = [&](const bench::ThroughputOptions& opts, std::string* power) {
+      std::optional<GpuPowerRecorder> recorder;
+      if (on_gpu) recorder.emplace(0);
+      auto result = bench::run_throughput(**e, vocab, opts);
+      if (recorder) {
+        recorder->stop();
+        *power = recorder->summary().describe();
+      }
+      return result;
+    };
+    auto print_power = [](const std::string& power) {
+      if (!power.empty()) std::printf("gpu 0 during the run: %s\n", power.c_str());
+    };
+    std::string power, uniform_power;
+    auto r = run(to, &power);
     if (!r) return fail("throughput", r.error());
+    const double sustained_rate = on_gpu && o.sustain_seconds > 0 ? backend::measure_matmul_rate(0, o.sustain_seconds) : 0;
     if (o.dataset == "mixed") {
       std::printf("==== mixed: log-normal lengths, medians %.0f in / %.0f out, sigma %.2f, clipped at %lld / %lld\n", o.mix.input_median,
                   o.mix.output_median, o.mix.input_sigma, static_cast<long long>(o.mix.max_input_len), static_cast<long long>(o.mix.max_output_len));
     }
     print_throughput(*r);
-    print_flops(*r, config, to, matmul_rate);
+    print_power(power);
+    print_flops(*r, config, to, matmul_rate, sustained_rate, o.sustain_seconds);
     if (uniform) {
-      auto u = bench::run_throughput(**e, vocab, *uniform);
+      auto u = run(*uniform, &uniform_power);
       if (!u) return fail("throughput", u.error());
       std::printf("==== uniform: %lld in / %lld out (the mixed run's mean lengths)\n", static_cast<long long>(uniform->input_len),
                   static_cast<long long>(uniform->output_len));
       print_throughput(*u);
-      print_flops(*u, config, *uniform, matmul_rate);
+      print_power(uniform_power);
+      print_flops(*u, config, *uniform, matmul_rate, sustained_rate, o.sustain_seconds);
       const double mixed_tps = static_cast<double>(r->output_tokens) / r->seconds, uni_tps = static_cast<double>(u->output_tokens) / u->seconds;
       std::printf("mixed lengths reach %.1f%% of the uniform run's output tokens/s (%.1f vs %.1f): size on the mixed number\n",
                   100.0 * mixed_tps / std::max(1e-9, uni_tps), mixed_tps, uni_tps);

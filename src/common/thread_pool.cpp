@@ -121,4 +121,23 @@ void BackgroundTask::loop() {
   }
 }
 
+PeriodicTask::PeriodicTask(std::chrono::milliseconds period, std::function<void()> tick)
+    : period_(period), tick_(std::move(tick)), thread_([this] {
+        std::unique_lock lock(mu_);
+        while (!cv_.wait_for(lock, period_, [this] { return stop_; })) {
+          lock.unlock();
+          tick_();
+          lock.lock();
+        }
+      }) {}
+
+PeriodicTask::~PeriodicTask() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
 }  // namespace lmserve

@@ -3,6 +3,7 @@
 // several threads at once are serialised. Exceptions must not escape `fn`.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -59,6 +60,25 @@ class BackgroundTask {
   std::function<void()> job_;
   bool busy_ = false, stop_ = false;
   std::exception_ptr error_;
+  std::thread thread_;  // last: started once the members above exist
+};
+
+// A thread that calls `tick` every `period` (the first call one period after construction)
+// until it is destroyed; destruction returns once the call in flight has ended. Exceptions must
+// not escape `tick`. For samplers (device memory, clocks and power).
+class PeriodicTask {
+ public:
+  PeriodicTask(std::chrono::milliseconds period, std::function<void()> tick);
+  ~PeriodicTask();
+  PeriodicTask(const PeriodicTask&) = delete;
+  PeriodicTask& operator=(const PeriodicTask&) = delete;
+
+ private:
+  std::chrono::milliseconds period_;
+  std::function<void()> tick_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
   std::thread thread_;  // last: started once the members above exist
 };
 

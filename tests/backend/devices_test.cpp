@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "backend/device_memory.h"
+#include "backend/gpu_power.h"
 
 #include <gtest/gtest.h>
 
@@ -90,6 +91,69 @@ TEST(DeviceMemoryMonitor, SystemSamplerReadsAGpuOrNothing) {
   EXPECT_LE(s->used_bytes, s->total_bytes);
   std::printf("[ gpu 0 ] %s: %llu of %llu bytes in use\n", s->source.c_str(), static_cast<unsigned long long>(s->used_bytes),
               static_cast<unsigned long long>(s->total_bytes));
+}
+
+// What a run's clocks and power summary counts: busy samples only, the shares of them held by
+// the power limit and by temperature, the device's top clock and limit from any sample.
+TEST(GpuPower, SummaryCountsBusySamples) {
+  std::vector<GpuPowerSample> v = {
+      {.sm_mhz = 345, .max_sm_mhz = 1980, .power_w = 80, .power_limit_w = 700, .idle = true},
+      {.sm_mhz = 1500, .max_sm_mhz = 1980, .power_w = 690, .power_limit_w = 700, .power_capped = true},
+      {.sm_mhz = 1400, .max_sm_mhz = 1980, .power_w = 702, .power_limit_w = 700, .power_capped = true},
+      {.sm_mhz = 1900, .max_sm_mhz = 1980, .power_w = 500, .power_limit_w = 700, .thermal = true},
+      {.sm_mhz = 1600, .max_sm_mhz = 1980, .power_w = 600, .power_limit_w = 700},
+  };
+  GpuPowerSummary s = summarize(v);
+  EXPECT_EQ(s.samples, 5u);
+  EXPECT_EQ(s.busy_samples, 4u);
+  EXPECT_DOUBLE_EQ(s.mean_sm_mhz, 1600.0);
+  EXPECT_DOUBLE_EQ(s.min_sm_mhz, 1400.0);
+  EXPECT_EQ(s.max_sm_mhz, 1980u);
+  EXPECT_DOUBLE_EQ(s.mean_power_w, 623.0);
+  EXPECT_DOUBLE_EQ(s.max_power_w, 702.0);
+  EXPECT_DOUBLE_EQ(s.power_limit_w, 700.0);
+  EXPECT_DOUBLE_EQ(s.power_capped_share, 0.5);
+  EXPECT_DOUBLE_EQ(s.thermal_share, 0.25);
+  EXPECT_EQ(s.describe(),
+            "SM clock mean 1600 MHz, lowest 1400 (top 1980); power mean 623 W, highest 702 (limit 700 W); held by the power limit in 50% "
+            "and by temperature in 25% of 4 busy samples");
+  EXPECT_EQ(summarize({}).describe(), "no samples (no NVML)");
+  EXPECT_EQ(summarize({v[0]}).describe(), "idle throughout");
+}
+
+TEST(GpuPower, RecorderSamplesItsDeviceUntilStopped) {
+  std::atomic<int> calls{0};
+  std::atomic<int> asked{-1};
+  GpuPowerRecorder r(3, std::chrono::milliseconds(1), [&](int d) -> std::optional<GpuPowerSample> {
+    asked = d;
+    if (++calls % 2 == 0) return std::nullopt;  // an unreadable sample is left out
+    return GpuPowerSample{.sm_mhz = 1000, .power_w = 100};
+  });
+  for (int i = 0; i < 2000 && r.summary().samples < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  r.stop();
+  const auto s = r.summary();
+  EXPECT_GE(s.samples, 3u);
+  EXPECT_EQ(asked, 3);
+  EXPECT_DOUBLE_EQ(s.mean_sm_mhz, 1000.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(r.summary().samples, s.samples);  // none after stop()
+}
+
+// Without a GPU (CI) the system sampler answers nothing; with one (and NVML) it reads a clock
+// and a power draw within the device's limits.
+TEST(GpuPower, SystemSamplerReadsAGpuOrNothing) {
+  auto s = system_gpu_power_sampler()(0);
+  if (probe_devices().devices.empty()) {
+    EXPECT_FALSE(s.has_value());
+    return;
+  }
+  if (!s) GTEST_SKIP() << "a GPU but no NVML";
+  EXPECT_GT(s->sm_mhz, 0u);
+  EXPECT_LE(s->sm_mhz, s->max_sm_mhz);
+  EXPECT_GT(s->power_w, 0.0);
+  EXPECT_GT(s->power_limit_w, 0.0);
+  std::printf("[ gpu 0 ] SM %u of %u MHz, %.0f of %.0f W, idle %d, power-capped %d\n", s->sm_mhz, s->max_sm_mhz, s->power_w,
+              s->power_limit_w, s->idle, s->power_capped);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 
@@ -53,6 +54,39 @@ TEST(BackgroundTask, DestructionWaitsForTheJobInFlight) {
     });
   }
   EXPECT_TRUE(done);
+}
+
+// Ticks come on another thread, one period apart at the earliest; none after destruction,
+// which waits for the tick in flight.
+TEST(PeriodicTask, TicksUntilDestroyedAndNotAfter) {
+  std::atomic<int> ticks{0};
+  std::atomic<bool> in_tick{false}, other_thread{true};
+  const auto caller = std::this_thread::get_id();
+  {
+    PeriodicTask t(std::chrono::milliseconds(1), [&] {
+      in_tick = true;
+      if (std::this_thread::get_id() == caller) other_thread = false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      ++ticks;
+      in_tick = false;
+    });
+    for (int i = 0; i < 2000 && ticks < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_FALSE(in_tick);
+  EXPECT_TRUE(other_thread);
+  const int seen = ticks;
+  EXPECT_GE(seen, 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(ticks, seen);
+}
+
+// A long period: destruction does not wait for it.
+TEST(PeriodicTask, DestructionDoesNotWaitForTheNextTick) {
+  std::atomic<int> ticks{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  { PeriodicTask t(std::chrono::hours(1), [&] { ++ticks; }); }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::minutes(1));
+  EXPECT_EQ(ticks, 0);
 }
 
 }  // namespace

@@ -254,6 +254,6 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
 }
 
 double measure_copy_bandwidth(int device) { return cuda::copy_bandwidth(device); }
-double measure_matmul_rate(int device) { return cuda::matmul_rate(device); }
+double measure_matmul_rate(int device, double seconds) { return cuda::matmul_rate(device, seconds); }
 
 }  // namespace lmserve::backend

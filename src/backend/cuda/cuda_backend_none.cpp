@@ -8,6 +8,6 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
 }
 
 double measure_copy_bandwidth(int) { return 0; }
-double measure_matmul_rate(int) { return 0; }
+double measure_matmul_rate(int, double) { return 0; }
 
 }  // namespace lmserve::backend

@@ -749,7 +749,7 @@ __global__ void fill_random_bf16_kernel(std::uint16_t* p, std::int64_t n, std::u
 
 }  // namespace
 
-double matmul_rate(int device) {
+double matmul_rate(int device, double seconds) {
   if (cudaSetDevice(device) != cudaSuccess) return 0;
   constexpr int kN = 8192, kReps = 10;
   const std::size_t elems = static_cast<std::size_t>(kN) * kN;
@@ -759,8 +759,23 @@ double matmul_rate(int device) {
   fill_random_bf16_kernel<<<1024, 256>>>(a.as<std::uint16_t>(), static_cast<std::int64_t>(elems), 1u);
   fill_random_bf16_kernel<<<1024, 256>>>(b.as<std::uint16_t>(), static_cast<std::int64_t>(elems), 2u);
   if (!gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr).empty()) return 0;  // the plan, checked once
-  const float ms = elapsed_ms(kReps, [&] { gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr); });
-  return ms > 0 ? 2.0 * kN * static_cast<double>(kN) * kN * kReps / (ms / 1000.0) : 0;
+  auto product = [&] { gemm.run(a.p, b.p, c.as<float>(), kN, kN, kN, Act::kBF16, nullptr); };
+  const double flop = 2.0 * kN * static_cast<double>(kN) * kN * kReps;
+  if (seconds <= 0) {
+    const float ms = elapsed_ms(kReps, product);
+    return ms > 0 ? flop / (ms / 1000.0) : 0;
+  }
+  // Sustained: batches of kReps products for `seconds`, counting the second half only, once
+  // the clock has settled where the power limit holds it.
+  const auto t0 = std::chrono::steady_clock::now();
+  double late_flop = 0, late_ms = 0;
+  for (double elapsed = 0; elapsed < seconds;) {
+    const float ms = elapsed_ms(kReps, product);
+    if (ms <= 0) return 0;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (elapsed >= seconds / 2) late_flop += flop, late_ms += ms;
+  }
+  return late_ms > 0 ? late_flop / (late_ms / 1000.0) : 0;
 }
 
 }  // namespace lmserve::cuda

@@ -96,7 +96,10 @@ std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& di
 bool kernels_support(std::int64_t head_dim, std::int64_t group);
 double copy_bandwidth(int device);
 // bf16 matrix-product rate in FLOP/s of this backend's GEMM path (cuBLASLt, float32
-// accumulation and output) on an 8192 x 8192 x 8192 product of random values; 0 on failure.
-double matmul_rate(int device);
+// accumulation and output) on 8192 x 8192 x 8192 products of random values; 0 on failure.
+// seconds = 0: ten products (~15 ms on an H200), the burst an idle GPU runs at its top clock.
+// seconds > 0: products for that long, the rate of the second half (the clock the board's
+// power limit holds under sustained load).
+double matmul_rate(int device, double seconds = 0);
 
 }  // namespace lmserve::cuda
