@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 preset=${1:-release}
 build="build/$preset"
 dest=.device/bundle
-tests=${TESTS:-backend_compare_test engine_e2e_test}
+tests=${TESTS:-backend_compare_test engine_e2e_test backend_devices_test}
 tokenizer=${TOKENIZER:-../shared/data/tokenizers/Llama-3.2-3B-Instruct}
 [[ -x $build/lmserve ]] || { echo "device-bundle: build $preset first (make build PRESET=$preset)" >&2; exit 1; }
 
