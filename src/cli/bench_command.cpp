@@ -38,6 +38,14 @@ void print_throughput(const bench::ThroughputResult& r) {
               static_cast<unsigned long long>(r.stats.steps_total), r.stats.forward_seconds_total, r.stats.host_seconds_total,
               100.0 * r.stats.host_seconds_total / std::max(1e-9, r.stats.host_seconds_total + r.stats.forward_seconds_total),
               static_cast<long long>(r.stats.preemptions_total));
+  // Tokens the model ran against the least the run needs: every prompt token not found in the
+  // prefix cache and every output token but each request's last; the rest was computed again
+  // after a preemption.
+  const auto needed = static_cast<std::int64_t>(r.prompt_tokens + r.output_tokens - r.requests) - static_cast<std::int64_t>(r.stats.prefix_hits);
+  const auto again = static_cast<std::int64_t>(r.stats.computed_tokens_total) - needed;
+  std::printf("tokens computed: %llu (prefix-cache hits %llu; computed again after preemption %lld, %.1f%%)\n",
+              static_cast<unsigned long long>(r.stats.computed_tokens_total), static_cast<unsigned long long>(r.stats.prefix_hits),
+              static_cast<long long>(again), 100.0 * static_cast<double>(again) / static_cast<double>(std::max<std::int64_t>(1, needed)));
   const auto& h = r.stats.host_phases;
   const double ms = 1e3 / static_cast<double>(std::max<std::uint64_t>(1, r.stats.steps_total));
   std::printf("per step: host %.3f ms (schedule %.3f, inputs %.3f, relock %.3f, sample %.3f, outputs %.3f); forward %.3f ms, of it staging %.3f ms\n",

@@ -216,6 +216,7 @@ EngineStats Engine::stats() const {
   s.prompt_tokens_total = prompt_tokens_;
   s.generation_tokens_total = generation_tokens_;
   s.steps_total = steps_;
+  s.computed_tokens_total = computed_tokens_;
   s.forward_seconds_total = forward_seconds_;
   s.host_seconds_total = host_seconds_;
   s.host_phases = host_phases_;
@@ -410,6 +411,7 @@ Status Engine::step() {
   staging_seconds_ = backend_->staging_seconds_total();
   scheduler_->commit_step(out);
   ++steps_;
+  computed_tokens_ += tokens.size();
 
   // Rows the backend sampled have their token; the others are sampled here, in parallel when
   // there are several (each request has its own generator). A step the backend sampled whole

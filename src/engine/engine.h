@@ -137,6 +137,10 @@ struct EngineStats {
   std::uint64_t prefix_queries = 0, prefix_hits = 0;
   std::uint64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   std::uint64_t steps_total = 0;
+  // Tokens run through the model (every scheduled prompt chunk and decode token): prompt tokens
+  // not found in the prefix cache, one per generated token after the first, and the tokens a
+  // preempted request computes again when it resumes.
+  std::uint64_t computed_tokens_total = 0;
   // Where step time goes: the device's forward vs the host (scheduling, input preparation,
   // sampling, output processing).
   double forward_seconds_total = 0, host_seconds_total = 0;
@@ -210,7 +214,7 @@ class Engine {
   RequestId next_id_ = 1;
   std::uint64_t arrivals_ = 0;
   bool accepting_ = true, stop_ = false, dead_ = false;
-  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0;
+  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0, computed_tokens_ = 0;
   double forward_seconds_ = 0, host_seconds_ = 0, staging_seconds_ = 0;
   EngineStats::HostPhases host_phases_;
   // Logits rows, reused step to step and never value-initialised: at 1,024 rows of a 128k

@@ -159,6 +159,10 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   auto prompts = mixed_prompts(32);
   // Each alone, with a roomy pool.
   std::vector<std::vector<std::int32_t>> alone;
+  // The tokens a run must compute: each prompt and each output token but the last, less what
+  // the prefix cache had.
+  std::uint64_t needed = 0;
+  for (const auto& p : prompts) needed += p.size() + static_cast<std::uint64_t>(12 + p.size() % 9) - 1;
   {
     auto engine = make_engine(demo(), 256);
     for (const auto& p : prompts) {
@@ -166,6 +170,8 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
       ASSERT_TRUE(sub);
       alone.push_back(collect(sub->stream).tokens);
     }
+    auto s = engine->stats();
+    EXPECT_EQ(s.computed_tokens_total, needed - s.prefix_hits) << "no preemption: nothing computed twice";
   }
   // All at once: tiny token budget (chunked prefill), a pool too small for everyone (preemption).
   EngineOptions o;
@@ -187,6 +193,7 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   for (const auto& [reason, n] : s.admission_limits) limited += n;
   EXPECT_GT(limited, 0u) << "admissions were meant to hit the KV limit";
   EXPECT_GT(s.prefix_hits, 0u) << "the shared prefixes were meant to hit";
+  EXPECT_GT(s.computed_tokens_total, needed - s.prefix_hits) << "a preempted request computes its tokens again";
   EXPECT_EQ(s.running, 0);
   EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
 }
