@@ -218,6 +218,7 @@ EngineStats Engine::stats() const {
   s.steps_total = steps_;
   s.computed_tokens_total = computed_tokens_;
   s.forward_seconds_total = forward_seconds_;
+  s.step_sizes = step_sizes_;
   s.host_seconds_total = host_seconds_;
   s.host_phases = host_phases_;
   s.forward_staging_seconds_total = staging_seconds_;
@@ -312,6 +313,18 @@ void Engine::emit(std::vector<DeferredRow>& rows) const {
       d.live->stream->push(std::move(e), true);
     }
   }
+}
+
+void EngineStats::StepSizes::add(std::int64_t sequences, double seconds) {
+  std::size_t i = 0;
+  while (i + 1 < kUpper.size() && sequences > kUpper[i]) ++i;
+  ++steps[i];
+  forward_seconds[i] += seconds;
+}
+
+EngineStats::StepSizes& EngineStats::StepSizes::operator-=(const StepSizes& o) {
+  for (std::size_t i = 0; i < kUpper.size(); ++i) steps[i] -= o.steps[i], forward_seconds[i] -= o.forward_seconds[i];
+  return *this;
 }
 
 Status Engine::step() {
@@ -521,6 +534,7 @@ Status Engine::step() {
   const auto end = Clock::now();
   auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   forward_seconds_ += secs(fwd_start, fwd_end);
+  step_sizes_.add(static_cast<std::int64_t>(out.scheduled.size()), secs(fwd_start, fwd_end));
   host_seconds_ += secs(step_start, end) - secs(fwd_start, fwd_end);
   host_phases_.schedule += secs(step_start, scheduled_at);
   host_phases_.inputs += secs(scheduled_at, fwd_start);

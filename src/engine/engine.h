@@ -19,6 +19,7 @@
 // marks the engine dead (alive() == false).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -154,6 +155,16 @@ struct EngineStats {
       return *this;
     }
   } host_phases;
+  // Steps and their forward time by the sequences they ran (decode rows and prefill chunks):
+  // where a run's time goes, e.g. a mixed-length run's tail of small steps after the bulk.
+  struct StepSizes {
+    // Bucket i holds steps of more than kUpper[i - 1] and at most kUpper[i] sequences.
+    static constexpr std::array<std::int64_t, 7> kUpper = {1, 4, 16, 64, 256, 1024, std::int64_t{1} << 62};
+    std::array<std::uint64_t, 7> steps{};
+    std::array<double, 7> forward_seconds{};
+    void add(std::int64_t sequences, double seconds);
+    StepSizes& operator-=(const StepSizes& o);
+  } step_sizes;
   // Of forward_seconds_total, what the backend spent on the host (Backend::staging_seconds_total).
   double forward_staging_seconds_total = 0;
   std::vector<std::pair<std::string, std::uint64_t>> rejections;  // by reason
@@ -216,6 +227,7 @@ class Engine {
   bool accepting_ = true, stop_ = false, dead_ = false;
   std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0, computed_tokens_ = 0;
   double forward_seconds_ = 0, host_seconds_ = 0, staging_seconds_ = 0;
+  EngineStats::StepSizes step_sizes_;
   EngineStats::HostPhases host_phases_;
   // Logits rows, reused step to step and never value-initialised: at 1,024 rows of a 128k
   // vocabulary a zero-filled std::vector spent ~0.3-0.8 s of a run writing 525 MB that a backend

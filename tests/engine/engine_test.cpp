@@ -198,6 +198,30 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
   EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
 }
 
+// Steps are counted by the sequences they ran: five requests together, then one long one
+// alone, whose lone steps land in the first bucket; the buckets add up to the totals.
+TEST(Engine, StepsAreCountedByTheirSequences) {
+  auto engine = make_engine(demo(), 128);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 5; ++i) {
+    auto prompt = demo().tokenizer->encode("Item " + std::to_string(i) + " is", {.add_special_tokens = false});
+    auto sub = engine->submit({.prompt = prompt, .params = greedy(i == 0 ? 40 : 4)});
+    ASSERT_TRUE(sub);
+    streams.push_back(sub->stream);
+  }
+  for (auto& st : streams) collect(st);
+  const auto s = engine->stats();
+  std::uint64_t steps = 0;
+  double seconds = 0;
+  for (std::size_t i = 0; i < s.step_sizes.kUpper.size(); ++i) steps += s.step_sizes.steps[i], seconds += s.step_sizes.forward_seconds[i];
+  EXPECT_EQ(steps, s.steps_total);
+  EXPECT_NEAR(seconds, s.forward_seconds_total, 1e-9 * std::max(1.0, s.forward_seconds_total));
+  // The long request's last 36 or so tokens ran alone (more if the others were admitted late).
+  EXPECT_GE(s.step_sizes.steps[0], 30u);
+  EXPECT_GT(s.step_sizes.steps[1] + s.step_sizes.steps[2], 0u) << "steps of 2-16 sequences: the short ones ran together";
+  EXPECT_EQ(s.step_sizes.steps[3] + s.step_sizes.steps[4] + s.step_sizes.steps[5] + s.step_sizes.steps[6], 0u);
+}
+
 // A backend around another one, which answers everything but what a test changes.
 class Wrapping : public backend::Backend {
  public:
