@@ -160,8 +160,8 @@ struct EngineStats {
   struct StepSizes {
     // Bucket i holds steps of more than kUpper[i - 1] and at most kUpper[i] sequences.
     static constexpr std::array<std::int64_t, 7> kUpper = {1, 4, 16, 64, 256, 1024, std::int64_t{1} << 62};
-    std::array<std::uint64_t, 7> steps{};
-    std::array<double, 7> forward_seconds{};
+    std::array<std::uint64_t, kUpper.size()> steps{};
+    std::array<double, kUpper.size()> forward_seconds{};
     void add(std::int64_t sequences, double seconds);
     StepSizes& operator-=(const StepSizes& o);
   } step_sizes;

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <numeric>
 
-#include "bench/engine_bench.h"
 #include "backend/step_buffers.h"
+#include "bench/engine_bench.h"
 #include "bench/serve_bench.h"
 #include "model/config.h"
 #include "plan/plan.h"
