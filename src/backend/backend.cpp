@@ -79,6 +79,17 @@ Status validate_batch(const Batch& b, const model::ModelConfig& c, const KvCache
   return Status::ok();
 }
 
+Status validate_swap(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device, std::int64_t num_blocks,
+                     std::int64_t host_blocks) {
+  for (auto list : {to_host, to_device}) {
+    for (const BlockCopy& c : list) {
+      if (c.device < 0 || c.device >= num_blocks) return Status(StatusCode::kInvalidArgument, "swap: device block outside the KV cache");
+      if (c.host < 0 || c.host >= host_blocks) return Status(StatusCode::kInvalidArgument, "swap: host block outside the swap space");
+    }
+  }
+  return Status::ok();
+}
+
 std::vector<float> rope_inv_freq(const model::ModelConfig& c) {
   const std::int64_t half = c.head_dim / 2;
   std::vector<float> f(static_cast<std::size_t>(half));

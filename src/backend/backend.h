@@ -36,6 +36,13 @@ Result<KvDtype> parse_kv_dtype(std::string_view name, model::DType model_dtype);
 std::string_view kv_dtype_name(KvDtype d);
 int kv_dtype_bytes(KvDtype d);
 
+// One block's move between the device KV cache and the host swap space (Backend::swap_blocks):
+// the KV of every layer, K and V, of device block `device` and host block `host`.
+struct BlockCopy {
+  std::int32_t device = 0;
+  std::int32_t host = 0;
+};
+
 struct KvCacheConfig {
   KvDtype dtype = KvDtype::kFloat32;
   int block_size = 16;
@@ -110,6 +117,26 @@ class Backend {
   virtual std::uint64_t kv_block_bytes() const = 0;
   virtual MemoryInfo memory() const = 0;
 
+  // Host swap space: the KV of a preempted request can wait in host memory instead of being
+  // computed again when it resumes. set_host_blocks(n) lets swap_blocks address host blocks
+  // 0..n-1 of kv_block_bytes() each; memory is taken as blocks are first used, in chunks, so
+  // n costs nothing until preemption. Unimplemented (for n > 0) from a backend without it.
+  virtual Status set_host_blocks(std::int64_t n) {
+    return n == 0 ? Status::ok() : Status(StatusCode::kUnimplemented, "this backend has no host swap space");
+  }
+  // Copies whole blocks: every to_host pair (device -> host) first, then every to_device pair
+  // (host -> device). The copies are ordered after the previous forward() and before the next,
+  // so a device block given up by a swap-out may be written by the next forward, and a host
+  // block read by a swap-in may take a later swap-out. InvalidArgument for a block id out of
+  // range, ResourceExhausted when host memory for the host blocks cannot be had; nothing is
+  // copied then.
+  virtual Status swap_blocks(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device) {
+    if (to_host.empty() && to_device.empty()) return Status::ok();
+    return Status(StatusCode::kUnimplemented, "this backend has no host swap space");
+  }
+  // Host swap memory taken so far (bytes).
+  virtual std::uint64_t host_swap_bytes() const { return 0; }
+
   // Of the time forward() has taken so far, the part a device backend did not spend waiting for
   // the device: checking and staging batches, launching their work (a graph step's device idles
   // meanwhile; an eager step's launches overlap the kernels before them). 0 for a host backend.
@@ -122,6 +149,11 @@ std::uint64_t kv_block_bytes(const model::ModelConfig& config, KvDtype dtype, in
 // The checks every backend makes before touching the cache: InvalidArgument ("batch: ...") for
 // ids, slots, blocks, positions or logits rows out of range, or a logits buffer of the wrong size.
 Status validate_batch(const Batch& batch, const model::ModelConfig& config, const KvCacheConfig& kv, std::size_t logits_size);
+
+// The checks of Backend::swap_blocks: InvalidArgument ("swap: ...") for a device block outside
+// [0, num_blocks) or a host block outside [0, host_blocks).
+Status validate_swap(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device, std::int64_t num_blocks,
+                     std::int64_t host_blocks);
 
 // Rotary inverse frequencies (head_dim / 2 of them) as transformers computes them in float32,
 // with linear or llama3 scaling. Every backend rotates with these same numbers.

@@ -168,6 +168,10 @@ Result<ThroughputResult> run_throughput(engine::Engine& e, std::int64_t V, const
   r.stats.computed_tokens_total -= before.computed_tokens_total;
   r.stats.prefix_hits -= before.prefix_hits;
   r.stats.preemptions_total -= before.preemptions_total;
+  r.stats.swap_outs_total -= before.swap_outs_total;
+  r.stats.swap_ins_total -= before.swap_ins_total;
+  r.stats.swap_bytes_out_total -= before.swap_bytes_out_total;
+  r.stats.swap_bytes_in_total -= before.swap_bytes_in_total;
   return r;
 }
 

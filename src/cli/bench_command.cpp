@@ -47,6 +47,11 @@ void print_throughput(const bench::ThroughputResult& r) {
   std::printf("tokens computed: %llu (prefix-cache hits %llu; computed again after preemption %lld, %.1f%%)\n",
               static_cast<unsigned long long>(r.stats.computed_tokens_total), static_cast<unsigned long long>(r.stats.prefix_hits),
               static_cast<long long>(again), 100.0 * static_cast<double>(again) / static_cast<double>(std::max<std::int64_t>(1, needed)));
+  if (r.stats.swap_outs_total > 0) {
+    std::printf("swap space: %lld of the preempted requests waited in host memory (%.2f GiB out, %.2f GiB back; %.2f GiB taken)\n",
+                static_cast<long long>(r.stats.swap_outs_total), static_cast<double>(r.stats.swap_bytes_out_total) / 1073741824.0,
+                static_cast<double>(r.stats.swap_bytes_in_total) / 1073741824.0, static_cast<double>(r.stats.host_swap_bytes) / 1073741824.0);
+  }
   // Steps by the sequences they ran: "1: 3012 x 5.02 ms" (count x mean forward time).
   std::printf("steps by sequences:");
   const auto& z = r.stats.step_sizes;
@@ -103,6 +108,7 @@ Command add_bench_command(CLI::App& app) {
     bench::DatasetOptions mix;
     bool compare_uniform = false;
     double kv_growth_reserve = 0.0;
+    double swap_space_gib = kDefaultSwapSpaceGib;
     double sustain_seconds = 6.0;  // throughput on a GPU: the sustained matrix rate's measurement
   };
   auto lat = std::make_shared<Opts>();
@@ -126,6 +132,7 @@ Command add_bench_command(CLI::App& app) {
                          "tokens per step at most (0: vLLM's offline default, 16384 on a GPU of 70 GiB or more other than an A100, else 8192)")
       ->capture_default_str();
   add_kv_growth_reserve_option(*throughput, &thr->kv_growth_reserve);
+  add_swap_space_option(*throughput, &thr->swap_space_gib);
   throughput->add_option("--seed", thr->seed, "random prompt tokens (and mixed lengths)")->capture_default_str();
   throughput->add_option("--dataset-name", thr->dataset, "random (--input-len/--output-len) or mixed (log-normal lengths)")
       ->check(CLI::IsMember({"random", "mixed"}))
@@ -218,6 +225,7 @@ Command add_bench_command(CLI::App& app) {
     eo.scheduler.lanes = {{"default", 0.0, 0.0, std::max<std::int64_t>(o.num_prompts, 1)}};
     eo.scheduler.kv_watermark = 0.99;
     eo.scheduler.kv_growth_reserve = o.kv_growth_reserve;
+    eo.swap_space_bytes = swap_space_bytes(o.swap_space_gib);
     const std::int64_t vocab = m->weights->config().vocab_size;
     const model::ModelConfig config = m->weights->config();
     const bool on_gpu = m->backend->name() == "cuda";

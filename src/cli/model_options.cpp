@@ -33,6 +33,16 @@ void add_kv_growth_reserve_option(CLI::App& app, double* reserve) {
       ->capture_default_str();
 }
 
+void add_swap_space_option(CLI::App& app, double* gib) {
+  app.add_option("--swap-space", *gib,
+                 "host memory (GiB) where a preempted request's KV cache waits, so that it resumes without computing its tokens "
+                 "again; taken only as preemption needs it; 0: none (preemption recomputes)")
+      ->check(CLI::Range(0.0, 1048576.0))
+      ->capture_default_str();
+}
+
+std::uint64_t swap_space_bytes(double gib) { return static_cast<std::uint64_t>(gib * 1073741824.0); }
+
 std::optional<DeviceInfo> ModelOptions::gpu() const {
   if (device == "cpu") return std::nullopt;
   auto probe = probe_devices();

@@ -19,6 +19,12 @@ namespace lmserve::cli {
 // --kv-growth-reserve (SchedulerOptions::kv_growth_reserve), as serve and bench throughput take it.
 void add_kv_growth_reserve_option(CLI::App& app, double* reserve);
 
+// --swap-space (EngineOptions::swap_space_bytes, in GiB as vLLM takes it), as serve and bench
+// throughput take it.
+inline constexpr double kDefaultSwapSpaceGib = 16;
+void add_swap_space_option(CLI::App& app, double* gib);
+std::uint64_t swap_space_bytes(double gib);
+
 struct ModelOptions {
   std::string model;
   std::string tokenizer;  // empty: the model folder

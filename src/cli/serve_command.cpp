@@ -54,8 +54,8 @@ Command add_serve_command(CLI::App& app) {
     double gpu_memory_utilization = 0.9;
     double kv_watermark = 0.85;
     double kv_growth_reserve = 0.0;
+    double swap_space_gib = kDefaultSwapSpaceGib;
     double device_memory_limit = 0.95;
-    double swap_space = 0;
     int tensor_parallel_size = 1;
     bool enable_prefix_caching = true;
     bool no_prefix_caching = false;
@@ -96,6 +96,7 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
   app.add_option("--kv-watermark", o->kv_watermark, "admit new requests only while KV usage stays below this")->capture_default_str();
   add_kv_growth_reserve_option(app, &o->kv_growth_reserve);
+  add_swap_space_option(app, &o->swap_space_gib);
   app.add_option("--device-memory-limit", o->device_memory_limit, "admit nothing while device memory use is above this share")
       ->capture_default_str();
   app.add_option("--lanes", o->lanes, "priority lanes, first most urgent, NAME[:RESERVED_SHARE],...")->capture_default_str();
@@ -108,7 +109,6 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--chat-template", o->chat_template, "a .jinja file instead of the model's chat template");
   app.add_option("--tensor-parallel-size", o->tensor_parallel_size, "GPUs per replica (1 until tensor parallelism exists)")
       ->capture_default_str();
-  app.add_option("--swap-space", o->swap_space, "accepted for compatibility; has no effect");
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
   app.add_flag("--log-prompts", o->server.log_prompts, "include prompt text in request logs");
   app.add_option("--max-connections", o->server.max_connections, "open connections at most (more get 503)")->capture_default_str();
@@ -132,10 +132,10 @@ Command add_serve_command(CLI::App& app) {
     if (o->tensor_parallel_size != 1) {
       return fail(Status(StatusCode::kInvalidArgument, "--tensor-parallel-size must be 1: tensor parallelism is not available yet"));
     }
-    if (o->swap_space != 0) spdlog::warn("--swap-space has no effect in lmserve (preemption recomputes)");
     engine::EngineOptions eo;
     eo.seed = o->seed;
     eo.enable_prefix_caching = o->enable_prefix_caching;
+    eo.swap_space_bytes = swap_space_bytes(o->swap_space_gib);
     auto& so = eo.scheduler;
     const BatchLimits limits = o->model.batch_limits(o->max_num_seqs, o->max_num_batched_tokens, BatchUsage::kServer);
     so.max_num_seqs = limits.max_num_seqs;

@@ -109,7 +109,19 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
                                                    " exceeds the model's max_position_embeddings " +
                                                    std::to_string(c.max_position_embeddings));
   }
-  return std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(tokenizer), std::move(options)));
+  // The swap space in whole blocks; a backend without one gets none (preemption recomputes).
+  std::int64_t host_blocks = static_cast<std::int64_t>(options.swap_space_bytes / std::max<std::uint64_t>(1, backend->kv_block_bytes()));
+  if (Status st = backend->set_host_blocks(host_blocks); !st.is_ok()) {
+    if (st.code() != StatusCode::kUnimplemented) return Unexpected<Status>(st);
+    spdlog::warn("no swap space: {}; preempted requests compute their tokens again", st.message());
+    host_blocks = 0;
+  }
+  auto engine = std::unique_ptr<Engine>(new Engine(std::move(backend), std::move(tokenizer), std::move(options)));
+  {
+    std::lock_guard lock(engine->mu_);
+    engine->kv_->set_host_blocks(host_blocks);
+  }
+  return engine;
 }
 
 Expected<Submitted, SubmitError> Engine::submit(GenerateRequest g) {
@@ -211,6 +223,14 @@ EngineStats Engine::stats() const {
   s.kv_usage = ss.kv_usage;
   s.kv_blocks_total = kv_->pool().num_blocks();
   s.preemptions_total = ss.preemptions_total;
+  s.swapped = ss.swapped;
+  s.swap_outs_total = ss.swap_outs_total;
+  s.swap_ins_total = ss.swap_ins_total;
+  s.swap_bytes_out_total = static_cast<std::uint64_t>(ss.swap_blocks_out_total) * backend_->kv_block_bytes();
+  s.swap_bytes_in_total = static_cast<std::uint64_t>(ss.swap_blocks_in_total) * backend_->kv_block_bytes();
+  s.host_kv_usage = ss.host_kv_usage;
+  s.host_kv_blocks_total = kv_->num_host_blocks();
+  s.host_swap_bytes = backend_->host_swap_bytes();
   s.prefix_queries = kv_->prefix_stats().queries;
   s.prefix_hits = kv_->prefix_stats().hits;
   s.prompt_tokens_total = prompt_tokens_;
@@ -341,6 +361,17 @@ Status Engine::step() {
                    options_.scheduler.lanes[out.blocked_lane].name);
     }
     last_block_ = out.blocked;
+  }
+  // Preempted requests' blocks go to the host, resumed ones' come back, before this step's
+  // forward pass writes into the blocks given up (Backend::swap_blocks orders the copies so).
+  if (!out.swap_out.empty() || !out.swap_in.empty()) {
+    if (Status st = backend_->swap_blocks(out.swap_out, out.swap_in); !st.is_ok()) {
+      // Nothing was copied. Host memory running out is survivable: those requests compute their
+      // tokens again, as without a swap space. Anything else is a backend failure.
+      if (st.code() != StatusCode::kResourceExhausted || !out.swap_in.empty()) return st;
+      spdlog::warn("[SWAP] {}; preempted requests compute their tokens again from now on", st.message());
+      scheduler_->swap_out_failed(out);
+    }
   }
   if (out.scheduled.empty()) return Status::ok();
   const auto scheduled_at = Clock::now();

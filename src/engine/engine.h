@@ -107,6 +107,10 @@ struct EngineOptions {
   // (on the H200 this output work took ~1 ms of each 1,024-row step, the device idle meanwhile).
   // false (or LMSERVE_OVERLAP_OUTPUTS=0 in the environment): all of it in the step, as before.
   bool overlap_outputs = true;
+  // Host memory that preempted requests' KV may wait in (Backend::set_host_blocks), so they
+  // resume where they stopped instead of computing their tokens again; taken only as it is
+  // used. 0: none (vLLM V1's rule: preemption recomputes). The CLI's --swap-space sets it.
+  std::uint64_t swap_space_bytes = 0;
 };
 
 struct GenerateRequest {
@@ -135,6 +139,15 @@ struct EngineStats {
   double kv_usage = 0.0;
   std::int64_t kv_blocks_total = 0;
   std::int64_t preemptions_total = 0;
+  // The swap space: requests waiting there now, preemptions that went there and resumptions
+  // from there with the bytes each way, the share of its blocks in use, its size in blocks and
+  // the host memory it has taken so far.
+  std::int64_t swapped = 0;
+  std::int64_t swap_outs_total = 0, swap_ins_total = 0;
+  std::uint64_t swap_bytes_out_total = 0, swap_bytes_in_total = 0;
+  double host_kv_usage = 0.0;
+  std::int64_t host_kv_blocks_total = 0;
+  std::uint64_t host_swap_bytes = 0;
   std::uint64_t prefix_queries = 0, prefix_hits = 0;
   std::uint64_t prompt_tokens_total = 0, generation_tokens_total = 0;
   std::uint64_t steps_total = 0;

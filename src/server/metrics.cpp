@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <tuple>
 
 namespace lmserve::server {
 
@@ -107,6 +108,14 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", static_cast<double>(s.prompt_tokens_total));
   counter("vllm:generation_tokens_total", "Number of generation tokens processed.", static_cast<double>(s.generation_tokens_total));
   counter("vllm:num_preemptions_total", "Cumulative number of preemptions.", static_cast<double>(s.preemptions_total));
+  gauge("vllm:num_requests_swapped", "Preempted requests whose KV cache waits in host memory (the swap space).", static_cast<double>(s.swapped));
+  gauge("vllm:cpu_cache_usage_perc", "Share of the swap space's blocks in use. 1 means 100 percent usage.", s.host_kv_usage);
+  const std::tuple<const char*, double, double> swaps[] = {{"out", static_cast<double>(s.swap_outs_total), static_cast<double>(s.swap_bytes_out_total)},
+                                                          {"in", static_cast<double>(s.swap_ins_total), static_cast<double>(s.swap_bytes_in_total)}};
+  header(out, "lmserve:kv_swaps_total", "counter", "Requests whose KV cache moved to host memory on preemption (out) or back when resumed (in).");
+  for (const auto& [dir, n, bytes] : swaps) out += "lmserve:kv_swaps_total{" + m + ",direction=\"" + dir + "\"} " + num(n) + "\n";
+  header(out, "lmserve:kv_swap_bytes_total", "counter", "Bytes of KV cache moved to host memory (out) and back (in).");
+  for (const auto& [dir, n, bytes] : swaps) out += "lmserve:kv_swap_bytes_total{" + m + ",direction=\"" + dir + "\"} " + num(bytes) + "\n";
   counter("lmserve:engine_steps_total", "Engine steps run.", static_cast<double>(s.steps_total));
   counter("lmserve:engine_forward_seconds_total", "Time engine steps spent in the device forward pass.", s.forward_seconds_total);
   counter("lmserve:engine_host_seconds_total", "Time engine steps spent on the host: scheduling, inputs, sampling, outputs.",
@@ -140,7 +149,7 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   hist("vllm:request_generation_tokens", "Number of generation tokens processed.", generation_tokens_);
   header(out, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig.");
   out += "vllm:cache_config_info{" + m + ",block_size=\"" + std::to_string(block_size) + "\",cache_dtype=\"" + escape(kv_dtype) +
-         "\",num_gpu_blocks=\"" + std::to_string(s.kv_blocks_total) + "\"} 1\n";
+         "\",num_gpu_blocks=\"" + std::to_string(s.kv_blocks_total) + "\",num_cpu_blocks=\"" + std::to_string(s.host_kv_blocks_total) + "\"} 1\n";
 
   header(out, "lmserve:num_requests_waiting_lane", "gauge", "Requests waiting, per lane.");
   for (const auto& [lane, n] : s.waiting_per_lane) {

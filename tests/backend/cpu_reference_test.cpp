@@ -102,6 +102,38 @@ TEST(CpuBackend, NarrowKvDtypesStayCloseToFloat32) {
   }
 }
 
+// The swap space gives back exactly what it took, for every KV dtype.
+TEST(CpuBackend, SwappedBlocksComeBackExactly) {
+  auto weights = model::ModelWeights::load(lmserve::testing::source_dir() / "tests/fixtures/models/tiny-mistral", {});
+  ASSERT_TRUE(weights);
+  for (KvDtype d : {KvDtype::kFloat32, KvDtype::kBFloat16, KvDtype::kFp8E5M2}) {
+    SCOPED_TRACE(std::string(kv_dtype_name(d)));
+    auto b = make_cpu_backend(*weights, {.kv = {d, 16, 12}, .threads = 2});
+    ASSERT_TRUE(b);
+    auto r = lmserve::testing::swap_round_trip(**b);
+    ASSERT_TRUE(r.error.is_ok()) << r.error.to_string();
+    EXPECT_EQ(r.swapped, r.direct);
+    EXPECT_EQ(r.in_one_call, r.direct);
+    EXPECT_NE(r.overwritten, r.direct);
+    EXPECT_EQ((*b)->host_swap_bytes(), 8 * (*b)->kv_block_bytes());  // one chunk, 8 blocks
+  }
+}
+
+TEST(CpuBackend, SwapsOutsideTheCacheOrTheSwapSpaceAreRejected) {
+  auto weights = model::ModelWeights::load(lmserve::testing::source_dir() / "tests/fixtures/models/tiny-mistral", {});
+  ASSERT_TRUE(weights);
+  auto b = make_cpu_backend(*weights, {.kv = {KvDtype::kFloat32, 4, 4}, .threads = 1});
+  ASSERT_TRUE(b);
+  using Copies = std::vector<BlockCopy>;
+  EXPECT_EQ((*b)->swap_blocks(Copies{{0, 0}}, {}).code(), StatusCode::kInvalidArgument);  // no swap space yet
+  ASSERT_TRUE((*b)->set_host_blocks(2).is_ok());
+  EXPECT_TRUE((*b)->swap_blocks(Copies{{3, 1}}, Copies{{0, 1}}).is_ok());
+  EXPECT_EQ((*b)->swap_blocks(Copies{{4, 0}}, {}).code(), StatusCode::kInvalidArgument);   // device block
+  EXPECT_EQ((*b)->swap_blocks({}, Copies{{0, 2}}).code(), StatusCode::kInvalidArgument);   // host block
+  EXPECT_EQ((*b)->swap_blocks({}, Copies{{-1, 0}}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*b)->host_swap_bytes(), 2 * (*b)->kv_block_bytes());
+}
+
 TEST(CpuBackend, MalformedBatchesAreRejected) {
   auto weights = model::ModelWeights::load(lmserve::testing::source_dir() / "tests/fixtures/models/tiny-mistral", {});
   ASSERT_TRUE(weights);

@@ -164,6 +164,31 @@ TEST(CudaBackend, PaddedGraphDecodeMatchesTheCpu) {
   }
 }
 
+// The swap space on the GPU: blocks copied to pinned host memory and back by the swap kernel
+// give the logits of blocks that never moved; those of the overwritten blocks differ. Every KV
+// dtype's block size, through graphs and eagerly, bf16 weights (the 8B runs' layout).
+TEST(CudaBackend, SwappedBlocksComeBackExactly) {
+  LMSERVE_REQUIRE_GPU();
+  auto w = model::ModelWeights::load(lmserve::testing::source_dir() / "models/demo", {.dtype = "bfloat16"});
+  ASSERT_TRUE(w);
+  for (KvDtype kv : {KvDtype::kFloat32, KvDtype::kBFloat16, KvDtype::kFp8E5M2}) {
+    for (bool eager : {false, true}) {
+      SCOPED_TRACE(std::string(backend::kv_dtype_name(kv)) + (eager ? " eager" : " graphs"));
+      auto gpu = cuda_backend(*w, kv, eager);
+      ASSERT_TRUE(gpu);
+      auto r = lmserve::testing::swap_round_trip(*gpu);
+      ASSERT_TRUE(r.error.is_ok()) << r.error.to_string();
+      EXPECT_LE(rel_l2(r.swapped, r.direct), 1e-6);
+      EXPECT_LE(rel_l2(r.in_one_call, r.direct), 1e-6);
+      EXPECT_GT(rel_l2(r.overwritten, r.direct), 1e-3);
+      EXPECT_EQ(gpu->host_swap_bytes(), 8 * gpu->kv_block_bytes());
+      using Copies = std::vector<backend::BlockCopy>;
+      EXPECT_EQ(gpu->swap_blocks(Copies{{64, 0}}, {}).code(), StatusCode::kInvalidArgument);
+      EXPECT_EQ(gpu->swap_blocks({}, Copies{{0, 8}}).code(), StatusCode::kInvalidArgument);
+    }
+  }
+}
+
 // Device sampling: greedy rows (and random rows with top_k 1) get the CPU's argmax; a step
 // whose rows are all decided returns no logits, a step with a host row returns every row's
 // logits and leaves that row's token -1 — through graphs and eagerly.

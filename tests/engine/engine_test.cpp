@@ -86,6 +86,35 @@ std::unique_ptr<Engine> make_engine(const Loaded& m, std::int64_t blocks, Engine
   return std::move(*e);
 }
 
+// The backend under test, whose swap space runs out at its first swap-out (the engine must
+// carry on, recomputing preempted requests instead).
+class FailingSwaps final : public backend::Backend {
+ public:
+  explicit FailingSwaps(std::unique_ptr<backend::Backend> b) : b_(std::move(b)) {}
+  std::string_view name() const override { return b_->name(); }
+  const model::ModelConfig& config() const override { return b_->config(); }
+  const backend::KvCacheConfig& kv_config() const override { return b_->kv_config(); }
+  Status forward(const backend::Batch& batch, std::span<float> logits) override { return b_->forward(batch, logits); }
+  std::uint64_t kv_block_bytes() const override { return b_->kv_block_bytes(); }
+  backend::MemoryInfo memory() const override { return b_->memory(); }
+  Status set_host_blocks(std::int64_t n) override { return b_->set_host_blocks(n); }
+  Status swap_blocks(std::span<const backend::BlockCopy> to_host, std::span<const backend::BlockCopy> to_device) override {
+    if (!to_host.empty()) return Status(StatusCode::kResourceExhausted, "swap: no host memory (test)");
+    return b_->swap_blocks(to_host, to_device);
+  }
+
+ private:
+  std::unique_ptr<backend::Backend> b_;
+};
+
+std::unique_ptr<Engine> make_engine_failing_swaps(const Loaded& m, std::int64_t blocks, EngineOptions o, int block_size) {
+  auto b = make_backend(m, blocks, o.scheduler, block_size, backend::KvDtype::kFloat32);
+  EXPECT_TRUE(b) << b.error().to_string();
+  auto e = Engine::create(std::make_unique<FailingSwaps>(std::move(*b)), m.tokenizer, o);
+  EXPECT_TRUE(e) << e.error().to_string();
+  return std::move(*e);
+}
+
 struct Result {
   std::vector<std::int32_t> tokens;
   std::string text;
@@ -173,29 +202,48 @@ TEST(Engine, BatchInvarianceUnderChunkingPrefixHitsAndPreemption) {
     auto s = engine->stats();
     EXPECT_EQ(s.computed_tokens_total, needed - s.prefix_hits) << "no preemption: nothing computed twice";
   }
-  // All at once: tiny token budget (chunked prefill), a pool too small for everyone (preemption).
-  EngineOptions o;
-  o.scheduler.max_num_batched_tokens = 48;
-  o.scheduler.max_num_seqs = 32;
-  o.scheduler.kv_watermark = 1.0;
-  o.scheduler.lanes = {{"only", 0, 0, 100}};
-  auto engine = make_engine(demo(), 40, o, 8);
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const auto& p : prompts) {
-    auto sub = engine->submit({.prompt = p, .params = greedy(12 + static_cast<std::int64_t>(p.size() % 9))});
-    ASSERT_TRUE(sub) << sub.error().status.to_string();
-    streams.push_back(sub->stream);
+  // All at once: tiny token budget (chunked prefill), a pool too small for everyone
+  // (preemption): preempted requests compute their tokens again (no swap space), or wait in
+  // the swap space and compute nothing twice, or find the swap space failing at the first
+  // swap-out and compute again from then on.
+  for (const char* mode : {"recompute", "swap", "swap fails"}) {
+    SCOPED_TRACE(mode);
+    const bool swap = std::string_view(mode) != "recompute", fails = std::string_view(mode) == "swap fails";
+    EngineOptions o;
+    o.scheduler.max_num_batched_tokens = 48;
+    o.scheduler.max_num_seqs = 32;
+    o.scheduler.kv_watermark = 1.0;
+    o.scheduler.lanes = {{"only", 0, 0, 100}};
+    o.swap_space_bytes = swap ? std::uint64_t{64} << 20 : 0;
+    auto engine = fails ? make_engine_failing_swaps(demo(), 40, o, 8) : make_engine(demo(), 40, o, 8);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const auto& p : prompts) {
+      auto sub = engine->submit({.prompt = p, .params = greedy(12 + static_cast<std::int64_t>(p.size() % 9))});
+      ASSERT_TRUE(sub) << sub.error().status.to_string();
+      streams.push_back(sub->stream);
+    }
+    for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(streams[i]).tokens, alone[i]) << "request " << i;
+    auto s = engine->stats();
+    EXPECT_GT(s.preemptions_total, 0) << "the pool was meant to force preemption";
+    std::uint64_t limited = 0;
+    for (const auto& [reason, n] : s.admission_limits) limited += n;
+    EXPECT_GT(limited, 0u) << "admissions were meant to hit the KV limit";
+    EXPECT_GT(s.prefix_hits, 0u) << "the shared prefixes were meant to hit";
+    if (swap && !fails) {
+      EXPECT_EQ(s.swap_outs_total, s.preemptions_total) << "every preempted request had computed tokens to keep";
+      EXPECT_EQ(s.swap_ins_total, s.swap_outs_total);
+      EXPECT_GT(s.swap_bytes_out_total, 0u);
+      EXPECT_EQ(s.swap_bytes_in_total, s.swap_bytes_out_total);
+      EXPECT_EQ(s.computed_tokens_total, needed - s.prefix_hits) << "a swapped-out request computes nothing twice";
+    } else {
+      EXPECT_EQ(s.swap_outs_total, 0);
+      EXPECT_GT(s.computed_tokens_total, needed - s.prefix_hits) << "a preempted request computes its tokens again";
+    }
+    EXPECT_EQ(s.running, 0);
+    EXPECT_EQ(s.swapped, 0);
+    EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
+    EXPECT_DOUBLE_EQ(s.host_kv_usage, 0.0);
   }
-  for (std::size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(streams[i]).tokens, alone[i]) << "request " << i;
-  auto s = engine->stats();
-  EXPECT_GT(s.preemptions_total, 0) << "the pool was meant to force preemption";
-  std::uint64_t limited = 0;
-  for (const auto& [reason, n] : s.admission_limits) limited += n;
-  EXPECT_GT(limited, 0u) << "admissions were meant to hit the KV limit";
-  EXPECT_GT(s.prefix_hits, 0u) << "the shared prefixes were meant to hit";
-  EXPECT_GT(s.computed_tokens_total, needed - s.prefix_hits) << "a preempted request computes its tokens again";
-  EXPECT_EQ(s.running, 0);
-  EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
 }
 
 // Steps are counted by the sequences they ran: five requests together, then one long one
@@ -722,13 +770,17 @@ TEST(Engine, AbortsAndShutdownWhileOutputsAreDeferred) {
 // tiny pool. Every request finishes exactly once, every block comes back, and a high-lane
 // request is never left waiting while a low-lane one is admitted after it; with outputs in the
 // step (parallel_output_rows 128, above the batch) and deferred to the emitter (2).
-class EngineStress : public ::testing::TestWithParam<std::size_t> {};
+// With a swap space of 12 blocks (half the pool), preempted requests swap out while it has
+// room and recompute when it does not, and aborts reach requests waiting in it.
+class EngineStress : public ::testing::TestWithParam<std::tuple<std::size_t, bool>> {};
 
 TEST_P(EngineStress, RandomizedStress) {
   fs::path dir = lmserve::testing::source_dir() / "tests/fixtures/models/tiny-llama3";
   Loaded tiny{*model::ModelWeights::load(dir, {}), demo().tokenizer};
+  const auto [rows, swap] = GetParam();
   EngineOptions o;
-  o.parallel_output_rows = GetParam();
+  o.parallel_output_rows = rows;
+  o.swap_space_bytes = swap ? 12 * backend::kv_block_bytes(tiny.weights->config(), backend::KvDtype::kFloat32, 8) : 0;
   o.scheduler.policy = SchedulerOptions::Policy::kPriority;
   o.scheduler.max_num_batched_tokens = 64;
   o.scheduler.max_num_seqs = 16;
@@ -764,6 +816,14 @@ TEST_P(EngineStress, RandomizedStress) {
   EXPECT_EQ(s.running, 0);
   EXPECT_EQ(s.kv_usage, 0.0);
   EXPECT_EQ(s.requests_finished, static_cast<std::uint64_t>(kRequests));
+  EXPECT_EQ(s.swapped, 0);
+  EXPECT_EQ(s.host_kv_usage, 0.0);
+  EXPECT_LE(s.swap_ins_total, s.swap_outs_total);
+  if (swap) {
+    EXPECT_GT(s.swap_outs_total, 0) << "the tiny pool was meant to preempt into the swap space";
+  } else {
+    EXPECT_EQ(s.swap_outs_total, 0);
+  }
   // Lane order: a low request never starts while a high request submitted before it waits.
   std::vector<std::pair<Clock::time_point, int>> starts;
   for (std::size_t i = 0; i < subs.size(); ++i) {
@@ -784,8 +844,10 @@ TEST_P(EngineStress, RandomizedStress) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(OutputRows, EngineStress, ::testing::Values(128, 2),
-                         [](const ::testing::TestParamInfo<std::size_t>& p) { return p.param == 2 ? "deferred" : "in_step"; });
+INSTANTIATE_TEST_SUITE_P(OutputRowsAndSwap, EngineStress, ::testing::Combine(::testing::Values(std::size_t{128}, std::size_t{2}), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, bool>>& p) {
+                           return std::string(std::get<0>(p.param) == 2 ? "deferred" : "in_step") + (std::get<1>(p.param) ? "_swap" : "");
+                         });
 
 }  // namespace
 }  // namespace lmserve::engine

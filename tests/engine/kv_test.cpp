@@ -116,5 +116,67 @@ TEST(KvCacheManager, CommitOnlyHashesFullComputedBlocks) {
   EXPECT_EQ(kv.adopt_prefix(3, tokens(9), ""), 8);
 }
 
+// Swap out copies the blocks that hold the computed tokens (here 9 of 12: 3 blocks of the 4 the
+// request holds) to the lowest free host blocks and gives every device block back; swap in
+// allocates new device blocks (room for the tokens asked, at least the host blocks) and gives
+// the host blocks back. Each is all or nothing.
+TEST(KvCacheManager, SwapMovesBlocksToTheHostAndBack) {
+  KvCacheManager kv(6, 4, false);
+  kv.set_host_blocks(4);
+  ASSERT_TRUE(kv.allocate(1, 16));  // device blocks 0 1 2 3
+  std::vector<backend::BlockCopy> out;
+  ASSERT_TRUE(kv.swap_out(1, 9, &out));
+  ASSERT_EQ(out.size(), 3u);
+  for (std::int32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(out[static_cast<std::size_t>(i)].device, i);
+    EXPECT_EQ(out[static_cast<std::size_t>(i)].host, i);
+  }
+  EXPECT_EQ(kv.pool().num_free(), 6);
+  EXPECT_TRUE(kv.swapped(1));
+  EXPECT_TRUE(kv.block_table(1).empty());
+  EXPECT_EQ(kv.num_host_free(), 1);
+
+  ASSERT_TRUE(kv.allocate(2, 8));                  // takes device blocks 4 and 5
+  ASSERT_TRUE(kv.allocate(3, 4));                  // then the blocks request 1 gave up: 3 (its last went first)
+  EXPECT_FALSE(kv.swap_out(2, 8, &out));           // two blocks, one host block free
+  EXPECT_EQ(out.size(), 3u);
+  EXPECT_EQ(kv.block_table(2).size(), 2u);
+  std::vector<backend::BlockCopy> in;
+  EXPECT_FALSE(kv.swap_in(1, 13, &in));            // 4 blocks wanted, 3 free
+  EXPECT_TRUE(in.empty());
+  EXPECT_TRUE(kv.swapped(1));
+  ASSERT_TRUE(kv.swap_in(1, 12, &in));             // 3 blocks: 2, 1, 0
+  ASSERT_EQ(in.size(), 3u);
+  EXPECT_EQ(kv.block_table(1).size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(in[i].device, kv.block_table(1)[i]);
+    EXPECT_EQ(in[i].host, static_cast<std::int32_t>(i));
+  }
+  EXPECT_FALSE(kv.swapped(1));
+  EXPECT_EQ(kv.num_host_free(), 4);
+  EXPECT_EQ(kv.pool().num_free(), 0);
+  EXPECT_FALSE(kv.swap_out(1, 0, &out));  // nothing computed: nothing to keep
+}
+
+TEST(KvCacheManager, FreeReleasesHostBlocksAndNoSwapSpaceMeansNoSwap) {
+  KvCacheManager kv(4, 4, false);
+  std::vector<backend::BlockCopy> out;
+  ASSERT_TRUE(kv.allocate(1, 8));
+  EXPECT_FALSE(kv.swap_out(1, 8, &out));  // no swap space
+  EXPECT_EQ(kv.block_table(1).size(), 2u);
+  kv.set_host_blocks(2);
+  ASSERT_TRUE(kv.swap_out(1, 8, &out));
+  EXPECT_EQ(kv.num_swapped(), 1u);
+  kv.free(1);
+  EXPECT_EQ(kv.num_swapped(), 0u);
+  EXPECT_EQ(kv.num_host_free(), 2);
+  EXPECT_EQ(kv.pool().num_free(), 4);
+  ASSERT_TRUE(kv.allocate(2, 4));
+  ASSERT_TRUE(kv.swap_out(2, 4, &out));
+  kv.drop_host(2);
+  EXPECT_FALSE(kv.swapped(2));
+  EXPECT_EQ(kv.num_host_free(), 2);
+}
+
 }  // namespace
 }  // namespace lmserve::engine

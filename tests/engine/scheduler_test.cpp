@@ -218,6 +218,86 @@ TEST_F(SchedulerTest, PreemptedRequestsResumeFromTheirCachedPrefix) {
   EXPECT_EQ(out.scheduled[0].num_new_tokens, tokens - 4);
 }
 
+// With a swap space the preempted request keeps its 8 computed tokens: its two blocks go to
+// the host in the preempting step, come back into new device blocks when it is admitted again,
+// and only its output token is computed.
+TEST_F(SchedulerTest, PreemptedRequestsSwapOutAndResumeWithoutRecompute) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.lanes = {{"high", 0, 0, 100}, {"low", 0, 0, 100}};
+  make(6, 4, o);
+  kv_->set_host_blocks(8);
+  Request* low_old = req(8, 1, 0, 100);
+  Request* low_new = req(8, 1, 0, 100);
+  Request* high = req(8, 0, 0, 100);
+  for (auto* r : {low_old, low_new, high}) sched_->add(r);
+  step();
+  const std::vector<BlockId> table(kv_->block_table(low_new->id).begin(), kv_->block_table(low_new->id).end());
+  SchedulerOutput out = step();
+  EXPECT_EQ(out.preempted, (std::vector<RequestId>{low_new->id}));
+  EXPECT_EQ(out.swapped_out, (std::vector<RequestId>{low_new->id}));
+  ASSERT_EQ(out.swap_out.size(), 2u);
+  EXPECT_EQ(out.swap_out[0].device, table[0]);
+  EXPECT_EQ(out.swap_out[1].device, table[1]);
+  EXPECT_TRUE(out.swap_in.empty());
+  EXPECT_EQ(low_new->status, RequestStatus::kWaiting);
+  EXPECT_EQ(low_new->num_computed, 8);
+  EXPECT_EQ(sched_->stats().swapped, 1);
+  EXPECT_DOUBLE_EQ(sched_->stats().host_kv_usage, 0.25);
+
+  sched_->remove(high->id);
+  out = step();  // room again: low_new comes back from the host
+  EXPECT_TRUE(out.swap_out.empty());
+  ASSERT_EQ(out.swap_in.size(), 2u);
+  EXPECT_EQ(out.swap_in[0].host, 0);
+  EXPECT_EQ(out.swap_in[1].host, 1);
+  EXPECT_EQ(out.swap_in[0].device, kv_->block_table(low_new->id)[0]);
+  EXPECT_EQ(plan(out), (Plan{{low_old->id, 1}, {low_new->id, 1}}));  // only its output token
+  const SchedulerStats st = sched_->stats();
+  EXPECT_EQ(st.swapped, 0);
+  EXPECT_EQ(st.swap_outs_total, 1);
+  EXPECT_EQ(st.swap_ins_total, 1);
+  EXPECT_EQ(st.swap_blocks_out_total, 2);
+  EXPECT_EQ(st.swap_blocks_in_total, 2);
+  EXPECT_EQ(st.host_kv_usage, 0.0);
+}
+
+// Without room in the swap space, or once a swap-out has failed, preemption recomputes.
+TEST_F(SchedulerTest, PreemptionRecomputesWhenTheSwapSpaceIsFullOrFailed) {
+  for (bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "after a failed swap-out" : "swap space too small");
+    SchedulerOptions o;
+    o.kv_watermark = 1.0;
+    o.lanes = {{"only", 0, 0, 100}};
+    make(6, 4, o);
+    kv_->set_host_blocks(fail ? 8 : 1);
+    std::vector<Request*> rs;
+    for (int i = 0; i < 3; ++i) {
+      rs.push_back(req(8, 0, 0, 100));
+      sched_->add(rs.back());
+    }
+    step();
+    SchedulerOutput out = step();
+    ASSERT_EQ(out.preempted, (std::vector<RequestId>{rs[2]->id}));
+    if (fail) {
+      ASSERT_EQ(out.swapped_out, (std::vector<RequestId>{rs[2]->id}));
+      sched_->swap_out_failed(out);
+    } else {
+      EXPECT_TRUE(out.swapped_out.empty());
+      EXPECT_TRUE(out.swap_out.empty());
+    }
+    EXPECT_EQ(rs[2]->num_computed, 0);
+    EXPECT_FALSE(kv_->swapped(rs[2]->id));
+    EXPECT_EQ(kv_->num_host_free(), fail ? 8 : 1);
+    // The next preemption (rs[1], now the lowest-ranked running) is not swapped either.
+    for (int s = 0; s < 10 && sched_->stats().preemptions_total < 2; ++s) out = step();
+    EXPECT_EQ(sched_->stats().preemptions_total, 2);
+    EXPECT_EQ(sched_->stats().swap_outs_total, 0);
+    EXPECT_EQ(kv_->num_swapped(), 0u);
+    rs.clear();
+  }
+}
+
 // Five requests that start together and each grow to 6 blocks, in a pool of 24. By the prompt
 // alone (vLLM's rule) all five start, outgrow the pool and one is preempted and recomputed;
 // with the whole remaining output reserved, the fifth waits for the first to finish, and

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <numbers>
 #include <random>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/host_swap.h"
 #include "common/thread_pool.h"
 
 namespace lmserve::backend {
@@ -21,7 +23,9 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend(std::shared_ptr<const model::ModelWeights> w, const CpuBackendOptions& o)
       : weights_(std::move(w)), cfg_(weights_->config()), kv_(o.kv), pool_(static_cast<std::size_t>(std::max(0, o.threads))),
-        inv_freq_(rope_inv_freq(cfg_)), k_scales_(o.k_scales), v_scales_(o.v_scales) {
+        inv_freq_(rope_inv_freq(cfg_)), k_scales_(o.k_scales), v_scales_(o.v_scales),
+        host_(backend::kv_block_bytes(cfg_, kv_.dtype, kv_.block_size), [](std::size_t n) -> void* { return ::operator new(n, std::nothrow); },
+              [](void* p) { ::operator delete(p); }) {
     const std::size_t per_layer =
         static_cast<std::size_t>(kv_.num_blocks * kv_.block_size * cfg_.num_kv_heads * cfg_.head_dim * kv_dtype_bytes(kv_.dtype));
     k_cache_.assign(static_cast<std::size_t>(cfg_.num_layers), std::vector<std::byte>(per_layer));
@@ -39,6 +43,34 @@ class CpuBackend final : public Backend {
     m.used_bytes = m.kv_cache_bytes + m.weight_bytes;
     return m;
   }
+
+  Status set_host_blocks(std::int64_t n) override {
+    host_.set_blocks(n);
+    return Status::ok();
+  }
+
+  // A host block holds the block's K then V of layer 0, then layer 1, ...
+  Status swap_blocks(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device) override {
+    LMSERVE_RETURN_IF_ERROR(validate_swap(to_host, to_device, kv_.num_blocks, host_.blocks()));
+    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_host));
+    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_device));
+    const std::size_t chunk = kv_block_bytes() / static_cast<std::size_t>(2 * cfg_.num_layers);
+    for (bool out : {true, false}) {
+      for (const BlockCopy& c : out ? to_host : to_device) {
+        std::byte* h = host_.block(c.host);
+        for (std::size_t l = 0; l < static_cast<std::size_t>(cfg_.num_layers); ++l) {
+          for (auto* cache : {&k_cache_, &v_cache_}) {
+            std::byte* d = (*cache)[l].data() + static_cast<std::size_t>(c.device) * chunk;
+            std::memcpy(out ? h : d, out ? d : h, chunk);
+            h += chunk;
+          }
+        }
+      }
+    }
+    return Status::ok();
+  }
+
+  std::uint64_t host_swap_bytes() const override { return host_.bytes(); }
 
   // Calibration for fp8_e4m3: record per-layer, per-head absolute maxima of K and V.
   void record_amax(bool on) {
@@ -126,6 +158,7 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<std::byte>> k_cache_, v_cache_;
   bool recording_ = false;
   std::vector<float> k_amax_, v_amax_;
+  HostBlockChunks host_;
 };
 
 // Per-layer, per-head fp8_e4m3 scales from a fixed pseudo-random 256-token batch run with a

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "backend/cuda/device_model.h"
+#include "backend/host_swap.h"
 #include "common/numeric.h"
 
 namespace lmserve::backend {
@@ -51,7 +52,8 @@ class CudaBackend final : public Backend {
     std::int64_t tokens = 0, seqs = 0, max_model_len = 0;
   };
   CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::unique_ptr<cuda::DeviceModel> m, KvCacheConfig kv, MemoryInfo mem, Limits limits)
-      : weights_(std::move(w)), model_(std::move(m)), kv_(kv), mem_(mem), limits_(limits) {}
+      : weights_(std::move(w)), model_(std::move(m)), kv_(kv), mem_(mem), limits_(limits),
+        host_(backend::kv_block_bytes(weights_->config(), kv_.dtype, kv_.block_size), cuda::alloc_mapped_host, cuda::free_mapped_host) {}
 
   std::string_view name() const override { return "cuda"; }
   const model::ModelConfig& config() const override { return weights_->config(); }
@@ -100,6 +102,32 @@ class CudaBackend final : public Backend {
 
   double staging_seconds_total() const override { return staging_s_; }
 
+  Status set_host_blocks(std::int64_t n) override {
+    host_.set_blocks(n);
+    return Status::ok();
+  }
+
+  Status swap_blocks(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device) override {
+    LMSERVE_RETURN_IF_ERROR(validate_swap(to_host, to_device, kv_.num_blocks, host_.blocks()));
+    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_host));
+    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_device));
+    for (bool out : {true, false}) {
+      const auto list = out ? to_host : to_device;
+      swap_ids_.clear();
+      swap_host_.clear();
+      for (const BlockCopy& c : list) {
+        swap_ids_.push_back(c.device);
+        swap_host_.push_back(reinterpret_cast<char*>(host_.block(c.host)));
+      }
+      if (std::string e = model_->swap(swap_ids_.data(), swap_host_.data(), static_cast<int>(list.size()), out); !e.empty()) {
+        return Status(StatusCode::kInternal, "cuda: " + e);
+      }
+    }
+    return Status::ok();
+  }
+
+  std::uint64_t host_swap_bytes() const override { return host_.bytes(); }
+
  private:
   static cuda::SampleSpec to_spec(const RowSampling& r) {
     cuda::SampleSpec s;
@@ -136,6 +164,9 @@ class CudaBackend final : public Backend {
   std::vector<std::int32_t> start_, len_, ctx_;
   std::vector<const std::int32_t*> tables_;
   std::vector<cuda::SampleSpec> specs_;
+  HostBlockChunks host_;  // after model_: released before the device model goes
+  std::vector<std::int32_t> swap_ids_;
+  std::vector<char*> swap_host_;
   double staging_s_ = 0;  // forward() minus the waits for the device (staging_seconds_total)
 };
 

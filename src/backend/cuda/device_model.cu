@@ -656,6 +656,27 @@ class CudaModel final : public DeviceModel {
     return {};
   }
 
+  std::string swap(const std::int32_t* blocks, char* const* host, int n, bool to_host) override {
+    if (n == 0) return {};
+    LMSERVE_CUDA_TRY(cudaSetDevice(device_));
+    // The ids and host addresses in one copy; from pageable memory, which the copy has taken in
+    // by the time it returns.
+    const std::size_t ids = align_up(static_cast<std::size_t>(n) * 4), need = ids + static_cast<std::size_t>(n) * sizeof(char*);
+    if (swap_meta_.bytes < need) {
+      LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));  // an earlier swap may still read it
+      LMSERVE_TRY(swap_meta_.alloc(2 * need));
+    }
+    swap_stage_.resize(need);
+    std::memcpy(swap_stage_.data(), blocks, static_cast<std::size_t>(n) * 4);
+    std::memcpy(swap_stage_.data() + ids, host, static_cast<std::size_t>(n) * sizeof(char*));
+    LMSERVE_CUDA_TRY(cudaMemcpyAsync(swap_meta_.p, swap_stage_.data(), need, cudaMemcpyHostToDevice, stream_));
+    const std::size_t chunk = static_cast<std::size_t>(o_.block_size) * d_.kv_heads * d_.head_dim * kv_bytes(o_.kv);
+    launch_swap_blocks(kv_ptrs_.as<void*>(), static_cast<int>(2 * d_.layers), swap_meta_.as<std::int32_t>(),
+                       reinterpret_cast<char* const*>(swap_meta_.as<char>() + ids), n, chunk, to_host, stream_);
+    LMSERVE_CUDA_TRY(cudaGetLastError());
+    return {};
+  }
+
   int device_;
   ModelDims d_;
   Act act_;
@@ -667,7 +688,8 @@ class CudaModel final : public DeviceModel {
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<LayerBuffers> layers_;
   DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
-  DeviceBuffer tmp_kv_, kv_arena_, sampled_;
+  DeviceBuffer tmp_kv_, kv_arena_, sampled_, swap_meta_;
+  std::vector<char> swap_stage_;
   Gemm gemm_;
   void* stage_ = nullptr;
   float* host_logits_ = nullptr;
@@ -694,6 +716,19 @@ std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& di
     return nullptr;
   }
   return m;
+}
+
+void* alloc_mapped_host(std::size_t bytes) {
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it
+    return nullptr;
+  }
+  return p;
+}
+
+void free_mapped_host(void* p) {
+  if (p != nullptr) cudaFreeHost(p);
 }
 
 bool kernels_support(std::int64_t head_dim, std::int64_t group) {

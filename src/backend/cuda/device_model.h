@@ -88,7 +88,16 @@ class DeviceModel {
   virtual std::string set_weight(Slot slot, std::int64_t layer, std::int64_t offset, const void* host, std::size_t bytes) = 0;
   virtual std::string plan(const PlanOptions& options, MemoryPlan* out) = 0;
   virtual std::string forward(const StepInput& in, StepTimes* times) = 0;
+  // Copies n whole KV blocks between the cache and host memory from alloc_mapped_host(), on the
+  // model's stream (after the steps before, before the next): to_host, block blocks[i] to
+  // host[i], else host[i] to block blocks[i]. A host block holds K then V of layer 0, then of
+  // layer 1, ...
+  virtual std::string swap(const std::int32_t* blocks, char* const* host, int n, bool to_host) = 0;
 };
+
+// Pinned host memory that kernels can read and write (the swap space); nullptr on failure.
+void* alloc_mapped_host(std::size_t bytes);
+void free_mapped_host(void* p);
 
 // Selects `device`, allocates the weight buffers for `dims`.
 std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& dims, std::string* error);

@@ -329,6 +329,24 @@ void launch_act_to_float(const void* in, Act act, float* out, std::int64_t n, cu
   LMSERVE_WITH_ACT(act, A, (act_to_float_kernel<A><<<grid_for(n, 256), 256, 0, s>>>(in, out, n)));
 }
 
+__global__ void swap_blocks_kernel(void* const* kv_ptrs, const std::int32_t* blocks, char* const* host, std::size_t chunk, bool to_host) {
+  char* dev = static_cast<char*>(kv_ptrs[blockIdx.y]) + static_cast<std::size_t>(blocks[blockIdx.x]) * chunk;
+  char* h = host[blockIdx.x] + static_cast<std::size_t>(blockIdx.y) * chunk;
+  const char* src = to_host ? dev : h;
+  char* dst = to_host ? h : dev;
+  const std::size_t vec = chunk / 16;
+  for (std::size_t i = threadIdx.x; i < vec; i += blockDim.x) {
+    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  }
+  for (std::size_t i = vec * 16 + threadIdx.x; i < chunk; i += blockDim.x) dst[i] = src[i];
+}
+
+void launch_swap_blocks(void* const* kv_ptrs, int regions, const std::int32_t* blocks, char* const* host, int n, std::size_t chunk, bool to_host,
+                        cudaStream_t s) {
+  if (n == 0) return;
+  swap_blocks_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(regions)), 256, 0, s>>>(kv_ptrs, blocks, host, chunk, to_host);
+}
+
 void launch_fill(float* p, float value, std::int64_t n, cudaStream_t s) {
   if (n == 0) return;
   fill_kernel<<<grid_for(n, 256), 256, 0, s>>>(p, value, n);

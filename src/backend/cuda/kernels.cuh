@@ -114,4 +114,11 @@ void launch_float_to_act(const float* in, void* out, Act act, std::int64_t n, cu
 void launch_act_to_float(const void* in, Act act, float* out, std::int64_t n, cudaStream_t s);
 void launch_fill(float* p, float value, std::int64_t n, cudaStream_t s);
 
+// The swap space's copies (Backend::swap_blocks): for i < n, region r < regions of KV block
+// blocks[i] (kv_ptrs[r] + blocks[i] * chunk, `chunk` bytes) to or from host[i] + r * chunk, host
+// memory that is pinned and mapped (the kernel reads and writes it across the bus itself, so a
+// block needs no copy call per region).
+void launch_swap_blocks(void* const* kv_ptrs, int regions, const std::int32_t* blocks, char* const* host, int n, std::size_t chunk, bool to_host,
+                        cudaStream_t s);
+
 }  // namespace lmserve::cuda

@@ -65,11 +65,58 @@ void KvCacheManager::commit(RequestId id, std::span<const std::int32_t> tokens, 
 }
 
 void KvCacheManager::free(RequestId id) {
+  drop_host(id);
   auto it = tables_.find(id);
   if (it == tables_.end()) return;
   std::vector<BlockId> reversed(it->second.blocks.rbegin(), it->second.blocks.rend());
   pool_.release(reversed);
   tables_.erase(it);
+}
+
+void KvCacheManager::set_host_blocks(std::int64_t n) {
+  host_free_.clear();
+  host_used_ = 0;
+  host_tables_.clear();
+  for (std::int64_t b = n - 1; b >= 0; --b) host_free_.push_back(static_cast<BlockId>(b));
+}
+
+bool KvCacheManager::swap_out(RequestId id, std::int64_t num_tokens, std::vector<backend::BlockCopy>* copies) {
+  auto it = tables_.find(id);
+  if (it == tables_.end() || num_tokens <= 0 || host_tables_.contains(id)) return false;
+  const auto n = static_cast<std::size_t>((num_tokens + block_size_ - 1) / block_size_);
+  if (n > it->second.blocks.size() || n > host_free_.size()) return false;
+  std::vector<BlockId>& host = host_tables_[id];
+  for (std::size_t i = 0; i < n; ++i) {
+    host.push_back(host_free_.back());
+    host_free_.pop_back();
+    copies->push_back({it->second.blocks[i], host.back()});
+  }
+  host_used_ += static_cast<std::int64_t>(n);
+  std::vector<BlockId> reversed(it->second.blocks.rbegin(), it->second.blocks.rend());
+  pool_.release(reversed);
+  tables_.erase(it);
+  return true;
+}
+
+bool KvCacheManager::swap_in(RequestId id, std::int64_t num_tokens, std::vector<backend::BlockCopy>* copies) {
+  auto h = host_tables_.find(id);
+  if (h == host_tables_.end() || tables_.contains(id)) return false;
+  const std::int64_t need = std::max<std::int64_t>(static_cast<std::int64_t>(h->second.size()), (num_tokens + block_size_ - 1) / block_size_);
+  auto blocks = pool_.allocate(need);
+  if (!blocks) return false;
+  for (std::size_t i = 0; i < h->second.size(); ++i) copies->push_back({(*blocks)[i], h->second[i]});
+  tables_[id].blocks = std::move(*blocks);
+  drop_host(id);
+  return true;
+}
+
+void KvCacheManager::drop_host(RequestId id) {
+  auto h = host_tables_.find(id);
+  if (h == host_tables_.end()) return;
+  // Back in reverse, so that the lowest ids end on top of the stack.
+  for (auto b = h->second.rbegin(); b != h->second.rend(); ++b) host_free_.push_back(*b);
+  host_used_ -= static_cast<std::int64_t>(h->second.size());
+  host_tables_.erase(h);
 }
 
 std::span<const BlockId> KvCacheManager::block_table(RequestId id) const {

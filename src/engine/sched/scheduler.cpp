@@ -158,8 +158,15 @@ bool Scheduler::can_allocate(const Request* r, std::int64_t num_tokens) const {
 }
 
 void Scheduler::preempt(Request* r, SchedulerOutput& out) {
-  kv_.free(r->id);
-  r->num_computed = 0;
+  const std::size_t copies = out.swap_out.size();
+  if (swap_ok_ && kv_.swap_out(r->id, r->num_computed, &out.swap_out)) {
+    out.swapped_out.push_back(r->id);
+    ++swap_outs_;
+    swap_blocks_out_ += static_cast<std::int64_t>(out.swap_out.size() - copies);
+  } else {
+    kv_.free(r->id);
+    r->num_computed = 0;
+  }
   r->num_preemptions++;
   ++preemptions_;
   running_.erase(std::find(running_.begin(), running_.end(), r));
@@ -233,8 +240,9 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
         ++i;  // its sibling has not computed the shared prompt yet
         continue;
       }
-      const auto tokens = r->all_tokens();
-      const std::int64_t cached = kv_.adopt_prefix(r->id, tokens, r->cache_salt);
+      // A swapped-out request keeps what it computed; its blocks come back from the host.
+      const bool swapped = kv_.swapped(r->id);
+      const std::int64_t cached = swapped ? r->num_computed : kv_.adopt_prefix(r->id, r->all_tokens(), r->cache_salt);
       r->num_computed = cached;
       const double limit = std::min(1.0, options_.kv_watermark + options_.lanes[lane].kv_reserve);
       // The reserve counts only next to running requests: a lone request always may start.
@@ -245,12 +253,19 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
         why = AdmissionBlock::kKvBlocks;
       } else if (static_cast<double>(after) > limit * total) {
         why = AdmissionBlock::kKvWatermark;
-      } else if (!(can_allocate(r, r->num_computed + n) && kv_.allocate(r->id, r->num_computed + n))) {
+      } else if (const std::size_t copies = out.swap_in.size(); !can_allocate(r, r->num_computed + n)) {
         why = AdmissionBlock::kKvBlocks;
+      } else if (swapped ? !kv_.swap_in(r->id, r->num_computed + n, &out.swap_in) : !kv_.allocate(r->id, r->num_computed + n)) {
+        why = AdmissionBlock::kKvBlocks;
+      } else if (swapped) {
+        ++swap_ins_;
+        swap_blocks_in_ += static_cast<std::int64_t>(out.swap_in.size() - copies);
       }
       if (why != AdmissionBlock::kNone) {
-        kv_.free(r->id);
-        r->num_computed = 0;
+        if (!swapped) {  // a swapped-out request keeps its host blocks and tokens
+          kv_.free(r->id);
+          r->num_computed = 0;
+        }
         if (out.blocked == AdmissionBlock::kNone) {
           out.blocked = why;
           out.blocked_lane = lane;
@@ -285,6 +300,20 @@ void Scheduler::commit_step(const SchedulerOutput& out) {
   }
 }
 
+void Scheduler::swap_out_failed(const SchedulerOutput& out) {
+  swap_ok_ = false;
+  swap_outs_ -= static_cast<std::int64_t>(out.swapped_out.size());
+  swap_blocks_out_ -= static_cast<std::int64_t>(out.swap_out.size());
+  for (RequestId id : out.swapped_out) {
+    kv_.drop_host(id);
+    for (auto& q : waiting_) {
+      for (Request* r : q) {
+        if (r->id == id) r->num_computed = 0;
+      }
+    }
+  }
+}
+
 bool Scheduler::has_work() const {
   if (!running_.empty()) return true;
   return std::any_of(waiting_.begin(), waiting_.end(), [](const auto& q) { return !q.empty(); });
@@ -299,6 +328,13 @@ SchedulerStats Scheduler::stats() const {
   }
   s.preemptions_total = preemptions_;
   s.kv_usage = kv_.pool().usage();
+  s.swapped = static_cast<std::int64_t>(kv_.num_swapped());
+  s.swap_outs_total = swap_outs_;
+  s.swap_ins_total = swap_ins_;
+  s.swap_blocks_out_total = swap_blocks_out_;
+  s.swap_blocks_in_total = swap_blocks_in_;
+  const std::int64_t host = kv_.num_host_blocks();
+  s.host_kv_usage = host == 0 ? 0.0 : static_cast<double>(host - kv_.num_host_free()) / static_cast<double>(host);
   return s;
 }
 

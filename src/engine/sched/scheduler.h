@@ -2,8 +2,11 @@
 // num_tokens. Each step hands out a token budget: running decodes first (one token each),
 // then unfinished prefills (a chunk each), each in lane order then priority then arrival; then
 // waiting requests are admitted, lane by lane, while budget, sequence slots and KV blocks
-// allow. Preemption (by recompute) frees a running request's blocks when another running
-// request of higher rank cannot grow.
+// allow. Preemption frees a running request's blocks when another running request of higher
+// rank cannot grow: its blocks move to the host swap space when that has room (KvCacheManager::
+// swap_out; the request keeps its computed tokens and comes back by swap_in when admitted
+// again), else they are dropped and its tokens are computed again when it resumes. A step that
+// preempts admits nothing, so no step both swaps out and swaps in.
 //
 // Lanes: each lane has a bounded waiting queue and may reserve a share of the KV blocks and
 // of the sequence slots that no other lane can take. Lanes are scheduled in the order given
@@ -78,6 +81,10 @@ struct ScheduledRequest {
 struct SchedulerOutput {
   std::vector<ScheduledRequest> scheduled;  // in execution order
   std::vector<RequestId> preempted;
+  // Block copies the backend must make before this step's forward pass (Backend::swap_blocks),
+  // and the preempted requests whose blocks went to the host.
+  std::vector<backend::BlockCopy> swap_out, swap_in;
+  std::vector<RequestId> swapped_out;
   std::int64_t num_tokens = 0;
   AdmissionBlock blocked = AdmissionBlock::kNone;  // why the first waiting request stayed
   std::size_t blocked_lane = 0;                     // its lane
@@ -89,6 +96,10 @@ struct SchedulerStats {
   std::vector<std::int64_t> running_per_lane;
   std::int64_t preemptions_total = 0;
   double kv_usage = 0.0;
+  std::int64_t swapped = 0;  // requests whose blocks wait in host memory
+  std::int64_t swap_outs_total = 0, swap_ins_total = 0;
+  std::int64_t swap_blocks_out_total = 0, swap_blocks_in_total = 0;
+  double host_kv_usage = 0.0;  // of the swap space's blocks, in [0, 1]; 0 without one
 };
 
 class Scheduler {
@@ -109,6 +120,9 @@ class Scheduler {
   // After the step ran: scheduled requests advance by what they were given, and their newly
   // full blocks enter the prefix cache.
   void commit_step(const SchedulerOutput& out);
+  // The backend could not copy out.swap_out: those requests will compute their tokens again,
+  // and no request is swapped out from now on.
+  void swap_out_failed(const SchedulerOutput& out);
 
   bool has_work() const;
   SchedulerStats stats() const;
@@ -134,6 +148,8 @@ class Scheduler {
   std::vector<std::deque<Request*>> waiting_;  // per lane
   std::vector<Request*> running_;
   std::int64_t preemptions_ = 0;
+  bool swap_ok_ = true;
+  std::int64_t swap_outs_ = 0, swap_ins_ = 0, swap_blocks_out_ = 0, swap_blocks_in_ = 0;
 };
 
 }  // namespace lmserve::engine
