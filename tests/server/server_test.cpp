@@ -548,6 +548,24 @@ TEST(ServerMetrics, ExportsTheMemoryPlanAndEachGpu) {
   EXPECT_NE(timed.find("lmserve:engine_host_phase_seconds_total{model_name=\"m\",phase=\"outputs\"} 0.125"), std::string::npos);
   EXPECT_NE(timed.find("lmserve:engine_host_phase_seconds_total{model_name=\"m\",phase=\"schedule\"} 0"), std::string::npos);
   EXPECT_NE(timed.find("lmserve:engine_forward_staging_seconds_total{model_name=\"m\"} 0.5"), std::string::npos);
+  engine::EngineStats swapping;
+  swapping.swapped = 3;
+  swapping.host_kv_usage = 0.25;
+  swapping.host_kv_blocks_total = 64;
+  swapping.kv_blocks_total = 1000;
+  swapping.swap_outs_total = 5;
+  swapping.swap_ins_total = 2;
+  swapping.swap_bytes_out_total = 4096;
+  swapping.swap_bytes_in_total = 1024;
+  std::string swap = m.render(swapping, "m", 0.85, 16, "bfloat16");
+  for (const char* line : {"vllm:num_requests_swapped{model_name=\"m\"} 3\n", "vllm:cpu_cache_usage_perc{model_name=\"m\"} 0.25\n",
+                           "lmserve:kv_swaps_total{model_name=\"m\",direction=\"out\"} 5\n",
+                           "lmserve:kv_swaps_total{model_name=\"m\",direction=\"in\"} 2\n",
+                           "lmserve:kv_swap_bytes_total{model_name=\"m\",direction=\"out\"} 4096\n",
+                           "lmserve:kv_swap_bytes_total{model_name=\"m\",direction=\"in\"} 1024\n",
+                           "num_gpu_blocks=\"1000\",num_cpu_blocks=\"64\"} 1\n"}) {
+    EXPECT_NE(swap.find(line), std::string::npos) << line;
+  }
   // No GPU: no per-GPU series at all (not zeros that look like an idle card).
   std::string cpu = m.render(engine::EngineStats{}, "m", 0.85, 16, "bfloat16");
   EXPECT_EQ(cpu.find("lmserve:gpu_memory_used_bytes"), std::string::npos);
