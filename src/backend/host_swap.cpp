@@ -25,7 +25,15 @@ void HostBlockChunks::set_blocks(std::int64_t n) {
   chunks_.assign(static_cast<std::size_t>((blocks_ + per_chunk_ - 1) / per_chunk_), nullptr);
 }
 
-Status HostBlockChunks::prepare(std::span<const BlockCopy> copies) {
+Status HostBlockChunks::prepare(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device, std::int64_t device_blocks) {
+  LMSERVE_RETURN_IF_ERROR(validate_swap(to_host, to_device, device_blocks, blocks_));
+  for (auto list : {to_host, to_device}) {
+    LMSERVE_RETURN_IF_ERROR(allocate_for(list));
+  }
+  return Status::ok();
+}
+
+Status HostBlockChunks::allocate_for(std::span<const BlockCopy> copies) {
   for (const BlockCopy& c : copies) {
     std::byte*& chunk = chunks_[static_cast<std::size_t>(c.host / per_chunk_)];
     if (chunk != nullptr) continue;

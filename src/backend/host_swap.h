@@ -32,15 +32,18 @@ class HostBlockChunks {
   std::int64_t blocks() const { return blocks_; }
   std::int64_t blocks_per_chunk() const { return per_chunk_; }
 
-  // Allocates the chunks that the host blocks of `copies` lie in. ResourceExhausted if one
-  // cannot be had (the chunks allocated before stay). Ids must be in range (validate_swap).
-  Status prepare(std::span<const BlockCopy> copies);
+  // What Backend::swap_blocks does before it copies: checks the ids (validate_swap, against
+  // `device_blocks` and blocks()) and allocates the chunks their host blocks lie in.
+  // InvalidArgument, or ResourceExhausted if a chunk cannot be had (those allocated before stay).
+  Status prepare(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device, std::int64_t device_blocks);
   // The memory of host block `host`, whose chunk prepare() allocated.
   std::byte* block(std::int32_t host) const;
   // Memory taken so far.
   std::uint64_t bytes() const;
 
  private:
+  Status allocate_for(std::span<const BlockCopy> copies);
+
   std::uint64_t block_bytes_;
   std::int64_t per_chunk_;
   std::int64_t blocks_ = 0;

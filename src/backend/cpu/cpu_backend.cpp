@@ -51,9 +51,7 @@ class CpuBackend final : public Backend {
 
   // A host block holds the block's K then V of layer 0, then layer 1, ...
   Status swap_blocks(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device) override {
-    LMSERVE_RETURN_IF_ERROR(validate_swap(to_host, to_device, kv_.num_blocks, host_.blocks()));
-    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_host));
-    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_device));
+    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_host, to_device, kv_.num_blocks));
     const std::size_t chunk = kv_block_bytes() / static_cast<std::size_t>(2 * cfg_.num_layers);
     for (bool out : {true, false}) {
       for (const BlockCopy& c : out ? to_host : to_device) {

@@ -108,9 +108,7 @@ class CudaBackend final : public Backend {
   }
 
   Status swap_blocks(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device) override {
-    LMSERVE_RETURN_IF_ERROR(validate_swap(to_host, to_device, kv_.num_blocks, host_.blocks()));
-    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_host));
-    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_device));
+    LMSERVE_RETURN_IF_ERROR(host_.prepare(to_host, to_device, kv_.num_blocks));
     for (bool out : {true, false}) {
       const auto list = out ? to_host : to_device;
       swap_ids_.clear();
