@@ -173,8 +173,10 @@ Command add_serve_command(CLI::App& app) {
     }
     const auto mem = m->backend->memory();
     const auto& kvc = m->backend->kv_config();
-    const std::string kv_text = fmt::format("KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {})", mem.kv_cache_bytes / 1073741824.0,
-                                            kvc.num_blocks, kvc.block_size, kvc.num_blocks * kvc.block_size, backend::kv_dtype_name(kvc.dtype));
+    const std::string kv_text =
+        fmt::format("KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {}), swap space {:.4g} GiB in host memory (taken as preemption needs it)",
+                    mem.kv_cache_bytes / 1073741824.0, kvc.num_blocks, kvc.block_size, kvc.num_blocks * kvc.block_size,
+                    backend::kv_dtype_name(kvc.dtype), o->swap_space_gib);
     if (mem.total_bytes > 0) {
       spdlog::info("memory plan ({}): total {:.2f} GiB, weights {:.2f} GiB, activations {:.2f} GiB, CUDA graphs {:.2f} GiB, {}, max_model_len {}",
                    m->backend->name(), mem.total_bytes / 1073741824.0, mem.weight_bytes / 1073741824.0, mem.activation_bytes / 1073741824.0,
