@@ -736,7 +736,7 @@ std::map<void*, std::pair<void*, std::size_t>> host_maps;
 void* alloc_mapped_host(std::size_t bytes) {
   constexpr std::size_t kHuge = std::size_t{2} << 20;
   const std::size_t len = (bytes + kHuge - 1) / kHuge * kHuge + kHuge;
-  void* base = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* base = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) return nullptr;
   char* p = reinterpret_cast<char*>((reinterpret_cast<std::uintptr_t>(base) + kHuge - 1) / kHuge * kHuge);
   madvise(p, len - kHuge, MADV_HUGEPAGE);

@@ -249,17 +249,18 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
       const std::int64_t after = kv_.pool().num_used() + (running_.empty() ? kv_.blocks_needed(r->id, r->num_tokens())
                                                                             : growth + kv_.blocks_needed(r->id, expected_tokens(r)));
       const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget);
+      const std::size_t swap_copies = out.swap_in.size();
       if (static_cast<double>(after) > total) {
         why = AdmissionBlock::kKvBlocks;
       } else if (static_cast<double>(after) > limit * total) {
         why = AdmissionBlock::kKvWatermark;
-      } else if (const std::size_t copies = out.swap_in.size(); !can_allocate(r, r->num_computed + n)) {
+      } else if (!can_allocate(r, r->num_computed + n)) {
         why = AdmissionBlock::kKvBlocks;
       } else if (swapped ? !kv_.swap_in(r->id, r->num_computed + n, &out.swap_in) : !kv_.allocate(r->id, r->num_computed + n)) {
         why = AdmissionBlock::kKvBlocks;
       } else if (swapped) {
         ++swap_ins_;
-        swap_blocks_in_ += static_cast<std::int64_t>(out.swap_in.size() - copies);
+        swap_blocks_in_ += static_cast<std::int64_t>(out.swap_in.size() - swap_copies);
       }
       if (why != AdmissionBlock::kNone) {
         if (!swapped) {  // a swapped-out request keeps its host blocks and tokens
