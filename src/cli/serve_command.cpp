@@ -173,6 +173,17 @@ Command add_serve_command(CLI::App& app) {
     }
     const auto mem = m->backend->memory();
     const auto& kvc = m->backend->kv_config();
+    // As vLLM does at start-up: every lane must be able to hold one request of max_model_len,
+    // else such a request (a request without max_tokens is one) would be refused.
+    for (std::size_t lane = 0; lane < so.lanes.size(); ++lane) {
+      const std::int64_t cap = engine::lane_kv_capacity_tokens(so, kvc.num_blocks, kvc.block_size, lane);
+      if (so.max_model_len - 1 > cap) {
+        return fail(Status(StatusCode::kInvalidArgument,
+                           fmt::format("max_model_len {} is more than the KV cache holds for one request of lane '{}' ({} tokens); lower "
+                                       "--max-model-len, or give the KV cache more memory",
+                                       so.max_model_len, so.lanes[lane].name, cap)));
+      }
+    }
     const std::string kv_text =
         fmt::format("KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {}), swap space {:.4g} GiB in host memory (taken as preemption needs it)",
                     mem.kv_cache_bytes / 1073741824.0, kvc.num_blocks, kvc.block_size, kvc.num_blocks * kvc.block_size,

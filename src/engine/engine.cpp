@@ -89,7 +89,7 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const 
   const auto& kvc = backend_->kv_config();
   kv_ = std::make_unique<KvCacheManager>(kvc.num_blocks, kvc.block_size, options_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
-  rejections_.assign(7, 0);
+  rejections_.assign(static_cast<std::size_t>(Rejection::kExceedsKvCapacity) + 1, 0);
   limit_episodes_.assign(6, 0);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   sampler_pool_ = std::make_unique<ThreadPool>(options_.sampler_threads > 0 ? static_cast<std::size_t>(options_.sampler_threads)
@@ -187,6 +187,11 @@ Expected<Submitted, SubmitError> Engine::submit(GenerateRequest g) {
                         "this model's maximum context length is " + std::to_string(options_.scheduler.max_model_len) +
                             " tokens; the request asks for " + std::to_string(g.prompt.size()) + " prompt + " +
                             std::to_string(g.params.max_tokens) + " completion tokens");
+        case Rejection::kExceedsKvCapacity:
+          return reject(rej, StatusCode::kInvalidArgument,
+                        "the request asks for " + std::to_string(g.prompt.size()) + " prompt + " + std::to_string(g.params.max_tokens) +
+                            " completion tokens, more than the KV cache can hold for one request (" +
+                            std::to_string(scheduler_->lane_capacity_tokens(static_cast<std::size_t>(lane))) + " tokens)");
         case Rejection::kKvWatermark:
           return reject(rej, StatusCode::kInvalidArgument, "the prompt needs more KV cache than the admission watermark allows");
         default:

@@ -328,7 +328,8 @@ class Session : public std::enable_shared_from_this<Session<Stream>> {
       if (e.rejection != engine::Rejection::kNone) s_.metrics.record_rejection(std::string(engine::rejection_name(e.rejection)), lane);
       if (e.rejection == engine::Rejection::kQueueFull) return reply_error(ApiError::overloaded(e.status.message(), "queue_full"), route);
       if (e.rejection == engine::Rejection::kShuttingDown) return reply_error(ApiError::unavailable(e.status.message()), route);
-      if (e.rejection == engine::Rejection::kExceedsMaxModelLen || e.rejection == engine::Rejection::kPromptTooLong) {
+      if (e.rejection == engine::Rejection::kExceedsMaxModelLen || e.rejection == engine::Rejection::kPromptTooLong ||
+          e.rejection == engine::Rejection::kExceedsKvCapacity) {
         return reply_error(ApiError::bad_request(e.status.message(), "context_length_exceeded"), route);
       }
       return reply_error(ApiError::from_status(e.status), route);

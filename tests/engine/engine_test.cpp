@@ -683,7 +683,7 @@ TEST(Engine, OutputsDeferredOrOnTheSamplerThreadsMatchTheSerialOnes) {
 TEST(Engine, AbortFinishesOnceAndFreesBlocks) {
   auto engine = make_engine(demo(), 64);
   auto prompt = demo().tokenizer->encode("The hacker", {.add_special_tokens = false});
-  auto sub = engine->submit({.prompt = prompt, .params = greedy(900)});
+  auto sub = engine->submit({.prompt = prompt, .params = greedy(800)});
   ASSERT_TRUE(sub);
   StreamEvent e;
   ASSERT_TRUE(sub->stream->next(&e));  // it is running
@@ -721,9 +721,34 @@ TEST(Engine, BadRequestsAreRejectedWithReasons) {
   EXPECT_EQ(bad.error().rejection, Rejection::kExceedsMaxModelLen);
 }
 
+// A request whose prompt and max_tokens the KV cache could never hold (the pool less the other
+// lanes' reserves) is refused at once instead of waiting forever; one that just fits finishes.
+// 10 blocks of 16 tokens, the default lanes: "high" reserves floor(0.2 x 10) = 2 blocks, so a
+// "low" request holds at most 128 tokens (its last output token is never cached) and a "high"
+// one 160.
+TEST(Engine, RequestsTheKvCacheCanNeverHoldAreRefusedNotLeftWaiting) {
+  auto engine = make_engine(demo(), 10);
+  const std::vector<std::int32_t> prompt = {5, 6, 7};
+  auto too_long = engine->submit({.prompt = prompt, .params = greedy(127)});
+  ASSERT_FALSE(too_long);
+  EXPECT_EQ(too_long.error().rejection, Rejection::kExceedsKvCapacity);
+  EXPECT_EQ(too_long.error().status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(too_long.error().status.message(),
+            "the request asks for 3 prompt + 127 completion tokens, more than the KV cache can hold for one request (128 tokens)");
+  auto fits = engine->submit({.prompt = prompt, .params = greedy(126)});
+  auto high = engine->submit({.prompt = prompt, .params = greedy(150), .lane = "high"});
+  ASSERT_TRUE(fits);
+  ASSERT_TRUE(high);
+  EXPECT_EQ(collect(fits->stream).tokens.size(), 126u);
+  EXPECT_EQ(collect(high->stream).tokens.size(), 150u);
+  auto s = engine->stats();
+  EXPECT_DOUBLE_EQ(s.kv_usage, 0.0);
+  for (const auto& [reason, n] : s.rejections) EXPECT_EQ(n, reason == "exceeds_kv_capacity" ? 1u : 0u) << reason;
+}
+
 TEST(Engine, ShutdownRejectsNewWorkAndAbortsTheRest) {
   auto engine = make_engine(demo(), 64);
-  auto sub = engine->submit({.prompt = {1, 2, 3}, .params = greedy(900)});
+  auto sub = engine->submit({.prompt = {1, 2, 3}, .params = greedy(800)});
   ASSERT_TRUE(sub);
   engine->shutdown(std::chrono::milliseconds(20));
   Result r = collect(sub->stream);

@@ -139,9 +139,9 @@ TEST_F(SchedulerTest, PreemptsLowestLaneThenLatestArrival) {
   o.kv_watermark = 1.0;
   o.lanes = {{"high", 0, 0, 100}, {"low", 0, 0, 100}};
   make(6, 4, o);
-  Request* low_old = req(8, 1, 0, 100);   // 2 full blocks
-  Request* low_new = req(8, 1, 0, 100);
-  Request* high = req(8, 0, 0, 100);
+  Request* low_old = req(8, 1, 0, 16);   // 2 full blocks
+  Request* low_new = req(8, 1, 0, 16);
+  Request* high = req(8, 0, 0, 16);
   for (auto* r : {low_old, low_new, high}) sched_->add(r);
   step();  // all three prefill: 6 blocks used
   EXPECT_EQ(kv_->pool().num_free(), 0);
@@ -178,6 +178,10 @@ TEST_F(SchedulerTest, TypedRejections) {
   make(8, 4, o);
   EXPECT_EQ(sched_->add(req(64, 1)), Rejection::kPromptTooLong);
   EXPECT_EQ(sched_->add(req(60, 1, 0, 8)), Rejection::kExceedsMaxModelLen);
+  // The low lane holds at most 8 - floor(0.1 x 8) = 8 blocks = 32 tokens; the last output token
+  // is never cached, so 4 + 29 fits and 4 + 30 would wait forever.
+  EXPECT_EQ(sched_->lane_capacity_tokens(1), 32);
+  EXPECT_EQ(sched_->add(req(4, 1, 0, 30)), Rejection::kExceedsKvCapacity);
   EXPECT_EQ(sched_->add(req(20, 1, 0, 4)), Rejection::kKvWatermark);  // 5 blocks > 0.5 x 8, ever
   EXPECT_EQ(sched_->add(req(4, 1)), Rejection::kNone);
   EXPECT_EQ(sched_->add(req(4, 1)), Rejection::kNone);
@@ -202,8 +206,8 @@ TEST_F(SchedulerTest, PreemptedRequestsResumeFromTheirCachedPrefix) {
   o.kv_watermark = 1.0;
   o.lanes = {{"only", 0, 0, 10}};
   make(4, 4, o, /*caching=*/true);
-  Request* a = req(8, 0, 0, 100);
-  Request* b = req(8, 0, 0, 100);
+  Request* a = req(8, 0, 0, 9);
+  Request* b = req(8, 0, 0, 9);
   sched_->add(a);
   sched_->add(b);
   step();
@@ -227,9 +231,9 @@ TEST_F(SchedulerTest, PreemptedRequestsSwapOutAndResumeWithoutRecompute) {
   o.lanes = {{"high", 0, 0, 100}, {"low", 0, 0, 100}};
   make(6, 4, o);
   kv_->set_host_blocks(8);
-  Request* low_old = req(8, 1, 0, 100);
-  Request* low_new = req(8, 1, 0, 100);
-  Request* high = req(8, 0, 0, 100);
+  Request* low_old = req(8, 1, 0, 16);
+  Request* low_new = req(8, 1, 0, 16);
+  Request* high = req(8, 0, 0, 16);
   for (auto* r : {low_old, low_new, high}) sched_->add(r);
   step();
   const std::vector<BlockId> table(kv_->block_table(low_new->id).begin(), kv_->block_table(low_new->id).end());
@@ -273,7 +277,7 @@ TEST_F(SchedulerTest, PreemptionRecomputesWhenTheSwapSpaceIsFullOrFailed) {
     kv_->set_host_blocks(fail ? 8 : 1);
     std::vector<Request*> rs;
     for (int i = 0; i < 3; ++i) {
-      rs.push_back(req(8, 0, 0, 100));
+      rs.push_back(req(8, 0, 0, 16));
       sched_->add(rs.back());
     }
     step();
@@ -350,9 +354,9 @@ TEST_F(SchedulerTest, TheGrowthReserveIsClippedScaledAndNeverBlocksALoneRequest)
   o.kv_growth_clip = 16;
   o.lanes = {{"only", 0, 0, 10}};
   make(10, 4, o);
-  Request* lone = req(8, 0, 0, 100);  // 8 + min(100, 16) x 0.5 = 16 tokens expected: 4 blocks
-  Request* b = req(8, 0, 0, 100);     // the same: 2 blocks now, 4 expected
-  Request* c = req(4, 0, 0, 100);     // 4 + 8 = 12 tokens: 3 blocks expected
+  Request* lone = req(8, 0, 0, 33);  // 8 + min(33, 16) x 0.5 = 16 tokens expected: 4 blocks
+  Request* b = req(8, 0, 0, 33);     // the same: 2 blocks now, 4 expected
+  Request* c = req(4, 0, 0, 33);     // 4 + 8 = 12 tokens: 3 blocks expected
   for (Request* r : {lone, b, c}) ASSERT_EQ(sched_->add(r), Rejection::kNone);
   SchedulerOutput out = step();
   // lone (2 blocks used, 2 more expected) and b (2 + 2) fit the 10 blocks; c's 3 do not.
@@ -362,11 +366,12 @@ TEST_F(SchedulerTest, TheGrowthReserveIsClippedScaledAndNeverBlocksALoneRequest)
   sched_->remove(b->id);
   sched_->remove(c->id);
 
-  // Alone, a request whose expected growth exceeds the pool still starts.
+  // Alone, a request whose expected growth exceeds the pool still starts: 8 + 9 tokens
+  // expected, 5 blocks of the 4 (it fits, as its last token is never cached).
   o.kv_growth_reserve = 1.0;
   o.kv_growth_clip = 4096;
   make(4, 4, o);
-  Request* big = req(8, 0, 0, 1000);
+  Request* big = req(8, 0, 0, 9);
   ASSERT_EQ(sched_->add(big), Rejection::kNone);
   EXPECT_EQ(plan(step()), (Plan{{big->id, 8}}));
 }

@@ -14,6 +14,7 @@ std::string_view rejection_name(Rejection r) {
     case Rejection::kKvWatermark: return "kv_watermark";
     case Rejection::kDeviceMemory: return "device_memory";
     case Rejection::kShuttingDown: return "shutting_down";
+    case Rejection::kExceedsKvCapacity: return "exceeds_kv_capacity";
   }
   return "?";
 }
@@ -79,6 +80,7 @@ Rejection Scheduler::add(Request* r) {
   const std::int64_t prompt_blocks = (r->num_tokens() + kv_.block_size() - 1) / kv_.block_size();
   if (prompt >= options_.max_model_len) return Rejection::kPromptTooLong;
   if (prompt + r->params.max_tokens > options_.max_model_len) return Rejection::kExceedsMaxModelLen;
+  if (prompt + r->params.max_tokens - 1 > lane_capacity_tokens(r->lane)) return Rejection::kExceedsKvCapacity;
   const double limit = std::min(1.0, options_.kv_watermark + options_.lanes[r->lane].kv_reserve);
   if (prompt_blocks > total_blocks) return Rejection::kPromptTooLong;
   if (static_cast<double>(prompt_blocks) > limit * static_cast<double>(total_blocks)) return Rejection::kKvWatermark;
@@ -88,6 +90,18 @@ Rejection Scheduler::add(Request* r) {
   auto pos = std::upper_bound(q.begin(), q.end(), r, [&](const Request* a, const Request* b) { return ranks_before(a, b); });
   q.insert(pos, r);
   return Rejection::kNone;
+}
+
+std::int64_t lane_kv_capacity_tokens(const SchedulerOptions& options, std::int64_t num_blocks, int block_size, std::size_t lane) {
+  std::int64_t reserved = 0;
+  for (std::size_t l = 0; l < options.lanes.size(); ++l) {
+    if (l != lane) reserved += static_cast<std::int64_t>(std::floor(options.lanes[l].kv_reserve * static_cast<double>(num_blocks)));
+  }
+  return std::max<std::int64_t>(0, num_blocks - reserved) * block_size;
+}
+
+std::int64_t Scheduler::lane_capacity_tokens(std::size_t lane) const {
+  return lane_kv_capacity_tokens(options_, kv_.pool().num_blocks(), kv_.block_size(), lane);
 }
 
 Request* Scheduler::remove(RequestId id) {

@@ -65,8 +65,15 @@ struct SchedulerOptions {
   Status validate() const;
 };
 
+// The most tokens one request of `lane` can hold in a pool of num_blocks x block_size: the pool
+// less what the other lanes reserve. (Its last output token is never in the cache, so a request
+// fits when prompt + max_tokens - 1 is at most this.)
+std::int64_t lane_kv_capacity_tokens(const SchedulerOptions& options, std::int64_t num_blocks, int block_size, std::size_t lane);
+
 // Why a request was refused at submit (the server maps these to HTTP 400/429/503).
-enum class Rejection { kNone, kQueueFull, kPromptTooLong, kExceedsMaxModelLen, kKvWatermark, kDeviceMemory, kShuttingDown };
+// kExceedsKvCapacity: prompt + max_tokens need more KV blocks than the request's lane can ever
+// have (the pool less the other lanes' reserves); admitted, it would wait forever.
+enum class Rejection { kNone, kQueueFull, kPromptTooLong, kExceedsMaxModelLen, kKvWatermark, kDeviceMemory, kShuttingDown, kExceedsKvCapacity };
 std::string_view rejection_name(Rejection r);
 
 // Why waiting requests were left waiting in a step.
@@ -112,6 +119,8 @@ class Scheduler {
 
   // Queues `r` (status waiting). A typed rejection leaves it untouched.
   Rejection add(Request* r);
+  // lane_kv_capacity_tokens of this scheduler's pool.
+  std::int64_t lane_capacity_tokens(std::size_t lane) const;
   // Removes `id` from wherever it is and frees its blocks. Returns the request or nullptr.
   Request* remove(RequestId id);
 
