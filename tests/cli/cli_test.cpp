@@ -371,6 +371,18 @@ TEST(Cli, ServeReadsAYamlConfigAndTheCommandLineWins) {
   EXPECT_NE(bad.output.find("unknown key 'no-such-flag'"), std::string::npos) << bad.output;
 }
 
+// A request the KV cache could never hold is refused at once (it used to wait forever), and a
+// server whose KV cache cannot hold one request of max_model_len does not start (as vLLM).
+TEST(Cli, KvCachesTooSmallForTheRequestOrMaxModelLenFailClearly) {
+  CommandRun r = run("generate --model " + model_dir() + " --num-kv-blocks 2 --max-tokens 60 --ignore-eos --prompt 'hello there'");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("completion tokens, more than the KV cache can hold for one request (32 tokens)"), std::string::npos) << r.output;
+  r = run("serve --model " + model_dir() + " --port 0 --num-kv-blocks 8 --max-model-len 1024");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("max_model_len 1024 is more than the KV cache holds for one request of lane 'high' (128 tokens)"), std::string::npos)
+      << r.output;
+}
+
 TEST(Cli, TextCommandsFailClearlyOnBadInput) {
   CommandRun r = run("tokenize --model /nonexistent hello");
   EXPECT_EQ(r.exit_code, 1);
