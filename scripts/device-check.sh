@@ -5,7 +5,7 @@
 # engine tests on CUDA, compute-sanitizer.
 # Logs go to $OUT; a summary table is printed last. SANITIZE=0 skips compute-sanitizer;
 # MMA_SWEEP=0 skips the sweep with the CUDA-core decode kernel, MT1_SWEEP=0 the one with the
-# one-m-tile prefill kernel;
+# one-m-tile prefill kernel, WARPS_SWEEP=0 the model and engine runs with the decode warp units;
 # MEM_FILTER / RACE_FILTER narrow the sanitizer runs (racecheck is slow: minutes on model tests);
 # RACE_ARGS adds compute-sanitizer options. Not --kernel-name-exclude kns=nvjet: with it (H200,
 # CUDA 13.0) only the cuBLAS kernels ran and the tests of our kernels failed.
@@ -37,6 +37,14 @@ if [[ ${MT1_SWEEP:-1} == 1 ]]; then
 fi
 LMSERVE_TEST_BACKEND=cuda timeout 300 $B/tests/engine_e2e_test > "$OUT/engine_cuda.log" 2>&1; rc=$?
 row "engine_e2e_test on CUDA" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda.log" | head -2 | tr '\n' ' ')"
+# The model and the engine with the tensor-core decode kernel's warp units at every batch size,
+# where by default only large batches take them (WARPS_SWEEP=0 skips it).
+if [[ ${WARPS_SWEEP:-1} == 1 ]]; then
+  LMSERVE_CUDA_DECODE_WARPS=1 timeout 300 $B/tests/backend_compare_test --gtest_filter='*CudaModel*:*CudaBackend*' > "$OUT/compare_warp_units.log" 2>&1; rc=$?
+  row "backend_compare model, DECODE_WARPS=1" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare_warp_units.log" | head -2 | tr '\n' ' ')"
+  LMSERVE_CUDA_DECODE_WARPS=1 LMSERVE_TEST_BACKEND=cuda timeout 300 $B/tests/engine_e2e_test > "$OUT/engine_cuda_warp_units.log" 2>&1; rc=$?
+  row "engine_e2e_test on CUDA, DECODE_WARPS=1" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda_warp_units.log" | head -2 | tr '\n' ' ')"
+fi
 if [[ ${SANITIZE:-1} == 1 ]]; then
   CS=/usr/local/cuda/bin/compute-sanitizer
   timeout 400 $CS --tool memcheck --error-exitcode 9 $B/tests/backend_compare_test --gtest_filter="${MEM_FILTER:-*ActOps*:*KvOps*bs16_gqa4*:*KvOps*bs32_gqa8*:*Padded*:*Rejects*:*DeviceSampl*:*demo*}" > "$OUT/memcheck.log" 2>&1

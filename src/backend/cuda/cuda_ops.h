@@ -66,6 +66,7 @@ struct AttentionInput {
   std::vector<std::vector<std::int32_t>> tables;
   int nh = 0, nkv = 0, D = 0;
   int splits = 1;  // context splits for single-token sequences (decode)
+  bool warp_units = false;  // AttnArgs::warp_units (the tensor-core decode kernel's one warp per unit)
 };
 std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out);
 

@@ -1,11 +1,18 @@
 // Decode attention on the tensor cores (attention_util.cuh: decode_mma_supported,
-// launch_decode_mma). One block of 4 warps per (one-token item, KV head, context split); the
+// launch_decode_mma). A unit of work is one (one-token item, KV head, context split); the
 // group's G <= 16 query heads are the 16 rows of an mma.sync m16n8k16 tile (rows G..15 zero).
-// The split's keys are cut into warp tiles of kKeys keys (K and V 4 KB each); warp w takes
-// tiles w, w + 4, ... and streams them through its own ring of kStages shared-memory stages by
-// cp.async, synchronising only itself (no block barrier until the end). Per tile it computes
-// S = Q K^T, the online softmax of flash attention and O += P V with the running max, sum and O
-// in registers; the four warps' partial results are merged through shared memory at the end.
+// The unit's keys are cut into warp tiles of kKeys keys (K and V 4 KB each), which a warp
+// streams through its own ring of kStages shared-memory stages by cp.async, synchronising only
+// itself. Per tile it computes S = Q K^T, the online softmax of flash attention and O += P V with
+// the running max, sum and O in registers. Two ways to map units to warps:
+//  - block units (AttnArgs::warp_units false): one block of 4 warps per unit; warp w takes tiles
+//    w, w + 4, ..., and the four partial results are merged through shared memory at the end.
+//    For few units (small batches), where four warps per unit keep the SMs busy.
+//  - warp units (true): one warp per unit, four units (consecutive KV heads of an item) per
+//    block, no merge and no block barrier. For large batches of short contexts: a block-unit
+//    block at ~200 keys gives each warp ~3 tiles, so its start (the item's metadata and block
+//    table, a chain of dependent loads), its merge and the wait for its slowest warp cost as
+//    much as its streaming; a warp unit streams all ~13 tiles after one start.
 //
 // Why: the CUDA-core decode kernel spends ~1,160 instructions per 8 KB of K/V (16 lanes per key
 // row, 32 FMAs and 16 shuffles per 8 elements) and ran a 200 x 1,500-key step at 1.6 TB/s; here
@@ -94,7 +101,47 @@ __device__ __forceinline__ unsigned fp8_bytes_to_f16x2(unsigned x, unsigned y, u
   }
 }
 
-template <int D, Kv K, Act A>
+// A warp unit's result from its registers: rows q and q + 8 (h = 0, 1) of the thread's quad,
+// dims (2c) * D/8 + nt and (2c + 1) * D/8 + nt (o[nt][2h], o[nt][2h + 1]); the output when
+// the unit is its item's only split, else the combine kernel's format (natural-log max, sum,
+// unnormalised O), as the block units' merge writes them.
+template <int D, Act A>
+__device__ __forceinline__ void store_warp_unit(const AttnArgs& a, const float (&o)[D / 8][4], const float (&m_run)[2], float (&l_run)[2],
+                                                std::int64_t qrow, int item, int g, int split, float vscale, bool whole) {
+  constexpr int ND = D / 8, VW = D / 8;
+  const int lane = threadIdx.x & 31, q = lane >> 2, c = lane & 3, G = a.nh / a.nkv;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // every lane of the quad: the row's sum
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = q + 8 * h;
+    if (r >= G) continue;
+    if (whole) {
+      const float f = l_run[h] > 0.0f ? vscale / l_run[h] : 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < ND; ++nt) {
+        act_store<A>(a.out, qrow + r * D + (2 * c) * VW + nt, o[nt][2 * h] * f);
+        act_store<A>(a.out, qrow + r * D + (2 * c + 1) * VW + nt, o[nt][2 * h + 1] * f);
+      }
+    } else {
+      float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * kAttnRows * (D + 2) + r * (D + 2);
+#pragma unroll
+      for (int nt = 0; nt < ND; ++nt) {
+        part[(2 * c) * VW + nt] = o[nt][2 * h] * vscale;
+        part[(2 * c + 1) * VW + nt] = o[nt][2 * h + 1] * vscale;
+      }
+      if (c == 0) {
+        part[D] = m_run[h] == -INFINITY ? -INFINITY : m_run[h] * 0.6931471805599453f;
+        part[D + 1] = l_run[h];
+      }
+    }
+  }
+}
+
+template <int D, Kv K, Act A, bool kWarpUnits>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnArgs a) {
   using S = Shape<D, K>;
   using M = MmaType<kMmaAct<K, A>>;
@@ -102,30 +149,36 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   constexpr int QW = D / 4;  // dims of a K row one thread reads
   constexpr int VW = D / 8;  // dims of a V row one thread reads
   extern __shared__ __align__(16) unsigned char smem[];
-  const int item = a.heads_first ? blockIdx.y : blockIdx.x, g = a.heads_first ? blockIdx.x : blockIdx.y;
   const int split = blockIdx.z, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, q = lane >> 2, c = lane & 3;
+  const int unit = blockIdx.x * kWarps + warp;  // warp units: this warp's (item, KV head)
+  const int item = kWarpUnits ? unit / a.nkv : (a.heads_first ? blockIdx.y : blockIdx.x);
+  const int g = kWarpUnits ? unit % a.nkv : (a.heads_first ? blockIdx.x : blockIdx.y);
+  // The unit's tiles are first, first + strides, ...: all of them for a warp unit.
+  constexpr int strides = kWarpUnits ? 1 : kWarps;
+  const int first = kWarpUnits ? 0 : warp;
   const int G = a.nh / a.nkv;
   pdl_wait();
   pdl_release();
+  if (kWarpUnits && item >= a.num_items) return;  // the last block's spare warps
   const int tok = a.item_token[item], seq = a.item_seq[item];
   const int kv_len = a.positions[tok] + 1;
   const int per = split_keys(kv_len, a.splits, a.min_split_keys);
   const int begin = split * per, end = min(kv_len, begin + per);
-  if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block)
+  if (split > 0 && begin >= kv_len) return;  // an unused split (the whole block, or the warp)
 
   const std::int32_t* bt = a.block_tables + static_cast<std::int64_t>(seq) * (*a.bt_stride);
   const char* kc = static_cast<const char*>(a.kv_ptrs[2 * a.layer]);
   const char* vc = static_cast<const char*>(a.kv_ptrs[2 * a.layer + 1]);
   const int tiles = (end - begin + S::kKeys - 1) / S::kKeys;
-  const int mine = tiles > warp ? (tiles - warp + kWarps - 1) / kWarps : 0;  // this warp's tiles
+  const int mine = tiles > first ? (tiles - first + strides - 1) / strides : 0;  // this warp's tiles
   unsigned char* ring = smem + static_cast<std::size_t>(warp) * kStages * S::kStageBytes;
 
-  // This warp's k-th tile (global tile warp + 4k) into stage k % kStages: one commit group per
+  // This warp's k-th tile (the unit's tile first + strides k) into stage k % kStages: one commit group per
   // call, empty past the warp's last tile, so that the waits count tiles.
   auto issue = [&](int k) {
     if (k < mine) {
-      const int k0 = begin + (warp + kWarps * k) * S::kKeys;
+      const int k0 = begin + (first + strides * k) * S::kKeys;
       int slot = 0;  // lane j < kKeys: the cache slot of key k0 + j
       if (lane < S::kKeys && k0 + lane < end) {
         const int p = k0 + lane;
@@ -183,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
     issue(k + kStages - 1);
     const unsigned char* tk = ring + (k % kStages) * S::kStageBytes;
     const unsigned char* tv = tk + S::kKeys * S::kStride;
-    const int t0 = begin + (warp + kWarps * k) * S::kKeys;
+    const int t0 = begin + (first + strides * k) * S::kKeys;
 
     // S = Q K^T: fragment n holds keys 8n..8n+7 (column q: key 8n + q).
     float s[NF][4];
@@ -261,6 +314,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
     }
   }
   cp_async_wait<0>();
+  if constexpr (kWarpUnits) {
+    store_warp_unit<D, A>(a, o, m_run, l_run, qrow, item, g, split, vscale, single_split(kv_len, a.splits, per));
+    return;
+  }
   __syncthreads();  // every warp is done with its ring: the memory holds the merge now
 
   // Each warp's rows: running max (exp2 domain), sum, unnormalised O.
@@ -327,15 +384,21 @@ bool decode_heads_first() {
 template <int D, Kv K, Act A>
 void launch_one(const AttnArgs& args, cudaStream_t s) {
   AttnArgs a = args;
-  a.heads_first = decode_heads_first() && a.num_items <= 65535;  // gridDim.y's limit
   const auto items = static_cast<unsigned>(a.num_items), heads = static_cast<unsigned>(a.nkv);
+  if (a.warp_units) {
+    const dim3 grid((items * heads + kWarps - 1) / kWarps, 1, static_cast<unsigned>(a.splits));
+    launch_pdl(decode_mma_kernel<D, K, A, true>, grid, dim3(kThreads), Shape<D, K>::kRingBytes, s, a);
+    return;
+  }
+  a.heads_first = decode_heads_first() && a.num_items <= 65535;  // gridDim.y's limit
   const dim3 grid(a.heads_first ? heads : items, a.heads_first ? items : heads, static_cast<unsigned>(a.splits));
-  launch_pdl(decode_mma_kernel<D, K, A>, grid, dim3(kThreads), Shape<D, K>::kSmem, s, a);
+  launch_pdl(decode_mma_kernel<D, K, A, false>, grid, dim3(kThreads), Shape<D, K>::kSmem, s, a);
 }
 
 template <int D, Kv K, Act A>
 void allow_one() {
-  cudaFuncSetAttribute(decode_mma_kernel<D, K, A>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape<D, K>::kSmem));
+  cudaFuncSetAttribute(decode_mma_kernel<D, K, A, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape<D, K>::kSmem));
+  cudaFuncSetAttribute(decode_mma_kernel<D, K, A, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape<D, K>::kRingBytes));
 }
 
 // The (D, Kv, Act) combinations the kernel is built for; f(D, K, A) for the one asked.
@@ -385,6 +448,12 @@ struct Allow {
 
 bool decode_mma_supported(int head_dim, Kv kv, Act act, int group) {
   return decode_mma_enabled() && group >= 1 && group <= 16 && with_case(head_dim, kv, act, Noop{});
+}
+
+bool decode_warp_units(std::int64_t units, int sms) {
+  static const bool never = env_is("LMSERVE_CUDA_DECODE_WARPS", "0"), always = env_is("LMSERVE_CUDA_DECODE_WARPS", "1");
+  if (never || always) return always;
+  return units >= static_cast<std::int64_t>(kDecodeWarpUnitsPerSm) * sms;
 }
 
 void launch_decode_mma(const AttnArgs& a, cudaStream_t s) {

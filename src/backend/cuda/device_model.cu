@@ -504,6 +504,7 @@ class CudaModel final : public DeviceModel {
       at.scale = 1.0f / std::sqrt(static_cast<float>(D));
       at.num_single = num_single;
       at.splits = splits_for(num_single);
+      at.warp_units = decode_warp_units(static_cast<std::int64_t>(num_single) * nkv, sms_);
       at.partial = partial_.as<float>();
       at.out = attn_.p;
       at.act = act_;

@@ -93,7 +93,18 @@ struct AttnArgs {
   // heads run side by side and read its cache rows (all heads of a slot) together. false: (items,
   // nkv, splits). Set by launch_decode_mma.
   bool heads_first = false;
+  // The tensor-core decode kernel only: one warp per (item, KV head, split) instead of one block
+  // (decode_mma.cu says when each pays; the model decides with decode_warp_units). Other kernels
+  // ignore it.
+  bool warp_units = false;
 };
+// AttnArgs::warp_units for a step of `units` one-token (item, KV head) pairs on a device of
+// `sms` SMs: at kDecodeWarpUnitsPerSm units per SM and more (12 warps run per SM, so two waves
+// of them and more; fewer would leave the last wave part-empty). On the H200 warp units were
+// faster at 1,024 x 8 and 512 x 8 units (docs/perf.md). LMSERVE_CUDA_DECODE_WARPS=0 / 1 says
+// never / always, for A/B runs.
+constexpr int kDecodeWarpUnitsPerSm = 24;
+bool decode_warp_units(std::int64_t units, int sms);
 bool attention_supports(int head_dim, int group);
 // Raises the attention kernels' shared-memory limits on the current device: once per device
 // before the first launch_attention (not inside a CUDA graph capture).
