@@ -236,14 +236,17 @@ class KvOps : public ::testing::TestWithParam<KvCase> {};
 TEST_P(KvOps, QkvRopeWritesTheCache) {
   LMSERVE_REQUIRE_GPU();
   const KvCase c = GetParam();
-  const int nkv = 2, nh = nkv * c.group, D = c.head_dim, T = 11, blocks = 4;
+  const int nkv = 2, nh = nkv * c.group, D = c.head_dim;
   std::mt19937 rng(5 + c.block_size + D + c.group);
   model::ModelConfig cfg;
   cfg.head_dim = D;
   cfg.rope_theta = 500000;
   cfg.rope_scaling = {model::RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 64};
-  for (int variant = 0; variant < 2; ++variant) {  // Llama; then Qwen2 bias + Qwen3 q/k norm
-    SCOPED_TRACE(variant == 0 ? "plain" : "bias + qk norm");
+  // Llama; then Qwen2 bias + Qwen3 q/k norm; each with 11 tokens (a token's heads over several
+  // blocks) and 600 (one block per token: kernels.cuh, kRopeTokensPerBlock = 512).
+  for (int run = 0; run < 4; ++run) {
+    const int variant = run % 2, T = run < 2 ? 11 : 600, blocks = (T + c.block_size - 1) / c.block_size + 1;
+    SCOPED_TRACE(std::string(variant == 0 ? "plain" : "bias + qk norm") + ", " + std::to_string(T) + " tokens");
     for (int act : {kF32, kBF16}) {
       SCOPED_TRACE(act_name(act));
       ops::QkvRopeInput in;

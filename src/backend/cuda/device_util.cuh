@@ -27,6 +27,18 @@ __device__ __forceinline__ void act_store(void* p, std::int64_t i, float v) {
   if constexpr (A == Act::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
 }
 
+// Two consecutive values (i even) in one 8- or 4-byte load.
+template <Act A>
+__device__ __forceinline__ float2 act_load2(const void* p, std::int64_t i) {
+  if constexpr (A == Act::kF32) {
+    return *reinterpret_cast<const float2*>(static_cast<const float*>(p) + i);
+  } else if constexpr (A == Act::kBF16) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(static_cast<const __nv_bfloat16*>(p) + i));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(static_cast<const __half*>(p) + i));
+  }
+}
+
 // Four consecutive values (i a multiple of 4) in one 16- or 8-byte load.
 template <Act A>
 __device__ __forceinline__ float4 act_load4(const void* p, std::int64_t i) {

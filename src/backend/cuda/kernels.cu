@@ -121,13 +121,31 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
 }
 
-// One warp per (token, head) over q heads, k heads, v heads: block (t, y) takes heads
-// y * warps .. y * warps + warps - 1 of token t.
-constexpr int kRopeThreads = 256;
+// One warp per (token, head) over q heads, k heads, v heads: block (t, y) takes heads y * warps
+// + w, stride warps * gridDim.y, of token t. launch_qkv_rope gives a block all of a token's
+// heads (gridDim.y 1) when there are enough tokens to fill the GPU, so that the token's rotation
+// table is made once, not once per block, and each warp loads its next head while it rotates
+// and stores the current one; for few tokens (decode at a small batch) the heads spread over
+// blocks. A lane holds E consecutive pairs (i, i + half) of a head, i = lane * E + e (E = 1 or
+// 2, the fewer that covers half with 32 lanes: head dims up to 128, attention_supports), loaded
+// in one 4- or 8-byte access per half where half is a multiple of E.
+constexpr int kRopeThreads = 256, kRopeMaxE = 2;
+
+// v[0..E) = p[off..off + E) (values at or past `valid` 0), as floats.
+template <Act G>
+__device__ __forceinline__ void load_pairs(const void* p, std::int64_t off, int E, int valid, bool vec, float (&v)[kRopeMaxE]) {
+  if (vec && valid == E && E == 2) {
+    const float2 f = act_load2<G>(p, off);
+    v[0] = f.x, v[1] = f.y;
+  } else {
+#pragma unroll
+    for (int e = 0; e < kRopeMaxE; ++e) v[e] = e < valid ? act_load<G>(p, off + e) : 0.0f;
+  }
+}
 
 // qkv in G: act or float32.
 template <Act A, Kv K, Act G>
-__global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
+__global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a, int E) {
   const int t = blockIdx.x, lane = threadIdx.x & 31, warps = kRopeThreads / 32, warp = blockIdx.y * warps + (threadIdx.x >> 5);
   pdl_wait();
   pdl_release();
@@ -137,26 +155,23 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
   const std::int64_t slot = a.slots[t];
   void* kc = a.kv_ptrs[2 * a.layer];
   void* vc = a.kv_ptrs[2 * a.layer + 1];
-  // Each lane holds pairs (i, i + half) of a head, i = lane, lane + 32, ... (D <= 256), with
-  // the bias added.
-  auto load = [&](int hi, float (&lo)[4], float (&hv)[4]) {
+  const int i0 = lane * E, valid = max(0, min(E, half - i0));
+  const bool vec = half % E == 0;  // every lane's runs whole and aligned
+  // Head hi's pairs of this lane, with the bias added.
+  auto load = [&](int hi, float (&lo)[kRopeMaxE], float (&hv)[kRopeMaxE]) {
     const int base = hi * D;
+    load_pairs<G>(a.qkv, row + base + i0, E, valid, vec, lo);
+    load_pairs<G>(a.qkv, row + base + half + i0, E, valid, vec, hv);
+    if (a.bias) {
+      float blo[kRopeMaxE], bhv[kRopeMaxE];
+      load_pairs<A>(a.bias, base + i0, E, valid, vec, blo);
+      load_pairs<A>(a.bias, base + half + i0, E, valid, vec, bhv);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = lane + 32 * j;
-      lo[j] = hv[j] = 0.0f;
-      if (i < half) {
-        lo[j] = act_load<G>(a.qkv, row + base + i);
-        hv[j] = act_load<G>(a.qkv, row + base + i + half);
-        if (a.bias) {
-          lo[j] += act_load<A>(a.bias, base + i);
-          hv[j] += act_load<A>(a.bias, base + i + half);
-        }
-      }
+      for (int e = 0; e < kRopeMaxE; ++e) lo[e] += blo[e], hv[e] += bhv[e];
     }
   };
   const int stride = warps * static_cast<int>(gridDim.y);
-  float lo[4], hv[4];
+  float lo[kRopeMaxE], hv[kRopeMaxE];
   // The warp's first head is loaded before the rotation table is made: the loads' latency and
   // the sin/cos overlap.
   if (warp < heads) load(warp, lo, hv);
@@ -171,6 +186,8 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
   }
   __syncthreads();
   for (int hi = warp; hi < heads; hi += stride) {
+    float nlo[kRopeMaxE], nhv[kRopeMaxE];  // the next head's, in flight while this one is stored
+    if (hi + stride < heads) load(hi + stride, nlo, nhv);
     const int base = hi * D;
     const bool is_q = hi < a.nh, is_k = !is_q && hi < a.nh + a.nkv;
     const int kvh = is_q ? 0 : (is_k ? hi - a.nh : hi - a.nh - a.nkv);
@@ -178,45 +195,55 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a) {
     if (nw) {
       float ss = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) ss += lo[j] * lo[j] + hv[j] * hv[j];  // zeros past half
+      for (int e = 0; e < kRopeMaxE; ++e) ss += lo[e] * lo[e] + hv[e] * hv[e];  // zeros past half
       const float inv = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(D) + a.eps);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int i = lane + 32 * j;
-        if (i < half) {
-          lo[j] = act_load<A>(nw, i) * (lo[j] * inv);
-          hv[j] = act_load<A>(nw, i + half) * (hv[j] * inv);
+      for (int e = 0; e < kRopeMaxE; ++e) {
+        if (e < valid) {
+          lo[e] = act_load<A>(nw, i0 + e) * (lo[e] * inv);
+          hv[e] = act_load<A>(nw, i0 + e + half) * (hv[e] * inv);
+        }
+      }
+    }
+    float x0[kRopeMaxE], x1[kRopeMaxE];
+#pragma unroll
+    for (int e = 0; e < kRopeMaxE; ++e) {
+      x0[e] = lo[e], x1[e] = hv[e];
+      if ((is_q || is_k) && e < valid) {
+        const float c = s_cos[i0 + e], s = s_sin[i0 + e];
+        x0[e] = lo[e] * c - hv[e] * s;
+        x1[e] = hv[e] * c + lo[e] * s;
+      }
+    }
+    if (is_q) {
+      float* q = a.q_out + static_cast<std::int64_t>(t) * a.nh * D + base + i0;
+      if (vec && valid == E && E == 2) {
+        *reinterpret_cast<float2*>(q) = make_float2(x0[0], x0[1]);
+        *reinterpret_cast<float2*>(q + half) = make_float2(x1[0], x1[1]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kRopeMaxE; ++e) {
+          if (e < valid) q[e] = x0[e], q[e + half] = x1[e];
+        }
+      }
+    } else if (slot >= 0) {
+      const std::int64_t at = (slot * a.nkv + kvh) * D + i0;
+      const float* sc = is_k ? a.k_scale : a.v_scale;
+      const float scale = sc ? sc[kvh] : 1.0f;
+      float* amax = is_k ? a.k_amax : a.v_amax;
+#pragma unroll
+      for (int e = 0; e < kRopeMaxE; ++e) {
+        if (e >= valid) continue;
+        kv_store<K>(is_k ? kc : vc, at + e, x0[e], scale);
+        kv_store<K>(is_k ? kc : vc, at + e + half, x1[e], scale);
+        if (amax) {
+          atomic_max_abs(&amax[kvh], x0[e]);
+          atomic_max_abs(&amax[kvh], x1[e]);
         }
       }
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = lane + 32 * j;
-      if (i >= half) continue;
-      float x0 = lo[j], x1 = hv[j];
-      if (is_q || is_k) {
-        const float c = s_cos[i], s = s_sin[i];
-        x0 = lo[j] * c - hv[j] * s;
-        x1 = hv[j] * c + lo[j] * s;
-      }
-      if (is_q) {
-        float* q = a.q_out + static_cast<std::int64_t>(t) * a.nh * D + base;
-        q[i] = x0;
-        q[i + half] = x1;
-      } else if (slot >= 0) {
-        const std::int64_t at = (slot * a.nkv + kvh) * D;
-        const float* sc = is_k ? a.k_scale : a.v_scale;
-        const float scale = sc ? sc[kvh] : 1.0f;
-        kv_store<K>(is_k ? kc : vc, at + i, x0, scale);
-        kv_store<K>(is_k ? kc : vc, at + i + half, x1, scale);
-        float* amax = is_k ? a.k_amax : a.v_amax;
-        if (amax) {
-          atomic_max_abs(&amax[kvh], x0);
-          atomic_max_abs(&amax[kvh], x1);
-        }
-      }
-    }
-    if (hi + stride < heads) load(hi + stride, lo, hv);
+    for (int e = 0; e < kRopeMaxE; ++e) lo[e] = nlo[e], hv[e] = nhv[e];
   }
 }
 
@@ -298,11 +325,14 @@ void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::i
 
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {
   if (a.T == 0) return;
-  const int heads = a.nh + 2 * a.nkv, warps = kRopeThreads / 32;
-  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>((heads + warps - 1) / warps));
+  const int heads = a.nh + 2 * a.nkv, warps = kRopeThreads / 32, half = a.D / 2;
+  const int E = half <= 32 ? 1 : kRopeMaxE;
+  // A block per token from kRopeTokensPerBlock tokens on (8 blocks of 256 threads fit an SM).
+  const int y = a.T >= kRopeTokensPerBlock ? 1 : (heads + warps - 1) / warps;
+  const dim3 grid(static_cast<unsigned>(a.T), static_cast<unsigned>(y));
   const bool f32_qkv = a.qkv_act == Act::kF32;
   LMSERVE_WITH_ACT(a.act, A, LMSERVE_WITH_KV(a.kv, K, (launch_pdl(f32_qkv ? qkv_rope_kernel<A, K, Act::kF32> : qkv_rope_kernel<A, K, A>, grid,
-                                                                  dim3(kRopeThreads), 0, s, a))));
+                                                                  dim3(kRopeThreads), 0, s, a, E))));
 }
 
 
