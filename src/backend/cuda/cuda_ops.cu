@@ -180,6 +180,7 @@ std::string gate_up_silu(int act, const std::vector<float>& w, const std::vector
 
 std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::vector<float>* q) {
   if (auto e = need_gpu(); !e.empty()) return e;
+  if (in.nkv <= 0 || !attention_supports(in.D, in.nh / in.nkv)) return "unsupported head_dim / group";
   Arena a;
   const Act A = static_cast<Act>(act);
   const int T = static_cast<int>(in.positions.size());

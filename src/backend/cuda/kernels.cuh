@@ -60,7 +60,9 @@ struct QkvRopeArgs {
   float* k_amax = nullptr;  // [nkv] per-head |max| recording (calibration), or null
   float* v_amax = nullptr;
 };
-// From this many tokens on, one block takes all of a token's heads (kernels.cu, qkv_rope_kernel).
+// Head dims up to 128 (attention_supports, which the model checks at creation). From
+// kRopeTokensPerBlock tokens on, one block takes all of a token's heads (kernels.cu,
+// qkv_rope_kernel).
 constexpr int kRopeTokensPerBlock = 512;
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s);
 
