@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
       act_store<A>(a.out, at, s_l[r] > 0.0f ? acc[k] / s_l[r] : 0.0f);
     }
   } else {
-    float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * R * (D + 2);
+    float* part = split_partial(a, item, g, split, 0);
 #pragma unroll
     for (int k = 0; k < RPT; ++k) {
       const int r = r_own + k * RSTEP;
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
     if (single_split(kv_len, a.splits, per)) {
       act_store<A>(a.out, qrow + h * D + d, s_l[h] > 0.0f ? o / s_l[h] : 0.0f);
     } else {
-      float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * kAttnRows * (D + 2) + h * (D + 2);
+      float* part = split_partial(a, item, g, split, h);
       part[d] = o;
       if (d == 0) {
         part[D] = s_m[h];
@@ -583,7 +583,7 @@ __global__ void attention_combine_kernel(AttnArgs a) {
   const int item = blockIdx.x, g = blockIdx.y, D = a.D;
   const int group = a.nh / a.nkv;
   const int tok0 = a.item_token[item], rows = a.item_count[item] * group;
-  const float* part = a.partial + (static_cast<std::int64_t>(item) * a.nkv + g) * a.splits * kAttnRows * (D + 2);
+  const float* part = split_partial(a, item, g, 0, 0);
   const int kv_len = a.positions[tok0 + a.item_count[item] - 1] + 1, per = split_keys(kv_len, a.splits, a.min_split_keys);
   if (single_split(kv_len, a.splits, per)) return;  // its one split wrote the output
   const int used = (kv_len + per - 1) / per;

@@ -31,6 +31,15 @@ __device__ __forceinline__ int split_keys(int kv_len, int splits, int min_keys) 
 // most `per` keys.
 __device__ __forceinline__ bool single_split(int kv_len, int splits, int per) { return splits == 1 || kv_len <= per; }
 
+// Row `row` of the partial result of (item, KV head g, context split) in AttnArgs::partial, the
+// combine kernel's input: D unnormalised outputs, then the running max (natural log) and sum.
+__device__ __forceinline__ float* split_partial(const AttnArgs& a, int item, int g, int split, int row) {
+  return a.partial + (((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * kAttnRows + row) * (a.D + 2);
+}
+
+// ln 2: a running max kept in the exp2 domain, as the partials' natural-log max.
+constexpr float kLn2 = 0.6931471805599453f;
+
 // A key position's cache slot through a sequence's block table: shifts and masks where the
 // block size is a power of two (16 by default), else a division.
 struct BlockIndex {

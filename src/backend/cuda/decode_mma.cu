@@ -127,14 +127,14 @@ __device__ __forceinline__ void store_warp_unit(const AttnArgs& a, const float (
         act_store<A>(a.out, qrow + r * D + (2 * c + 1) * VW + nt, o[nt][2 * h + 1] * f);
       }
     } else {
-      float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * kAttnRows * (D + 2) + r * (D + 2);
+      float* part = split_partial(a, item, g, split, r);
 #pragma unroll
       for (int nt = 0; nt < ND; ++nt) {
         part[(2 * c) * VW + nt] = o[nt][2 * h] * vscale;
         part[(2 * c + 1) * VW + nt] = o[nt][2 * h + 1] * vscale;
       }
       if (c == 0) {
-        part[D] = m_run[h] == -INFINITY ? -INFINITY : m_run[h] * 0.6931471805599453f;
+        part[D] = m_run[h] == -INFINITY ? -INFINITY : m_run[h] * kLn2;
         part[D + 1] = l_run[h];
       }
     }
@@ -360,10 +360,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
     if (single_split(kv_len, a.splits, per)) {
       act_store<A>(a.out, qrow + h * D + d, l > 0.0f ? acc / l : 0.0f);
     } else {  // the combine kernel's format: natural-log max, sum, unnormalised O
-      float* part = a.partial + ((static_cast<std::int64_t>(item) * a.nkv + g) * a.splits + split) * kAttnRows * (D + 2) + h * (D + 2);
+      float* part = split_partial(a, item, g, split, h);
       part[d] = acc;
       if (d == 0) {
-        part[D] = mx == -INFINITY ? -INFINITY : mx * 0.6931471805599453f;
+        part[D] = mx == -INFINITY ? -INFINITY : mx * kLn2;
         part[D + 1] = l;
       }
     }

@@ -127,14 +127,15 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
 // table is made once, not once per block, and each warp loads its next head while it rotates
 // and stores the current one; for few tokens (decode at a small batch) the heads spread over
 // blocks. A lane holds E consecutive pairs (i, i + half) of a head, i = lane * E + e (E = 1 or
-// 2, the fewer that covers half with 32 lanes: head dims up to 128, attention_supports), loaded
-// in one 4- or 8-byte access per half where half is a multiple of E.
+// 2, the fewer that covers half with 32 lanes), loaded in one 4- or 8-byte access per half. For
+// the head dims attention_supports (16, 32, 64, 128) half is a multiple of E, so a lane holds
+// all E pairs or none (lanes past half at head dims 16 and 32).
 constexpr int kRopeThreads = 256, kRopeMaxE = 2;
 
-// v[0..E) = p[off..off + E) (values at or past `valid` 0), as floats.
+// v[0..valid) = p[off..off + valid) as floats (valid: the E pairs a lane holds, or 0), zeros past it.
 template <Act G>
-__device__ __forceinline__ void load_pairs(const void* p, std::int64_t off, int E, int valid, bool vec, float (&v)[kRopeMaxE]) {
-  if (vec && valid == E && E == 2) {
+__device__ __forceinline__ void load_pairs(const void* p, std::int64_t off, int valid, float (&v)[kRopeMaxE]) {
+  if (valid == 2) {
     const float2 f = act_load2<G>(p, off);
     v[0] = f.x, v[1] = f.y;
   } else {
@@ -155,17 +156,16 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a, i
   const std::int64_t slot = a.slots[t];
   void* kc = a.kv_ptrs[2 * a.layer];
   void* vc = a.kv_ptrs[2 * a.layer + 1];
-  const int i0 = lane * E, valid = max(0, min(E, half - i0));
-  const bool vec = half % E == 0;  // every lane's runs whole and aligned
+  const int i0 = lane * E, valid = i0 < half ? E : 0;
   // Head hi's pairs of this lane, with the bias added.
   auto load = [&](int hi, float (&lo)[kRopeMaxE], float (&hv)[kRopeMaxE]) {
     const int base = hi * D;
-    load_pairs<G>(a.qkv, row + base + i0, E, valid, vec, lo);
-    load_pairs<G>(a.qkv, row + base + half + i0, E, valid, vec, hv);
+    load_pairs<G>(a.qkv, row + base + i0, valid, lo);
+    load_pairs<G>(a.qkv, row + base + half + i0, valid, hv);
     if (a.bias) {
       float blo[kRopeMaxE], bhv[kRopeMaxE];
-      load_pairs<A>(a.bias, base + i0, E, valid, vec, blo);
-      load_pairs<A>(a.bias, base + half + i0, E, valid, vec, bhv);
+      load_pairs<A>(a.bias, base + i0, valid, blo);
+      load_pairs<A>(a.bias, base + half + i0, valid, bhv);
 #pragma unroll
       for (int e = 0; e < kRopeMaxE; ++e) lo[e] += blo[e], hv[e] += bhv[e];
     }
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a, i
     }
     if (is_q) {
       float* q = a.q_out + static_cast<std::int64_t>(t) * a.nh * D + base + i0;
-      if (vec && valid == E && E == 2) {
+      if (valid == 2) {
         *reinterpret_cast<float2*>(q) = make_float2(x0[0], x0[1]);
         *reinterpret_cast<float2*>(q + half) = make_float2(x1[0], x1[1]);
       } else {
