@@ -1,6 +1,6 @@
 // Bytes per token of the buffers a device step holds for each of its tokens, by layer input and
 // product: the float32 residual, the normalised input (act), the QKV product, the roped Q
-// (float32), the attention output (act), the layer output, the gate/up product and the SiLU
+// (act), the attention output (act), the layer output, the gate/up product and the SiLU
 // output (act); the products take `product_bytes` each. The CUDA backend allocates these for
 // max_num_batched_tokens tokens and `lmserve plan` reserves the same, so both read them here.
 // `heads`, `kv_heads` and `intermediate` are one GPU's share under tensor parallelism.
@@ -25,7 +25,7 @@ inline StepBufferBytes step_buffer_bytes(std::int64_t hidden, std::int64_t heads
   b.residual = H * 4;
   b.normed = H * a;
   b.qkv = (qd + 2 * kvd) * p;
-  b.q = qd * 4;
+  b.q = qd * a;
   b.attn = qd * a;
   b.layer_out = H * p;
   b.gate_up = 2 * I * p;

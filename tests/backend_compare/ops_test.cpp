@@ -89,6 +89,16 @@ TEST_P(ActOps, Gemm) {
     // The layer products' form: the output rounded once to the act's dtype.
     ASSERT_EQ(ops::gemm(act, w, x, m, n, k, &got, true), "");
     EXPECT_LE(rel_l2(got, rounded(act, want)), std::max(tolerance(act) / 10, 1e-5)) << "output in the act's dtype";
+    // The residual's form (run_add): the float32 sum added into y in the product's epilogue,
+    // with the plan timed as run_add runs it or made on first use.
+    const auto y0 = random_vec(rng, want.size(), -3, 3);
+    std::vector<float> want_add(want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) want_add[i] = y0[i] + want[i];
+    for (bool prepare : {false, true}) {
+      auto y = y0;
+      ASSERT_EQ(ops::gemm_add(act, w, x, m, n, k, prepare, &y), "");
+      EXPECT_LE(rel_l2(y, want_add), 1e-5) << "added into y" << (prepare ? " (prepared)" : "");
+    }
   }
 }
 
@@ -292,7 +302,8 @@ TEST_P(KvOps, QkvRopeWritesTheCache) {
                                  &row[static_cast<std::size_t>((nh + nkv) * D)]);
         }
       }
-      EXPECT_LE(rel_l2(q, want_q), 1e-5);
+      // Q in the act's dtype: the float32 result rounded once.
+      EXPECT_LE(rel_l2(q, rounded(act, want_q)), std::max(tolerance(act) / 10, 1e-5));
       // The caches: the same slots written (the rest still poison), values within the dtype's rounding.
       std::vector<float> gk, ck;
       std::size_t mismatched_poison = 0;

@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(AttnArgs a) {
   for (int i = tid; i < R * D; i += kAttnThreads) {
     const int r = i / D, d = i % D;
     float v = 0.0f;
-    if (r < rows) v = a.q[static_cast<std::int64_t>(tok0 + r / group) * qstride + (g * group + r % group) * D + d];
+    if (r < rows) v = act_load<A>(a.q, static_cast<std::int64_t>(tok0 + r / group) * qstride + (g * group + r % group) * D + d);
     sq[r][d] = v;
   }
   if (tid < R) {
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_attention_kernel(AttnAr
   for (int h = 0; h < GM; ++h) {
 #pragma unroll
     for (int v = 0; v < 8; ++v) {
-      q[h][v] = h < G ? a.q[qrow + h * D + d0 + v] : 0.0f;
+      q[h][v] = h < G ? act_load<A>(a.q, qrow + h * D + d0 + v) : 0.0f;
       acc[h][v] = 0.0f;
     }
   }
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
   for (int i = tid; i < R * D; i += NT) {
     const int r = i / D, d = i % D;
     float v = 0.0f;
-    if (r < rows) v = a.q[static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D + d];
+    if (r < rows) v = act_load<A>(a.q, static_cast<std::int64_t>(tok0 + r / G) * qstride + (g * G + r % G) * D + d);
     sQ[r * LD + d] = M::from(v * scale);
   }
   if (tid < R) s_qpos[tid] = tid < rows ? a.positions[tok0 + tid / G] : -1;

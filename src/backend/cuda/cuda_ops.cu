@@ -124,6 +124,25 @@ std::string gemm(int act, const std::vector<float>& w, const std::vector<float>&
   return finish(a);
 }
 
+std::string gemm_add(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, bool prepare, std::vector<float>* y) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  if (y->size() != static_cast<std::size_t>(n) * m) return "gemm_add: y is not n x m";
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  void* wd = a.upload_act(w, A);
+  void* xd = a.upload_act(x, A);
+  Gemm g;
+  if (auto e = g.init(8u << 20); !e.empty()) return e;
+  if (prepare) {
+    const Gemm::Operands on{wd, xd, a.alloc(y->size() * 4), nullptr, true};
+    if (auto e = g.prepare(m, k, A, n, &on); !e.empty()) return e;
+  }
+  float* yd = a.upload(*y);
+  if (auto e = g.run_add(wd, xd, yd, m, n, k, A, nullptr); !e.empty()) return e;
+  if (yd) cudaMemcpy(y->data(), yd, y->size() * 4, cudaMemcpyDeviceToHost);
+  return finish(a);
+}
+
 std::string gemm_series(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int k, const std::vector<int>& ns, bool prepare,
                         std::vector<std::vector<float>>* ys, int* plans_prepared, int* plans_total) {
   if (auto e = need_gpu(); !e.empty()) return e;
@@ -199,7 +218,7 @@ std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::v
   r.nkv = in.nkv;
   r.D = in.D;
   r.eps = in.eps;
-  r.q_out = static_cast<float*>(a.alloc(static_cast<std::size_t>(T) * in.nh * in.D * 4));
+  r.q_out = a.alloc(static_cast<std::size_t>(T) * in.nh * in.D * static_cast<std::size_t>(act_bytes(A)));
   void* k = a.upload(cache->k);
   void* v = a.upload(cache->v);
   r.kv_ptrs = kv_table(a, k, v);
@@ -209,8 +228,7 @@ std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::v
     r.v_scale = a.upload(cache->v_scale);
   }
   launch_qkv_rope(r, nullptr);
-  q->resize(static_cast<std::size_t>(T) * in.nh * in.D);
-  cudaMemcpy(q->data(), r.q_out, q->size() * 4, cudaMemcpyDeviceToHost);
+  *q = a.download_act(r.q_out, A, static_cast<std::size_t>(T) * in.nh * in.D);
   cudaMemcpy(cache->k.data(), k, cache->k.size(), cudaMemcpyDeviceToHost);
   cudaMemcpy(cache->v.data(), v, cache->v.size(), cudaMemcpyDeviceToHost);
   return finish(a);
@@ -243,7 +261,7 @@ std::string attention(int act, const AttentionInput& in, const KvCacheHost& cach
   std::vector<std::int32_t> tables(in.tables.size() * static_cast<std::size_t>(stride), 0);
   for (std::size_t s = 0; s < in.tables.size(); ++s) std::copy(in.tables[s].begin(), in.tables[s].end(), tables.begin() + s * stride);
   AttnArgs at;
-  at.q = a.upload(in.q);
+  at.q = a.upload_act(in.q, A);
   void* k = a.upload(cache.k);
   void* v = a.upload(cache.v);
   at.kv_ptrs = kv_table(a, k, v);

@@ -25,6 +25,11 @@ std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>
 // float32 or, with act_out, in act.
 std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y, bool act_out = false);
 
+// y[n, m] (float32, in and out) += x[n, k] * w[m, k]^T by Gemm::run_add (cuBLASLt with beta = 1
+// in place, or the weight-streaming kernel for n <= 2). With `prepare`, Gemm::prepare(m, k, n)
+// times its candidates as run_add runs them first (on a scratch y).
+std::string gemm_add(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, bool prepare, std::vector<float>* y);
+
 // One Gemm through a series of products with the first ns[i] rows of x (as the engine's steps
 // change their token count): ys[i] = x[:ns[i]] * w^T. With `prepare`, Gemm::prepare(m, k, max of
 // ns) first, timing each bucket's candidates on these buffers; *plans_prepared / *plans_total:

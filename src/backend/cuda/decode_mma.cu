@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (r < G) v = *reinterpret_cast<const float4*>(a.q + qrow + r * D + c * QW + 4 * kk);
+      if (r < G) v = act_load4<A>(a.q, qrow + r * D + c * QW + 4 * kk);
       qf[kk][h] = M::pack(v.x * qscale, v.y * qscale);
       qf[kk][2 + h] = M::pack(v.z * qscale, v.w * qscale);
     }

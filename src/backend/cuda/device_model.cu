@@ -450,10 +450,17 @@ class CudaModel final : public DeviceModel {
     const std::size_t item_stride = items == decode_items_.as<char>() ? static_cast<std::size_t>(max_seqs_) * 4
                                                                       : off_item_cnt_ - off_item_tok_;
     const Act prod = Gemm::product_dtype(act_);  // the layer products' dtype (out_, qkv_, gu_)
-    launch_embed(embed_.p, act_, tokens, T, H, x_.as<float>(), stream_);
+    // o_proj and down add into the residual x_ themselves, or write out_ for the next norm to add.
+    const bool fused = Gemm::residual_in_epilogue();
+    float* x = x_.as<float>();
+    auto residual_product = [&](const void* w, const void* in, int m, int k) {
+      return fused ? gemm_.run_add(w, in, x, m, T, k, act_, stream_) : gemm_.run(w, in, out_.p, prod, m, T, k, act_, stream_);
+    };
+    const void* pending = fused ? nullptr : out_.p;  // what the next norm adds to x_ first
+    launch_embed(embed_.p, act_, tokens, T, H, x, stream_);
     for (int l = 0; l < d_.layers; ++l) {
       const LayerBuffers& L = layers_[static_cast<std::size_t>(l)];
-      launch_add_rmsnorm(x_.as<float>(), l == 0 ? nullptr : out_.p, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_);
+      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_);
       LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, stream_));
       QkvRopeArgs r;
       r.qkv = qkv_.p;
@@ -470,7 +477,7 @@ class CudaModel final : public DeviceModel {
       r.nkv = nkv;
       r.D = D;
       r.eps = d_.eps;
-      r.q_out = q_.as<float>();
+      r.q_out = q_.p;
       r.kv_ptrs = kv_ptrs_.as<void*>();
       r.layer = l;
       r.kv = kv_;
@@ -484,7 +491,7 @@ class CudaModel final : public DeviceModel {
       }
       launch_qkv_rope(r, stream_);
       AttnArgs at;
-      at.q = q_.as<float>();
+      at.q = q_.p;
       at.kv_ptrs = kv_ptrs_.as<void*>();
       at.layer = l;
       at.kv = kv_;
@@ -509,12 +516,12 @@ class CudaModel final : public DeviceModel {
       at.out = attn_.p;
       at.act = act_;
       launch_attention(at, stream_);
-      LMSERVE_TRY(gemm_.run(L.o.p, attn_.p, out_.p, prod, H, T, qd, act_, stream_));
-      launch_add_rmsnorm(x_.as<float>(), out_.p, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
+      LMSERVE_TRY(residual_product(L.o.p, attn_.p, H, qd));
+      launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
       LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
-      LMSERVE_TRY(gemm_.run(L.down.p, mlp_in_.p, out_.p, prod, H, T, I, act_, stream_));
+      LMSERVE_TRY(residual_product(L.down.p, mlp_in_.p, H, I));
     }
-    launch_add(x_.as<float>(), out_.p, prod, static_cast<std::int64_t>(T) * H, stream_);
+    if (pending) launch_add(x, pending, prod, static_cast<std::int64_t>(T) * H, stream_);
     return {};
   }
 
@@ -541,10 +548,16 @@ class CudaModel final : public DeviceModel {
       Act out = Act::kF32;
     };
     const Act prod = Gemm::product_dtype(act_);
+    // o_proj and down as the step runs them: added into x_ (float32; the timing runs change it,
+    // and every forward pass starts by writing it), or written to out_.
+    const bool fused = Gemm::residual_in_epilogue();
+    const Gemm::Operands o_on = fused ? Gemm::Operands{L.o.p, attn_.p, x_.p, stream_, true} : Gemm::Operands{L.o.p, attn_.p, out_.p, stream_};
+    const Gemm::Operands down_on = fused ? Gemm::Operands{L.down.p, mlp_in_.p, x_.p, stream_, true} : Gemm::Operands{L.down.p, mlp_in_.p, out_.p, stream_};
+    const Act residual_out = fused ? Act::kF32 : prod;
     const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.p, stream_}, prod},
-                                {H, qd, {L.o.p, attn_.p, out_.p, stream_}, prod},
+                                {H, qd, o_on, residual_out},
                                 {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, prod},
-                                {H, I, {L.down.p, mlp_in_.p, out_.p, stream_}, prod}};
+                                {H, I, down_on, residual_out}};
     for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
     const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};
     return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head);

@@ -55,6 +55,18 @@ __device__ __forceinline__ float4 act_load4(const void* p, std::int64_t i) {
   }
 }
 
+// Two consecutive outputs (i even) in one 8- or 4-byte store.
+template <Act A>
+__device__ __forceinline__ void act_store2(void* p, std::int64_t i, float a, float b) {
+  if constexpr (A == Act::kF32) {
+    *reinterpret_cast<float2*>(static_cast<float*>(p) + i) = make_float2(a, b);
+  } else if constexpr (A == Act::kBF16) {
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(a, b);
+  } else {
+    *reinterpret_cast<__half2*>(static_cast<__half*>(p) + i) = __floats2half2_rn(a, b);
+  }
+}
+
 // Four consecutive outputs (i a multiple of 4) in one 16- or 8-byte store.
 template <Act A>
 __device__ __forceinline__ void act_store4(void* p, std::int64_t i, float a, float b, float c, float d) {

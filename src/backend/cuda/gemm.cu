@@ -22,13 +22,16 @@ namespace {
 // an 8B model otherwise fill a fraction of the GPU and wait on latency).
 constexpr int kGemvMaxN = 2, kGemvRows = 2, kGemvThreads = 256, kGemvLoads = 4, kGemvWarpsPerSm = 24;
 
+enum class GemvStore { kF32, kAct, kAddF32 };
+
 // kSwiGlu: W is [2m, k] (gate rows, then up rows); row group p reads gate row p and up row
 // m + p and writes silu(gate) * up to y[t * m + p] in the act type (the SiLU x mul kernel's
 // formula, so the result is the same as the product followed by that kernel). Otherwise y is
-// [n, m], float or (act_out) in the act type, and row group p reads rows 2p and 2p + 1.
+// [n, m] (float, the act type, or float added to: GemvStore) and row group p reads rows 2p and
+// 2p + 1.
 template <Act A, int N, int S, bool kSwiGlu>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* __restrict__ w, const std::uint16_t* __restrict__ x,
-                                                            void* __restrict__ y, int m, int n, int k, bool act_out) {
+                                                            void* __restrict__ y, int m, int n, int k, GemvStore store) {
   constexpr int kWarps = kGemvThreads / 32;
   static_assert(kWarps % S == 0, "a block holds whole row groups");
   static_assert(!kSwiGlu || kGemvRows == 2, "a gate row and an up row");
@@ -114,8 +117,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
         for (int r = 0; r < kGemvRows; ++r) {
           if (row0 + r >= m) continue;
           const std::int64_t at = static_cast<std::int64_t>(t) * m + row0 + r;
-          if (act_out) {
+          if (store == GemvStore::kAct) {
             act_store<A>(y, at, v[r][t]);
+          } else if (store == GemvStore::kAddF32) {
+            static_cast<float*>(y)[at] += v[r][t];
           } else {
             static_cast<float*>(y)[at] = v[r][t];
           }
@@ -136,13 +141,13 @@ int multiprocessors() {
 }
 
 template <Act A, int S, bool kSwiGlu>
-void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, int m, int n, int k, bool act_out, cudaStream_t s) {
+void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, int m, int n, int k, GemvStore store, cudaStream_t s) {
   const int groups_per_block = kGemvThreads / 32 / S, outputs_per_group = kSwiGlu ? 1 : kGemvRows;
   const unsigned blocks = static_cast<unsigned>((m + groups_per_block * outputs_per_group - 1) / (groups_per_block * outputs_per_group));
   if (n == 1) {
-    launch_pdl(gemv_kernel<A, 1, S, kSwiGlu>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, act_out);
+    launch_pdl(gemv_kernel<A, 1, S, kSwiGlu>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, store);
   } else {
-    launch_pdl(gemv_kernel<A, 2, S, kSwiGlu>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, act_out);
+    launch_pdl(gemv_kernel<A, 2, S, kSwiGlu>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, store);
   }
 }
 
@@ -187,17 +192,17 @@ int gemv_warps_per_pair(std::int64_t pairs) {
   return best;
 }
 
-// m: rows of W (plain) or outputs per token (kSwiGlu: W has 2m rows). act_out: y in A (plain).
+// m: rows of W (plain) or outputs per token (kSwiGlu: W has 2m rows, and y is in A).
 template <Act A, bool kSwiGlu = false>
-void launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cudaStream_t s, bool act_out = false) {
+void launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cudaStream_t s, GemvStore store = GemvStore::kF32) {
   const auto* W = static_cast<const std::uint16_t*>(w);
   const auto* X = static_cast<const std::uint16_t*>(x);
   const std::int64_t pairs = kSwiGlu ? m : (m + kGemvRows - 1) / kGemvRows;
   switch (gemv_warps_per_pair<A, kSwiGlu>(pairs)) {
-    case 1: launch_gemv_split<A, 1, kSwiGlu>(W, X, y, m, n, k, act_out, s); break;
-    case 2: launch_gemv_split<A, 2, kSwiGlu>(W, X, y, m, n, k, act_out, s); break;
-    case 4: launch_gemv_split<A, 4, kSwiGlu>(W, X, y, m, n, k, act_out, s); break;
-    default: launch_gemv_split<A, 8, kSwiGlu>(W, X, y, m, n, k, act_out, s); break;
+    case 1: launch_gemv_split<A, 1, kSwiGlu>(W, X, y, m, n, k, store, s); break;
+    case 2: launch_gemv_split<A, 2, kSwiGlu>(W, X, y, m, n, k, store, s); break;
+    case 4: launch_gemv_split<A, 4, kSwiGlu>(W, X, y, m, n, k, store, s); break;
+    default: launch_gemv_split<A, 8, kSwiGlu>(W, X, y, m, n, k, store, s); break;
   }
 }
 
@@ -322,7 +327,7 @@ std::string Gemm::fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* 
     if (start) cudaEventDestroy(start);
     return "gemm tuning: cudaEventCreate failed";
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = o.accumulate ? 1.0f : 0.0f;
   float best_ms = 0;
   std::string error;
   for (int i = 0; i < count && error.empty(); ++i) {
@@ -401,7 +406,7 @@ std::string Gemm::run_gate_up_silu(const void* w, const void* x, void* scratch, 
     return {};
   }
   const Act mid = product_dtype(act);
-  if (std::string e = run_lt(w, x, scratch, mid, 2 * I, n, k, act, s); !e.empty()) return e;
+  if (std::string e = run_lt(w, x, scratch, mid, 2 * I, n, k, act, 0.0f, s); !e.empty()) return e;
   launch_silu_mul(scratch, mid, n, I, out, act, s);
   return {};
 }
@@ -415,17 +420,35 @@ std::string Gemm::run(const void* w, const void* x, void* y, Act out, int m, int
   if (out != Act::kF32 && out != act) return "gemm: output dtype neither float32 nor the inputs'";
   if (thin(w, x, n, k, act)) {
     if (act == Act::kBF16) {
-      launch_gemv<Act::kBF16>(w, x, y, m, n, k, s, out != Act::kF32);
+      launch_gemv<Act::kBF16>(w, x, y, m, n, k, s, out != Act::kF32 ? GemvStore::kAct : GemvStore::kF32);
     } else {
-      launch_gemv<Act::kF16>(w, x, y, m, n, k, s, out != Act::kF32);
+      launch_gemv<Act::kF16>(w, x, y, m, n, k, s, out != Act::kF32 ? GemvStore::kAct : GemvStore::kF32);
     }
     return {};
   }
-  return run_lt(w, x, y, out, m, n, k, act, s);
+  return run_lt(w, x, y, out, m, n, k, act, 0.0f, s);
 }
 
-std::string Gemm::run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s) {
-  const float alpha = 1.0f, beta = 0.0f;
+std::string Gemm::run_add(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s) {
+  if (n == 0) return {};
+  if (thin(w, x, n, k, act)) {
+    if (act == Act::kBF16) {
+      launch_gemv<Act::kBF16>(w, x, y, m, n, k, s, GemvStore::kAddF32);
+    } else {
+      launch_gemv<Act::kF16>(w, x, y, m, n, k, s, GemvStore::kAddF32);
+    }
+    return {};
+  }
+  return run_lt(w, x, y, Act::kF32, m, n, k, act, 1.0f, s);
+}
+
+bool Gemm::residual_in_epilogue() {
+  static const bool on = !env_is("LMSERVE_CUDA_RESIDUAL_GEMM", "0");
+  return on;
+}
+
+std::string Gemm::run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, float beta, cudaStream_t s) {
+  const float alpha = 1.0f;
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   // The bucket's algorithm first; if cuBLASLt refuses it for this n, the heuristic's for n.
   for (bool exact : {!gemm_buckets(), true}) {

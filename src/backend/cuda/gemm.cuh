@@ -34,6 +34,14 @@ class Gemm {
   std::string run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
   // Y in `out`: float32, or act (rounded once from the float32 accumulator).
   std::string run(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s);
+  // Y (float32) += X W^T, the sum added in the product's epilogue (cuBLASLt's beta = 1 with C =
+  // D = Y in place; the weight-streaming kernel adds its sums): a layer's output joins the
+  // float32 residual stream without a pass of its own and without being rounded to act first.
+  std::string run_add(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
+  // Whether the model adds o_proj's and down's products into the residual by run_add (the
+  // default) or has them written in product_dtype(act) and added by the next norm kernel
+  // (LMSERVE_CUDA_RESIDUAL_GEMM=0, the path before 2026-12-01, for A/B runs).
+  static bool residual_in_epilogue();
   // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
   // weight-streaming pass where run() would stream (no intermediate, no second kernel), else
   // cuBLASLt into scratch [n, 2I] in product_dtype(act) (float32 accumulation, rounded once)
@@ -44,6 +52,7 @@ class Gemm {
     const void* x = nullptr;  // max_n rows
     void* y = nullptr;        // max_n rows of m, in the plan's output dtype
     cudaStream_t stream = nullptr;
+    bool accumulate = false;  // time the products as run_add runs them (beta = 1; y's values change)
   };
   // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing). With
   // `tune` (and unless LMSERVE_CUDA_GEMM_TUNE=0), each bucket's algorithm is the fastest of the
@@ -68,8 +77,8 @@ class Gemm {
   // answer for n itself (when the bucket's algorithm refuses n).
   std::string plan_for(int m, int n, int k, Act act, Act out, bool exact, Plan** plan);
   std::string make_plan(int m, int n, int k, Act act, Act out, const Operands* tune, int tune_n, Plan* p);
-  // Y (in `out`) = X W^T by cuBLASLt.
-  std::string run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s);
+  // Y (in `out`) = X W^T + beta Y by cuBLASLt.
+  std::string run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, float beta, cudaStream_t s);
   std::string fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* candidates, int count, const Operands& o, int* best);
   static bool thin(const void* w, const void* x, int n, int k, Act act);  // the weight-streaming kernel applies
 

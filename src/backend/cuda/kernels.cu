@@ -216,14 +216,14 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a, i
       }
     }
     if (is_q) {
-      float* q = a.q_out + static_cast<std::int64_t>(t) * a.nh * D + base + i0;
+      const std::int64_t q = static_cast<std::int64_t>(t) * a.nh * D + base + i0;
       if (valid == 2) {
-        *reinterpret_cast<float2*>(q) = make_float2(x0[0], x0[1]);
-        *reinterpret_cast<float2*>(q + half) = make_float2(x1[0], x1[1]);
+        act_store2<A>(a.q_out, q, x0[0], x0[1]);
+        act_store2<A>(a.q_out, q + half, x1[0], x1[1]);
       } else {
 #pragma unroll
         for (int e = 0; e < kRopeMaxE; ++e) {
-          if (e < valid) q[e] = x0[e], q[e + half] = x1[e];
+          if (e < valid) act_store<A>(a.q_out, q + e, x0[e]), act_store<A>(a.q_out, q + e + half, x1[e]);
         }
       }
     } else if (slot >= 0) {

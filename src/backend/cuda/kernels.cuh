@@ -51,7 +51,7 @@ struct QkvRopeArgs {
   const std::int64_t* slots = nullptr;  // < 0: padding, K/V not written
   int T = 0, nh = 0, nkv = 0, D = 0;
   float eps = 1e-6f;
-  float* q_out = nullptr;  // [T, nh * D]
+  void* q_out = nullptr;  // [T, nh * D] in act (rounded once, as vLLM keeps q)
   void* const* kv_ptrs = nullptr;  // device table: [2 * layer] = K, [2 * layer + 1] = V
   int layer = 0;
   Kv kv = Kv::kF32;
@@ -72,7 +72,7 @@ void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s);
 // to the streaming decode kernel (groups <= 8), split along the context when splits > 1; the
 // other items go to the prefill kernel, unsplit.
 struct AttnArgs {
-  const float* q = nullptr;  // [T, nh * D]
+  const void* q = nullptr;  // [T, nh * D] in act
   void* const* kv_ptrs = nullptr;
   int layer = 0;
   Kv kv = Kv::kF32;
