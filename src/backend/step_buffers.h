@@ -1,5 +1,5 @@
 // Bytes per token of the buffers a device step holds for each of its tokens, by layer input and
-// product: the residual (`residual_bytes`: act, or float32), the normalised input (act), the QKV product, the roped Q
+// product: the float32 residual, the normalised input (act), the QKV product, the roped Q
 // (act), the attention output (act), the layer output, the gate/up product and the SiLU
 // output (act); the products take `product_bytes` each. The CUDA backend allocates these for
 // max_num_batched_tokens tokens and `lmserve plan` reserves the same, so both read them here.
@@ -17,12 +17,12 @@ struct StepBufferBytes {
 };
 
 inline StepBufferBytes step_buffer_bytes(std::int64_t hidden, std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-                                         std::int64_t intermediate, int act_bytes, int product_bytes, int residual_bytes) {
+                                         std::int64_t intermediate, int act_bytes, int product_bytes) {
   const auto H = static_cast<std::uint64_t>(hidden), qd = static_cast<std::uint64_t>(heads * head_dim),
              kvd = static_cast<std::uint64_t>(kv_heads * head_dim), I = static_cast<std::uint64_t>(intermediate);
   const auto a = static_cast<std::uint64_t>(act_bytes), p = static_cast<std::uint64_t>(product_bytes);
   StepBufferBytes b;
-  b.residual = H * static_cast<std::uint64_t>(residual_bytes);
+  b.residual = H * 4;
   b.normed = H * a;
   b.qkv = (qd + 2 * kvd) * p;
   b.q = qd * a;

@@ -237,16 +237,16 @@ TEST(Plan, WeightsPoolAndGpusByLittlesLaw) {
 
 // The activation reserve is the CUDA backend's step buffers (backend::step_buffer_bytes, which
 // the backend allocates from too) for the step's tokens, logits for every sequence, the cuBLASLt
-// workspace and 0.5 GiB of context. At the Llama-3.1-8B shape a token's buffers are 136 KiB with
-// a 16-bit residual, products and Q (220 KiB with float32 products and residual).
+// workspace and 0.5 GiB of context. At the Llama-3.1-8B shape a token's buffers are 144 KiB with
+// 16-bit products and Q (220 KiB with float32 products).
 TEST(Plan, ActivationReserveIsTheBackendsStepBuffers) {
-  const auto per = backend::step_buffer_bytes(4096, 32, 8, 128, 14336, 2, 2, 2);
-  EXPECT_EQ(per.residual, 4096u * 2);
+  const auto per = backend::step_buffer_bytes(4096, 32, 8, 128, 14336, 2, 2);
+  EXPECT_EQ(per.residual, 4096u * 4);
   EXPECT_EQ(per.qkv, 6144u * 2);
   EXPECT_EQ(per.q, 4096u * 2);
   EXPECT_EQ(per.gate_up, 2u * 14336 * 2);
-  EXPECT_EQ(per.total(), 139264u);
-  EXPECT_EQ(backend::step_buffer_bytes(4096, 32, 8, 128, 14336, 2, 4, 4).total(), 225280u);
+  EXPECT_EQ(per.total(), 147456u);
+  EXPECT_EQ(backend::step_buffer_bytes(4096, 32, 8, 128, 14336, 2, 4).total(), 225280u);
   PlanInput in;
   in.model = *model_preset("llama-3.1-8b");
   in.gpu = *gpu_preset("H200");
@@ -260,13 +260,13 @@ TEST(Plan, ActivationReserveIsTheBackendsStepBuffers) {
   auto reserve = [](double per_token) {
     return static_cast<std::uint64_t>(8192.0 * per_token + 1024.0 * 128256 * 4 * 2 + 32.0 * 1048576 + 0.5 * 1073741824.0);
   };
-  EXPECT_EQ(r->activation_reserve_per_gpu, reserve(139264));
+  EXPECT_EQ(r->activation_reserve_per_gpu, reserve(147456));
   // Under tensor parallelism a GPU holds its share of the heads and of the MLP.
   in.model = *model_preset("llama-3.1-70b");
   in.tensor_parallel_size = 4;
   auto tp = make_plan(in);
   ASSERT_TRUE(tp);
-  const double per70 = static_cast<double>(backend::step_buffer_bytes(8192, 16, 2, 128, 7168, 2, 2, 2).total());
+  const double per70 = static_cast<double>(backend::step_buffer_bytes(8192, 16, 2, 128, 7168, 2, 2).total());
   EXPECT_EQ(tp->activation_reserve_per_gpu, reserve(per70));
 }
 

@@ -80,18 +80,16 @@ void* const* kv_table(Arena& a, void* k, void* v) {
 
 }  // namespace
 
-int residual_dtype(int act) { return static_cast<int>(cuda::residual_dtype(static_cast<Act>(act))); }
-
 std::string embed(int act, const std::vector<float>& table, int hidden, const std::vector<std::int32_t>& tokens, std::vector<float>* x) {
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
   void* t = a.upload_act(table, A);
   auto* tok = a.upload(tokens);
-  const Act res = residual_dtype(A);
-  void* out = a.alloc(tokens.size() * static_cast<std::size_t>(hidden) * static_cast<std::size_t>(act_bytes(res)));
-  launch_embed(t, A, tok, static_cast<int>(tokens.size()), hidden, out, res, nullptr);
-  *x = a.download_act(out, res, tokens.size() * static_cast<std::size_t>(hidden));
+  auto* out = static_cast<float*>(a.alloc(tokens.size() * static_cast<std::size_t>(hidden) * 4));
+  launch_embed(t, A, tok, static_cast<int>(tokens.size()), hidden, out, nullptr);
+  x->resize(tokens.size() * static_cast<std::size_t>(hidden));
+  cudaMemcpy(x->data(), out, x->size() * 4, cudaMemcpyDeviceToHost);
   return finish(a);
 }
 
@@ -100,15 +98,15 @@ std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
-  const Act P = Gemm::product_dtype(A), res = residual_dtype(A);
-  void* xd = a.upload_act(*x, res);
+  const Act P = Gemm::product_dtype(A);
+  float* xd = a.upload(*x);
   const void* dd = delta ? a.upload_act(*delta, P) : nullptr;
   const std::int32_t* rd = rows ? a.upload(*rows) : nullptr;
   void* wd = a.upload_act(w, A);
   void* od = a.alloc(static_cast<std::size_t>(R) * hidden * static_cast<std::size_t>(act_bytes(A)));
-  launch_add_rmsnorm(xd, res, dd, P, rd, R, hidden, wd, A, eps, od, nullptr);
+  launch_add_rmsnorm(xd, dd, P, rd, R, hidden, wd, A, eps, od, nullptr);
   *out = a.download_act(od, A, static_cast<std::size_t>(R) * hidden);
-  *x = a.download_act(xd, res, x->size());
+  cudaMemcpy(x->data(), xd, x->size() * 4, cudaMemcpyDeviceToHost);
   return finish(a);
 }
 
@@ -126,23 +124,22 @@ std::string gemm(int act, const std::vector<float>& w, const std::vector<float>&
   return finish(a);
 }
 
-std::string gemm_add(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, bool y_act, bool prepare,
-                     std::vector<float>* y) {
+std::string gemm_add(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, bool prepare, std::vector<float>* y) {
   if (auto e = need_gpu(); !e.empty()) return e;
   if (y->size() != static_cast<std::size_t>(n) * m) return "gemm_add: y is not n x m";
   Arena a;
-  const Act A = static_cast<Act>(act), y_dtype = y_act ? A : Act::kF32;
+  const Act A = static_cast<Act>(act);
   void* wd = a.upload_act(w, A);
   void* xd = a.upload_act(x, A);
   Gemm g;
   if (auto e = g.init(8u << 20); !e.empty()) return e;
   if (prepare) {
     const Gemm::Operands on{wd, xd, a.alloc(y->size() * 4), nullptr, true};
-    if (auto e = g.prepare(m, k, A, n, &on, y_dtype); !e.empty()) return e;
+    if (auto e = g.prepare(m, k, A, n, &on); !e.empty()) return e;
   }
-  void* yd = a.upload_act(*y, y_dtype);
-  if (auto e = g.run_add(wd, xd, yd, y_dtype, m, n, k, A, nullptr); !e.empty()) return e;
-  *y = a.download_act(yd, y_dtype, y->size());
+  float* yd = a.upload(*y);
+  if (auto e = g.run_add(wd, xd, yd, m, n, k, A, nullptr); !e.empty()) return e;
+  if (yd) cudaMemcpy(y->data(), yd, y->size() * 4, cudaMemcpyDeviceToHost);
   return finish(a);
 }
 

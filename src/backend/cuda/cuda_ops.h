@@ -14,14 +14,10 @@
 
 namespace lmserve::cuda::ops {
 
-// The residual stream's dtype for a model of `act` (cuda::residual_dtype), as an Act value.
-int residual_dtype(int act);
-
 std::string embed(int act, const std::vector<float>& table, int hidden, const std::vector<std::int32_t>& tokens, std::vector<float>* x);
 
 // x += delta (if given, rows of x picked by `rows` if given), out = w * rmsnorm(x). delta is
-// uploaded in Gemm::product_dtype(act) (rounded), as the layer's products leave it, and x in
-// residual_dtype(act) (rounded; it comes back as the device holds it).
+// uploaded in Gemm::product_dtype(act) (rounded), as the layer's products leave it.
 std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>* delta, const std::vector<std::int32_t>* rows, int R,
                         int hidden, const std::vector<float>& w, float eps, std::vector<float>* out);
 
@@ -29,12 +25,10 @@ std::string add_rmsnorm(int act, std::vector<float>* x, const std::vector<float>
 // float32 or, with act_out, in act.
 std::string gemm(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, std::vector<float>* y, bool act_out = false);
 
-// y[n, m] (in and out; on the device in float32, or with y_act in act, rounded there) += x[n, k]
-// * w[m, k]^T by Gemm::run_add (cuBLASLt with beta = 1 in place, or the weight-streaming kernel
-// for n <= 2). With `prepare`, Gemm::prepare(m, k, n) times its candidates as run_add runs them
-// first (on a scratch y).
-std::string gemm_add(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, bool y_act, bool prepare,
-                     std::vector<float>* y);
+// y[n, m] (float32, in and out) += x[n, k] * w[m, k]^T by Gemm::run_add (cuBLASLt with beta = 1
+// in place, or the weight-streaming kernel for n <= 2). With `prepare`, Gemm::prepare(m, k, n)
+// times its candidates as run_add runs them first (on a scratch y).
+std::string gemm_add(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int n, int k, bool prepare, std::vector<float>* y);
 
 // One Gemm through a series of products with the first ns[i] rows of x (as the engine's steps
 // change their token count): ys[i] = x[:ns[i]] * w^T. With `prepare`, Gemm::prepare(m, k, max of

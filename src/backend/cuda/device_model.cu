@@ -305,7 +305,7 @@ class CudaModel final : public DeviceModel {
     const std::size_t H = d_.hidden, D = d_.head_dim;
     const std::size_t a = static_cast<std::size_t>(act_bytes(act_));
     const auto per = backend::step_buffer_bytes(d_.hidden, d_.heads, d_.kv_heads, D, d_.intermediate, act_bytes(act_),
-                                                act_bytes(Gemm::product_dtype(act_)), act_bytes(residual_dtype(act_)));  // per token; `lmserve plan` counts the same
+                                                act_bytes(Gemm::product_dtype(act_)));  // per token; `lmserve plan` counts the same
     LMSERVE_TRY(x_.alloc(T * per.residual));
     LMSERVE_TRY(h_.alloc(T * per.normed));
     LMSERVE_TRY(qkv_.alloc(T * per.qkv));
@@ -452,16 +452,15 @@ class CudaModel final : public DeviceModel {
     const Act prod = Gemm::product_dtype(act_);  // the layer products' dtype (out_, qkv_, gu_)
     // o_proj and down add into the residual x_ themselves, or write out_ for the next norm to add.
     const bool fused = Gemm::residual_in_epilogue();
-    void* x = x_.p;
-    const Act res = residual_dtype(act_);
+    float* x = x_.as<float>();
     auto residual_product = [&](const void* w, const void* in, int m, int k) {
-      return fused ? gemm_.run_add(w, in, x, res, m, T, k, act_, stream_) : gemm_.run(w, in, out_.p, prod, m, T, k, act_, stream_);
+      return fused ? gemm_.run_add(w, in, x, m, T, k, act_, stream_) : gemm_.run(w, in, out_.p, prod, m, T, k, act_, stream_);
     };
     const void* pending = fused ? nullptr : out_.p;  // what the next norm adds to x_ first
-    launch_embed(embed_.p, act_, tokens, T, H, x, res, stream_);
+    launch_embed(embed_.p, act_, tokens, T, H, x, stream_);
     for (int l = 0; l < d_.layers; ++l) {
       const LayerBuffers& L = layers_[static_cast<std::size_t>(l)];
-      launch_add_rmsnorm(x, res, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_);
+      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_);
       LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, stream_));
       QkvRopeArgs r;
       r.qkv = qkv_.p;
@@ -518,17 +517,17 @@ class CudaModel final : public DeviceModel {
       at.act = act_;
       launch_attention(at, stream_);
       LMSERVE_TRY(residual_product(L.o.p, attn_.p, H, qd));
-      launch_add_rmsnorm(x, res, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
+      launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
       LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
       LMSERVE_TRY(residual_product(L.down.p, mlp_in_.p, H, I));
     }
-    if (pending) launch_add(x, res, pending, prod, static_cast<std::int64_t>(T) * H, stream_);
+    if (pending) launch_add(x, pending, prod, static_cast<std::int64_t>(T) * H, stream_);
     return {};
   }
 
   std::string enqueue_head(const std::int32_t* rows, int R, const SampleSpec* specs) {
     const int H = static_cast<int>(d_.hidden);
-    launch_add_rmsnorm(x_.p, residual_dtype(act_), nullptr, Act::kF32, rows, R, H, final_norm_.p, act_, d_.eps, hrows_.p, stream_);
+    launch_add_rmsnorm(x_.as<float>(), nullptr, Act::kF32, rows, R, H, final_norm_.p, act_, d_.eps, hrows_.p, stream_);
     LMSERVE_TRY(gemm_.run(d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), static_cast<int>(d_.vocab), R, H, act_, stream_));
     // Part of every head (and so of every graph) when device sampling is on: a few passes over
     // the logits, small next to the lm_head GEMM; rows of mode 0 return at once.
@@ -549,12 +548,12 @@ class CudaModel final : public DeviceModel {
       Act out = Act::kF32;
     };
     const Act prod = Gemm::product_dtype(act_);
-    // o_proj and down as the step runs them: added into x_ (the timing runs change it, and every
-    // forward pass starts by writing it), or written to out_.
+    // o_proj and down as the step runs them: added into x_ (float32; the timing runs change it,
+    // and every forward pass starts by writing it), or written to out_.
     const bool fused = Gemm::residual_in_epilogue();
     const Gemm::Operands o_on = fused ? Gemm::Operands{L.o.p, attn_.p, x_.p, stream_, true} : Gemm::Operands{L.o.p, attn_.p, out_.p, stream_};
     const Gemm::Operands down_on = fused ? Gemm::Operands{L.down.p, mlp_in_.p, x_.p, stream_, true} : Gemm::Operands{L.down.p, mlp_in_.p, out_.p, stream_};
-    const Act residual_out = fused ? residual_dtype(act_) : prod;
+    const Act residual_out = fused ? Act::kF32 : prod;
     const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.p, stream_}, prod},
                                 {H, qd, o_on, residual_out},
                                 {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, prod},

@@ -27,14 +27,6 @@ __device__ __forceinline__ void act_store(void* p, std::int64_t i, float v) {
   if constexpr (A == Act::kF16) static_cast<__half*>(p)[i] = __float2half_rn(v);
 }
 
-// v as A holds it (rounded to nearest even).
-template <Act A>
-__device__ __forceinline__ float act_round(float v) {
-  if constexpr (A == Act::kBF16) return __bfloat162float(__float2bfloat16_rn(v));
-  if constexpr (A == Act::kF16) return __half2float(__float2half_rn(v));
-  return v;
-}
-
 // Two consecutive values (i even) in one 8- or 4-byte load.
 template <Act A>
 __device__ __forceinline__ float2 act_load2(const void* p, std::int64_t i) {

@@ -22,8 +22,7 @@ namespace {
 // an 8B model otherwise fill a fraction of the GPU and wait on latency).
 constexpr int kGemvMaxN = 2, kGemvRows = 2, kGemvThreads = 256, kGemvLoads = 4, kGemvWarpsPerSm = 24;
 
-// y as float or the act type, written, or added to (the residual stream: y += X W^T, rounded once).
-enum class GemvStore { kF32, kAct, kAddF32, kAddAct };
+enum class GemvStore { kF32, kAct, kAddF32 };
 
 // kSwiGlu: W is [2m, k] (gate rows, then up rows); row group p reads gate row p and up row
 // m + p and writes silu(gate) * up to y[t * m + p] in the act type (the SiLU x mul kernel's
@@ -64,22 +63,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
   load_w(part * 32 + lane);
   pdl_wait();
   pdl_release();
-  // What an added-to y holds, asked for now so that its latency hides under the stream (the
-  // thread that writes the row group's outputs reads them).
-  const bool add = store == GemvStore::kAddF32 || store == GemvStore::kAddAct;
-  float y0[kGemvRows][N] = {};
-  if (!kSwiGlu && add && part == 0 && lane == 0) {
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-#pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) {
-        if (t < n && row0 + r < m) {
-          const std::int64_t at = static_cast<std::int64_t>(t) * m + row0 + r;
-          y0[r][t] = store == GemvStore::kAddAct ? act_load<A>(y, at) : static_cast<const float*>(y)[at];
-        }
-      }
-    }
-  }
   for (int c0 = part * 32 + lane; c0 < chunks; c0 += stride * kGemvLoads) {
     if (c0 != part * 32 + lane) load_w(c0);
 #pragma unroll
@@ -134,10 +117,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
         for (int r = 0; r < kGemvRows; ++r) {
           if (row0 + r >= m) continue;
           const std::int64_t at = static_cast<std::int64_t>(t) * m + row0 + r;
-          if (store == GemvStore::kAct || store == GemvStore::kAddAct) {
-            act_store<A>(y, at, y0[r][t] + v[r][t]);
+          if (store == GemvStore::kAct) {
+            act_store<A>(y, at, v[r][t]);
           } else if (store == GemvStore::kAddF32) {
-            static_cast<float*>(y)[at] = y0[r][t] + v[r][t];
+            static_cast<float*>(y)[at] += v[r][t];
           } else {
             static_cast<float*>(y)[at] = v[r][t];
           }
@@ -446,19 +429,17 @@ std::string Gemm::run(const void* w, const void* x, void* y, Act out, int m, int
   return run_lt(w, x, y, out, m, n, k, act, 0.0f, s);
 }
 
-std::string Gemm::run_add(const void* w, const void* x, void* y, Act y_dtype, int m, int n, int k, Act act, cudaStream_t s) {
+std::string Gemm::run_add(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
-  if (y_dtype != Act::kF32 && y_dtype != act) return "gemm: added-to dtype neither float32 nor the inputs'";
   if (thin(w, x, n, k, act)) {
-    const GemvStore store = y_dtype == Act::kF32 ? GemvStore::kAddF32 : GemvStore::kAddAct;
     if (act == Act::kBF16) {
-      launch_gemv<Act::kBF16>(w, x, y, m, n, k, s, store);
+      launch_gemv<Act::kBF16>(w, x, y, m, n, k, s, GemvStore::kAddF32);
     } else {
-      launch_gemv<Act::kF16>(w, x, y, m, n, k, s, store);
+      launch_gemv<Act::kF16>(w, x, y, m, n, k, s, GemvStore::kAddF32);
     }
     return {};
   }
-  return run_lt(w, x, y, y_dtype, m, n, k, act, 1.0f, s);
+  return run_lt(w, x, y, Act::kF32, m, n, k, act, 1.0f, s);
 }
 
 bool Gemm::residual_in_epilogue() {

@@ -34,11 +34,10 @@ class Gemm {
   std::string run(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
   // Y in `out`: float32, or act (rounded once from the float32 accumulator).
   std::string run(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s);
-  // Y (in y_dtype: float32 or act) += X W^T, added in the product's epilogue (cuBLASLt's beta =
-  // 1 with C = D = Y in place; the weight-streaming kernel adds its sums) in float32 and rounded
-  // once: a layer's output joins the residual stream without a pass of its own and without
-  // being rounded to act first.
-  std::string run_add(const void* w, const void* x, void* y, Act y_dtype, int m, int n, int k, Act act, cudaStream_t s);
+  // Y (float32) += X W^T, the sum added in the product's epilogue (cuBLASLt's beta = 1 with C =
+  // D = Y in place; the weight-streaming kernel adds its sums): a layer's output joins the
+  // float32 residual stream without a pass of its own and without being rounded to act first.
+  std::string run_add(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
   // Whether the model adds o_proj's and down's products into the residual by run_add (the
   // default) or has them written in product_dtype(act) and added by the next norm kernel
   // (LMSERVE_CUDA_RESIDUAL_GEMM=0, the path before 2026-12-01, for A/B runs).

@@ -25,22 +25,22 @@ bool pdl_enabled() {
 
 namespace {
 
-// x in R (the residual's dtype: act or float32).
-template <Act A, Act R>
-__global__ void embed_kernel(const void* table, const std::int32_t* tokens, int H, void* x) {
+template <Act A>
+__global__ void embed_kernel(const void* table, const std::int32_t* tokens, int H, float* x) {
   pdl_wait();
   pdl_release();
-  const std::int64_t row = static_cast<std::int64_t>(tokens[blockIdx.x]) * H, o = static_cast<std::int64_t>(blockIdx.x) * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) act_store<R>(x, o + i, act_load<A>(table, row + i));
+  const std::int64_t row = static_cast<std::int64_t>(tokens[blockIdx.x]) * H;
+  float* out = x + static_cast<std::int64_t>(blockIdx.x) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = act_load<A>(table, row + i);
 }
 
-template <Act G, Act R>
-__global__ void add_kernel(void* x, const void* d, std::int64_t n) {
+template <Act G>
+__global__ void add_kernel(float* x, const void* d, std::int64_t n) {
   pdl_wait();
   pdl_release();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    act_store<R>(x, i, act_load<R>(x, i) + act_load<G>(d, i));
+    x[i] += act_load<G>(d, i);
   }
 }
 
@@ -52,9 +52,9 @@ constexpr int kNormThreads = 1024;  // at most; a block has about H / 16 threads
 // normalisation and the output goes out four at a time; else a second pass re-reads the row.
 constexpr int kNormLoads = 4;
 
-// delta in G, the residual x in R: each act or float32.
-template <Act A, Act G, Act R>
-__global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(void* __restrict__ x, const void* __restrict__ delta, const std::int32_t* rows,
+// delta in G: act or float32.
+template <Act A, Act G>
+__global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __restrict__ x, const void* __restrict__ delta, const std::int32_t* rows,
                                                                    int H, const void* __restrict__ w, float eps, void* __restrict__ out) {
   __shared__ float partial[kNormThreads / 32];
   const int threads = static_cast<int>(blockDim.x);
@@ -62,11 +62,13 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(void* __restr
   pdl_release();
   const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
-  const std::int64_t xrow = src * H;  // x's and delta's row
+  float* xr = x + src * H;
+  const std::int64_t drow = src * H;  // delta's row
   const bool vec = H % 4 == 0, held = vec && H / 4 <= threads * kNormLoads;
   float ss = 0.0f;
   float4 v[kNormLoads];
   if (vec) {
+    float4* x4 = reinterpret_cast<float4*>(xr);
     const int n4 = H / 4;
     for (int i0 = threadIdx.x; i0 < n4; i0 += threads * kNormLoads) {
       float4 d[kNormLoads];
@@ -74,8 +76,8 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(void* __restr
       for (int u = 0; u < kNormLoads; ++u) {
         const int i = i0 + u * threads;
         if (i < n4) {
-          v[u] = act_load4<R>(x, xrow + 4 * i);
-          if (delta) d[u] = act_load4<G>(delta, xrow + 4 * i);
+          v[u] = x4[i];
+          if (delta) d[u] = act_load4<G>(delta, drow + 4 * i);
         }
       }
 #pragma unroll
@@ -84,19 +86,17 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(void* __restr
         if (i >= n4) continue;
         if (delta) {
           v[u].x += d[u].x, v[u].y += d[u].y, v[u].z += d[u].z, v[u].w += d[u].w;
-          // Normalise what the residual holds (rounded to R), as every later read sees it.
-          v[u] = make_float4(act_round<R>(v[u].x), act_round<R>(v[u].y), act_round<R>(v[u].z), act_round<R>(v[u].w));
-          act_store4<R>(x, xrow + 4 * i, v[u].x, v[u].y, v[u].z, v[u].w);
+          x4[i] = v[u];
         }
         ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
       }
     }
   } else {
     for (int i = threadIdx.x; i < H; i += threads) {
-      float e = act_load<R>(x, xrow + i);
+      float e = xr[i];
       if (delta) {
-        e = act_round<R>(e + act_load<G>(delta, xrow + i));
-        act_store<R>(x, xrow + i, e);
+        e += act_load<G>(delta, drow + i);
+        xr[i] = e;
       }
       ss += e * e;
     }
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(void* __restr
     return;
   }
 #pragma unroll 4
-  for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (act_load<R>(x, xrow + i) * inv));
+  for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
 }
 
 // One warp per (token, head) over q heads, k heads, v heads: block (t, y) takes heads y * warps
@@ -301,34 +301,26 @@ __global__ void fill_kernel(float* p, float v, std::int64_t n) {
 
 }  // namespace
 
-Act residual_dtype(Act act) {
-  static const bool f32 = env_is("LMSERVE_CUDA_F32_RESIDUAL", "1");
-  return f32 ? Act::kF32 : act;
-}
-
-void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, void* x, Act res, cudaStream_t s) {
+void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s) {
   if (T == 0) return;
-  LMSERVE_WITH_ACT(act, A, (launch_pdl(res == Act::kF32 ? embed_kernel<A, Act::kF32> : embed_kernel<A, A>, dim3(T), dim3(256), 0, s, table, tokens, H, x)));
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(embed_kernel<A>, dim3(T), dim3(256), 0, s, table, tokens, H, x)));
 }
 
-void launch_add(void* x, Act res, const void* delta, Act delta_act, std::int64_t n, cudaStream_t s) {
+void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  LMSERVE_WITH_ACT(res, R, LMSERVE_WITH_ACT(delta_act, G, (launch_pdl(add_kernel<G, R>, dim3(grid_for(n, 256)), dim3(256), 0, s, x, delta, n))));
+  LMSERVE_WITH_ACT(delta_act, G, (launch_pdl(add_kernel<G>, dim3(grid_for(n, 256)), dim3(256), 0, s, x, delta, n)));
 }
 
-void launch_add_rmsnorm(void* x, Act res, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
+void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
                         void* out, cudaStream_t s) {
   if (R == 0) return;
   // kNormLoads float4 loads per thread (256 threads at H = 4,096): at most 64 registers a
   // thread, so 4 rows run per SM. With H / 4 threads a row took a 1,024-thread block and an SM
   // ran one row at a time (ncu at 1,024 rows: 24.9 us, 2.3 TB/s).
   const int threads = std::min(kNormThreads, std::max(32, (H / (4 * kNormLoads) + 31) / 32 * 32));
-  const bool f32_delta = delta_act == Act::kF32, f32_res = res == Act::kF32;
-  LMSERVE_WITH_ACT(act, A, {
-    auto* k = f32_res ? (f32_delta ? add_rmsnorm_kernel<A, Act::kF32, Act::kF32> : add_rmsnorm_kernel<A, A, Act::kF32>)
-                      : (f32_delta ? add_rmsnorm_kernel<A, Act::kF32, A> : add_rmsnorm_kernel<A, A, A>);
-    launch_pdl(k, dim3(R), dim3(threads), 0, s, x, delta, rows, H, w, eps, out);
-  });
+  const bool f32_delta = delta_act == Act::kF32;
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_delta ? add_rmsnorm_kernel<A, Act::kF32> : add_rmsnorm_kernel<A, A>, dim3(R), dim3(threads), 0, s, x, delta,
+                                       rows, H, w, eps, out)));
 }
 
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {

@@ -26,24 +26,18 @@ inline constexpr int kMinSplitKeys = 64;
 // The tensor-core prefill kernel's rows per item (bf16/f16 models, head dim 64 or 128).
 inline constexpr int kMmaRows = 128;
 
-// The residual stream's dtype for a model whose act is `act`: act, as vLLM and transformers
-// keep it (a 16-bit stream reads and writes half the bytes of a float32 one in every norm and
-// in o_proj's and down's epilogues), or float32 with LMSERVE_CUDA_F32_RESIDUAL=1 (the stream
-// before 2026-12-01, for A/B and accuracy runs).
-Act residual_dtype(Act act);
+// x[t, :] = float(table[tokens[t], :]).
+void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s);
 
-// x[t, :] = table[tokens[t], :], x in res (residual_dtype(act)).
-void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, void* x, Act res, cudaStream_t s);
+// x[t, :] += delta[t, :] for t < T.
+// x[i] += delta[i], delta in delta_act (act or float32: Gemm::product_dtype).
+void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cudaStream_t s);
 
-// x[i] += delta[i]: x in res, delta in delta_act (act or float32: Gemm::product_dtype); the sum
-// in float32, rounded once to res.
-void launch_add(void* x, Act res, const void* delta, Act delta_act, std::int64_t n, cudaStream_t s);
-
-// For r < R (src = rows ? rows[r] : r): if delta, x[src] += delta[src] (x in res; delta in
-// delta_act: act or float32, Gemm::product_dtype; the sum rounded once to res); then out[r, :]
-// = w * (x[src] / sqrt(mean(x[src]^2) + eps)) in `act`, from x[src] as res holds it.
-void launch_add_rmsnorm(void* x, Act res, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act,
-                        float eps, void* out, cudaStream_t s);
+// For r < R (src = rows ? rows[r] : r): if delta, x[src] += delta[src] (delta in delta_act:
+// act or float32, Gemm::product_dtype); then out[r, :] = w * (x[src] / sqrt(mean(x[src]^2) +
+// eps)) in `act`.
+void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
+                        void* out, cudaStream_t s);
 
 struct QkvRopeArgs {
   const void* qkv = nullptr;  // [T, (nh + 2 nkv) * D] in qkv_act, q heads, then k heads, then v heads
