@@ -20,7 +20,7 @@ namespace {
 // where W has few rows S warps share a pair of rows, each summing every S-th stretch of k, so
 // that at least kGemvWarpsPerSm warps per multiprocessor stream (the 4096-row projections of
 // an 8B model otherwise fill a fraction of the GPU and wait on latency).
-constexpr int kGemvMaxN = 2, kGemvRows = 2, kGemvThreads = 256, kGemvLoads = 4, kGemvWarpsPerSm = 24;
+constexpr int kGemvMaxN = Gemm::kStreamRows, kGemvRows = 2, kGemvThreads = 256, kGemvLoads = 4, kGemvWarpsPerSm = 24;
 
 enum class GemvStore { kF32, kAct, kAddF32 };
 

@@ -42,6 +42,9 @@ class Gemm {
   // default) or has them written in product_dtype(act) and added by the next norm kernel
   // (LMSERVE_CUDA_RESIDUAL_GEMM=0, the path before 2026-12-01, for A/B runs).
   static bool residual_in_epilogue();
+  // Up to this many rows of 16-bit X (k % 8 == 0, 16-byte aligned), a product streams W through
+  // a kernel of our own instead of cuBLASLt.
+  static constexpr int kStreamRows = 2;
   // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
   // weight-streaming pass where run() would stream (no intermediate, no second kernel), else
   // cuBLASLt into scratch [n, 2I] in product_dtype(act) (float32 accumulation, rounded once)
