@@ -8,8 +8,8 @@
 #include <cstring>
 #include <map>
 
-#include "backend/cuda/device_model.h"
 #include "backend/cuda/device_buffer.cuh"
+#include "backend/cuda/device_model.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/kernels.cuh"
@@ -522,13 +522,12 @@ class CudaModel final : public DeviceModel {
     // o_proj and down as the step runs them: added into x_ (float32; the timing runs change it,
     // and every forward pass starts by writing it), or written to out_.
     const bool fused = Gemm::residual_in_epilogue();
-    const Gemm::Operands o_on = fused ? Gemm::Operands{L.o.p, attn_.p, x_.p, stream_, true} : Gemm::Operands{L.o.p, attn_.p, out_.p, stream_};
-    const Gemm::Operands down_on = fused ? Gemm::Operands{L.down.p, mlp_in_.p, x_.p, stream_, true} : Gemm::Operands{L.down.p, mlp_in_.p, out_.p, stream_};
+    void* const residual_y = fused ? x_.p : out_.p;
     const Act residual_out = fused ? Act::kF32 : prod;
     const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.p, stream_}, prod},
-                                {H, qd, o_on, residual_out},
+                                {H, qd, {L.o.p, attn_.p, residual_y, stream_, fused}, residual_out},
                                 {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, prod},
-                                {H, I, down_on, residual_out}};
+                                {H, I, {L.down.p, mlp_in_.p, residual_y, stream_, fused}, residual_out}};
     for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
     const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};
     return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head);
