@@ -578,13 +578,14 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
 
 template <Act A>
 __global__ void attention_combine_kernel(AttnArgs a) {
-  pdl_wait();
-  pdl_release();
+  // The item's metadata (staged by the host) before the wait for the attention kernel.
   const int item = blockIdx.x, g = blockIdx.y, D = a.D;
   const int group = a.nh / a.nkv;
   const int tok0 = a.item_token[item], rows = a.item_count[item] * group;
   const float* part = split_partial(a, item, g, 0, 0);
   const int kv_len = a.positions[tok0 + a.item_count[item] - 1] + 1, per = split_keys(kv_len, a.splits, a.min_split_keys);
+  pdl_wait();
+  pdl_release();
   if (single_split(kv_len, a.splits, per)) return;  // its one split wrote the output
   const int used = (kv_len + per - 1) / per;
   for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {

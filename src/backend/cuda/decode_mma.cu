@@ -158,8 +158,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   constexpr int strides = kWarpUnits ? 1 : kWarps;
   const int first = kWarpUnits ? 0 : warp;
   const int G = a.nh / a.nkv;
-  pdl_wait();
-  pdl_release();
+  // Until the wait for the QKV/RoPE kernel (pdl_wait below) this kernel reads only what the host
+  // staged (the items, positions, block tables) and the keys of earlier steps: this step's
+  // token (the last key of the context) and Q come after it.
   if (kWarpUnits && item >= a.num_items) return;  // the last block's spare warps
   const int tok = a.item_token[item], seq = a.item_seq[item];
   const int kv_len = a.positions[tok] + 1;
@@ -209,8 +210,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) issue(k);
+  // The first tiles' copies before the wait where they hold only earlier steps' keys, so that
+  // they stream while the kernel before finishes; the others after it.
+  static_assert(kStages == 2, "one tile ahead: the early copies are tile 0's");
+  const bool early = mine > 0 && min(begin + first * S::kKeys + S::kKeys, end) < kv_len;
+  if (early) issue(0);
+  pdl_wait();
+  pdl_release();
+  if (!early) issue(0);
 
   // Q after the first tiles' copies are issued: its loads' latency hides under theirs.
   const float kscale = a.k_scale ? a.k_scale[g] : 1.0f, vscale = a.v_scale ? a.v_scale[g] : 1.0f;

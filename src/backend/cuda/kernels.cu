@@ -58,13 +58,17 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
                                                                    int H, const void* __restrict__ w, float eps, void* __restrict__ out) {
   __shared__ float partial[kNormThreads / 32];
   const int threads = static_cast<int>(blockDim.x);
+  const bool vec = H % 4 == 0, held = vec && H / 4 <= threads * kNormLoads;
+  // Before the wait for the kernel before (which writes x or delta): the row index (staged by
+  // the host), and the weights asked into L1 (no registers held), so that their loads after the
+  // block sum hit instead of going to memory in the middle of the kernel's chain.
+  const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
+  for (int i = threadIdx.x * 4; i < H; i += threads * 4) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(static_cast<const char*>(w) + static_cast<std::int64_t>(i) * (A == Act::kF32 ? 4 : 2)));
   pdl_wait();
   pdl_release();
-  const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
   float* xr = x + src * H;
   const std::int64_t drow = src * H;  // delta's row
-  const bool vec = H % 4 == 0, held = vec && H / 4 <= threads * kNormLoads;
   float ss = 0.0f;
   float4 v[kNormLoads];
   if (vec) {
@@ -148,12 +152,23 @@ __device__ __forceinline__ void load_pairs(const void* p, std::int64_t off, int 
 template <Act A, Kv K, Act G>
 __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a, int E) {
   const int t = blockIdx.x, lane = threadIdx.x & 31, warps = kRopeThreads / 32, warp = blockIdx.y * warps + (threadIdx.x >> 5);
-  pdl_wait();
-  pdl_release();
   const int D = a.D, half = D / 2, heads = a.nh + 2 * a.nkv;
   const std::int64_t row = static_cast<std::int64_t>(t) * heads * D;  // the token's qkv row
+  // Before the wait for the QKV product: the token's position and slot (staged by the host) and
+  // its rotation table. The rotation of pair i depends on the token only: one thread per pair
+  // computes it (in double, for large positions) for every head of the block. Per head, the
+  // double sin/cos made the kernel instruction-bound at 8,192 tokens (ncu: IPC 2.2, 11% of the
+  // FP64 peak, DRAM 27%).
   const std::int32_t pos = a.positions[t];
   const std::int64_t slot = a.slots[t];
+  __shared__ float s_cos[kRopeThreads / 2], s_sin[kRopeThreads / 2];
+  if (static_cast<int>(threadIdx.x) < half) {
+    const float angle = static_cast<float>(pos) * a.inv_freq[threadIdx.x];
+    s_cos[threadIdx.x] = static_cast<float>(cos(static_cast<double>(angle)));
+    s_sin[threadIdx.x] = static_cast<float>(sin(static_cast<double>(angle)));
+  }
+  pdl_wait();
+  pdl_release();
   void* kc = a.kv_ptrs[2 * a.layer];
   void* vc = a.kv_ptrs[2 * a.layer + 1];
   const int i0 = lane * E, valid = i0 < half ? E : 0;
@@ -172,19 +187,8 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a, i
   };
   const int stride = warps * static_cast<int>(gridDim.y);
   float lo[kRopeMaxE], hv[kRopeMaxE];
-  // The warp's first head is loaded before the rotation table is made: the loads' latency and
-  // the sin/cos overlap.
   if (warp < heads) load(warp, lo, hv);
-  // The rotation of pair i depends on the token only: one thread per pair computes it (in double,
-  // for large positions) for every head of the block. Per head, the double sin/cos made the
-  // kernel instruction-bound at 8,192 tokens (ncu: IPC 2.2, 11% of the FP64 peak, DRAM 27%).
-  __shared__ float s_cos[kRopeThreads / 2], s_sin[kRopeThreads / 2];
-  if (static_cast<int>(threadIdx.x) < half) {
-    const float angle = static_cast<float>(pos) * a.inv_freq[threadIdx.x];
-    s_cos[threadIdx.x] = static_cast<float>(cos(static_cast<double>(angle)));
-    s_sin[threadIdx.x] = static_cast<float>(sin(static_cast<double>(angle)));
-  }
-  __syncthreads();
+  __syncthreads();  // the table
   for (int hi = warp; hi < heads; hi += stride) {
     float nlo[kRopeMaxE], nhv[kRopeMaxE];  // the next head's, in flight while this one is stored
     if (hi + stride < heads) load(hi + stride, nlo, nhv);
