@@ -431,7 +431,8 @@ class CudaModel final : public DeviceModel {
     launch_embed(embed_.p, act_, tokens, T, H, x, stream_);
     for (int l = 0; l < d_.layers; ++l) {
       const LayerBuffers& L = layers_[static_cast<std::size_t>(l)];
-      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_);
+      // Unfused, x was last written by the norm before the product(s) that precede this norm.
+      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_, !fused && l > 0);
       LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, stream_));
       QkvRopeArgs r;
       r.qkv = qkv_.p;
@@ -488,7 +489,7 @@ class CudaModel final : public DeviceModel {
       at.act = act_;
       launch_attention(at, stream_);
       LMSERVE_TRY(residual_product(L.o.p, attn_.p, H, qd));
-      launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_);
+      launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_, !fused);
       LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
       LMSERVE_TRY(residual_product(L.down.p, mlp_in_.p, H, I));
     }

@@ -55,7 +55,7 @@ constexpr int kNormLoads = 4;
 // delta in G: act or float32.
 template <Act A, Act G>
 __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __restrict__ x, const void* __restrict__ delta, const std::int32_t* rows,
-                                                                   int H, const void* __restrict__ w, float eps, void* __restrict__ out) {
+                                                                   int H, const void* __restrict__ w, float eps, void* __restrict__ out, bool x_settled) {
   __shared__ float partial[kNormThreads / 32];
   const int threads = static_cast<int>(blockDim.x);
   const bool vec = H % 4 == 0, held = vec && H / 4 <= threads * kNormLoads;
@@ -64,23 +64,33 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   // block sum hit instead of going to memory in the middle of the kernel's chain.
   const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
   for (int i = threadIdx.x * 4; i < H; i += threads * 4) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(static_cast<const char*>(w) + static_cast<std::int64_t>(i) * (A == Act::kF32 ? 4 : 2)));
+  float* xr = x + src * H;
+  float4* x4 = reinterpret_cast<float4*>(xr);
+  const int n4 = H / 4;
+  // x_settled: no kernel since the one before the previous wrote x (it finished before this
+  // kernel could start), so a row held in registers is read before the wait too, from L2.
+  const bool early_x = x_settled && held;
+  float4 v[kNormLoads];
+  if (early_x) {
+#pragma unroll
+    for (int u = 0; u < kNormLoads; ++u) {
+      const int i = threadIdx.x + u * threads;
+      if (i < n4) v[u] = __ldcg(x4 + i);
+    }
+  }
   pdl_wait();
   pdl_release();
   const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
-  float* xr = x + src * H;
   const std::int64_t drow = src * H;  // delta's row
   float ss = 0.0f;
-  float4 v[kNormLoads];
   if (vec) {
-    float4* x4 = reinterpret_cast<float4*>(xr);
-    const int n4 = H / 4;
     for (int i0 = threadIdx.x; i0 < n4; i0 += threads * kNormLoads) {
       float4 d[kNormLoads];
 #pragma unroll
       for (int u = 0; u < kNormLoads; ++u) {
         const int i = i0 + u * threads;
         if (i < n4) {
-          v[u] = x4[i];
+          if (!early_x) v[u] = x4[i];
           if (delta) d[u] = act_load4<G>(delta, drow + 4 * i);
         }
       }
@@ -316,7 +326,7 @@ void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cuda
 }
 
 void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
-                        void* out, cudaStream_t s) {
+                        void* out, cudaStream_t s, bool x_settled) {
   if (R == 0) return;
   // kNormLoads float4 loads per thread (256 threads at H = 4,096): at most 64 registers a
   // thread, so 4 rows run per SM. With H / 4 threads a row took a 1,024-thread block and an SM
@@ -324,7 +334,7 @@ void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::i
   const int threads = std::min(kNormThreads, std::max(32, (H / (4 * kNormLoads) + 31) / 32 * 32));
   const bool f32_delta = delta_act == Act::kF32;
   LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_delta ? add_rmsnorm_kernel<A, Act::kF32> : add_rmsnorm_kernel<A, A>, dim3(R), dim3(threads), 0, s, x, delta,
-                                       rows, H, w, eps, out)));
+                                       rows, H, w, eps, out, x_settled)));
 }
 
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {

@@ -35,9 +35,10 @@ void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cuda
 
 // For r < R (src = rows ? rows[r] : r): if delta, x[src] += delta[src] (delta in delta_act:
 // act or float32, Gemm::product_dtype); then out[r, :] = w * (x[src] / sqrt(mean(x[src]^2) +
-// eps)) in `act`.
+// eps)) in `act`. x_settled: the kernel before this one in the stream does not write x (only
+// earlier ones do), so the kernel may read x before it waits for that kernel (launch_pdl).
 void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
-                        void* out, cudaStream_t s);
+                        void* out, cudaStream_t s, bool x_settled = false);
 
 struct QkvRopeArgs {
   const void* qkv = nullptr;  // [T, (nh + 2 nkv) * D] in qkv_act, q heads, then k heads, then v heads
