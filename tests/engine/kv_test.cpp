@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "engine/kv/kv_cache_manager.h"
 
@@ -66,6 +69,36 @@ TEST(BlockHash, ChainsParentTokensAndSalt) {
   auto u = t;
   u[15] = 99;
   EXPECT_NE(a, hash_block(nullptr, u, ""));
+}
+
+// The bytes hashed are fixed (block_pool.h), so that a block's hash does not change between
+// builds: the digests of two blocks, computed independently (Python's hashlib.sha256 over
+// zeros(32) | int32 LE tokens | uint64 LE len(extra) | extra, then with the first as parent).
+TEST(BlockHash, IsTheSha256OfTheDocumentedBytes) {
+  auto hex = [](const BlockHash& h) {
+    std::string s;
+    for (std::uint8_t b : h) {
+      const char* d = "0123456789abcdef";
+      s += d[b >> 4];
+      s += d[b & 15];
+    }
+    return s;
+  };
+  const std::vector<std::int32_t> t = {1, 2, 3, 128000, -1};
+  const BlockHash a = hash_block(nullptr, t, "");
+  EXPECT_EQ(hex(a), "17f576aa4a12380c02894c88dd265b03303014af18d3861959b7179697e98b36");
+  const std::vector<std::int32_t> sevens(16, 7);
+  EXPECT_EQ(hex(hash_block(&a, sevens, "tenant-b")), "7917649c75cbfe0ed081c50ff7ab0ca1301b362c08f595f8bd249eee3db5d608");
+  // Hashes from several threads at once (each has its own context) are the same.
+  std::vector<std::thread> threads;
+  std::vector<BlockHash> got(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < 200; ++k) got[static_cast<std::size_t>(i)] = hash_block(&a, sevens, "tenant-b");
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const BlockHash& g : got) EXPECT_EQ(g, hash_block(&a, sevens, "tenant-b"));
 }
 
 TEST(KvCacheManager, PrefixHitsNeverCoverTheLastPromptToken) {
