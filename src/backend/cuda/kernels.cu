@@ -63,7 +63,9 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   // the host), and the weights asked into L1 (no registers held), so that their loads after the
   // block sum hit instead of going to memory in the middle of the kernel's chain.
   const std::int64_t src = rows ? rows[blockIdx.x] : blockIdx.x;
-  for (int i = threadIdx.x * 4; i < H; i += threads * 4) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(static_cast<const char*>(w) + static_cast<std::int64_t>(i) * (A == Act::kF32 ? 4 : 2)));
+  for (int i = threadIdx.x * 4; i < H; i += threads * 4) {
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(static_cast<const char*>(w) + static_cast<std::int64_t>(i) * (A == Act::kF32 ? 4 : 2)));
+  }
   float* xr = x + src * H;
   float4* x4 = reinterpret_cast<float4*>(xr);
   const int n4 = H / 4;
