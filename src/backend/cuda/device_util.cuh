@@ -156,10 +156,15 @@ __device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&
 }
 
 // Programmatic dependent launch (Hopper). A kernel started by launch_pdl() may begin while the
-// kernel before it in the stream is finishing; before pdl_wait() it may read only what no kernel
-// writes (weights), and after it everything earlier kernels did is complete and visible.
-// pdl_release() lets the next kernel start its own preamble. Outside a PDL launch both are
-// no-ops.
+// kernel before it in the stream is finishing; after pdl_wait() everything earlier kernels did is
+// complete and visible. Before it a kernel may read what no kernel of the step writes (weights,
+// what the host staged before the step) and what only kernels at least two back wrote (they
+// completed before the kernel before this one got past its own wait and released this one; read
+// such data through L2, e.g. __ldcg or cp.async.cg), but nothing the kernel right before it
+// writes. Work done there leaves the chain of dependent loads after the wait: docs/perf.md, "Work
+// before the wait in the decode kernels". pdl_release() lets the next kernel start its own
+// preamble; every kernel calls it after its pdl_wait(), never before, which is what makes the
+// two-back rule hold. Outside a PDL launch both are no-ops.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
