@@ -34,9 +34,7 @@ void append_le(std::vector<std::uint8_t>& out, std::uint64_t v, int n) {
 }  // namespace
 
 BlockHash hash_block(const BlockHash* parent, std::span<const std::int32_t> tokens, std::string_view extra) {
-  // One digest of: the parent's hash (zeros for a first block), each token as 4 bytes little-
-  // endian, the extra's length as 8 bytes little-endian (so that (tokens, extra) pairs cannot
-  // collide by shifting bytes), the extra.
+  // The bytes block_pool.h lists, gathered for one digest update.
   thread_local Sha256 sha;
   std::vector<std::uint8_t>& b = sha.bytes;
   b.clear();

@@ -30,9 +30,11 @@ struct BlockHashHasher {
   }
 };
 
-// SHA-256 over (parent hash, the block's token ids as little-endian int32, extra keys): the
-// hash of a full block given the hash of the block before it (nullptr for the first block).
-// `extra` carries per-request keys such as the cache salt, so tenants never share blocks.
+// The hash of a full block given the hash of the block before it (nullptr for the first
+// block): SHA-256 of the parent's 32 bytes (zeros for a first block), each token id as 4 bytes
+// little-endian, the length of `extra` as 8 bytes little-endian (so that (tokens, extra) pairs
+// cannot collide by shifting bytes), then `extra`. `extra` carries per-request keys such as the
+// cache salt, so tenants never share blocks.
 BlockHash hash_block(const BlockHash* parent, std::span<const std::int32_t> tokens, std::string_view extra);
 
 class BlockPool {
