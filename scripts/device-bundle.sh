@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Gathers what a GPU-machine run needs into one compressed file, .device/carry/bundle.tar.gz
 # (ignored by git), to pass in the device tool's `carry` as ".device/carry": the lmserve binary,
-# the GPU test binaries, the shared libraries they link that the GPU machine may lack
-# (everything but libc/libstdc++ and CUDA's own, which resolve there), and a Llama 3 tokenizer
+# the GPU test binaries and the product benchmark (tests/bench/cuda_benchmark.cpp), the shared
+# libraries they link that the GPU machine may lack (everything but libc/libstdc++ and CUDA's
+# own, which resolve there), and a Llama 3 tokenizer
 # for the 8B-shaped benchmarks — stripped and packed, because a call carries 64 MiB at most
 # with the checkout. scripts/device-check.sh and scripts/device-bench.sh unpack it into
 # .device/bundle on the GPU machine by themselves.
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 preset=${1:-release}
 build="build/$preset"
 dest=.device/bundle
-tests=${TESTS:-backend_compare_test engine_e2e_test backend_devices_test}
+tests=${TESTS:-backend_compare_test engine_e2e_test backend_devices_test cuda_benchmark}
 tokenizer=${TOKENIZER:-../shared/data/tokenizers/Llama-3.2-3B-Instruct}
 [[ -x $build/lmserve ]] || { echo "device-bundle: build $preset first (make build PRESET=$preset)" >&2; exit 1; }
 

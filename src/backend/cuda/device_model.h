@@ -110,5 +110,11 @@ double copy_bandwidth(int device);
 // seconds > 0: products for that long, the rate of the second half (the clock the board's
 // power limit holds under sustained load).
 double matmul_rate(int device, double seconds = 0);
+// Seconds one bf16 layer product takes on `device` as a step runs it: Y[n, m] = X[n, k] W^T for
+// W [m, k], output in bf16 (Gemm::run), or with `gate_up` W [2m, k] and Y = silu(X W_gate^T) *
+// (X W_up^T) [n, m] (Gemm::run_gate_up_silu). The mean of `reps` products launched back to back,
+// cycling through copies of W that together exceed the L2 many times over, so that each product
+// reads its weights from memory as a decode step does. 0 on failure.
+double product_seconds(int device, int m, int n, int k, bool gate_up, int reps);
 
 }  // namespace lmserve::cuda

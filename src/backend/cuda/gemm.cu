@@ -174,8 +174,20 @@ int gemv_slots() {  // blocks resident at once over the GPU (every instance has 
 // with gemv_waves(), then the one of it, 2x, 4x ... 8 whose whole waves of blocks take least
 // time (a block of S warps per pair does 1/S of the work of one with a warp per pair), if 5%
 // less than the fewest.
+// LMSERVE_CUDA_GEMV_SPLIT=1|2|4|8: that many warps per row pair for every product, instead of the
+// rule below (for sweeps with tests/bench/cuda_benchmark.cpp); 0 when unset or another value.
+int gemv_split_override() {
+  static const int s = [] {
+    const char* v = std::getenv("LMSERVE_CUDA_GEMV_SPLIT");
+    const int n = v ? std::atoi(v) : 0;
+    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
+  }();
+  return s;
+}
+
 template <Act A, bool kSwiGlu>
 int gemv_warps_per_pair(std::int64_t pairs) {
+  if (const int forced = gemv_split_override()) return forced;
   const std::int64_t want = static_cast<std::int64_t>(kGemvWarpsPerSm) * multiprocessors();
   int S = 1;
   while (S < 8 && S * pairs < want) S *= 2;

@@ -1,9 +1,13 @@
 // The device's measured ceilings (device_model.h): the copy bandwidth and the bf16 matrix-product
-// rate, burst or sustained, that `bench` divides its figures by.
+// rate, burst or sustained, that `bench` divides its figures by; and one layer product's time
+// (tests/bench/cuda_benchmark.cpp).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "backend/cuda/device_buffer.cuh"
 #include "backend/cuda/device_model.h"
@@ -87,6 +91,52 @@ double matmul_rate(int device, double seconds) {
     if (elapsed >= seconds / 2) late_flop += flop, late_ms += ms;
   }
   return late_ms > 0 ? late_flop / (late_ms / 1000.0) : 0;
+}
+
+double product_seconds(int device, int m, int n, int k, bool gate_up, int reps) {
+  if (cudaSetDevice(device) != cudaSuccess || m <= 0 || n <= 0 || k <= 0 || reps <= 0) return 0;
+  const std::size_t w_elems = static_cast<std::size_t>(gate_up ? 2 * m : m) * k;
+  // Copies of W for at least 512 MB in all (ten times an H200's L2), one for a larger W.
+  const int copies = static_cast<int>(std::max<std::size_t>(1, (512ull << 20) / (w_elems * 2) + 1));
+  std::vector<DeviceBuffer> ws(static_cast<std::size_t>(copies));
+  DeviceBuffer x, y, scratch;
+  Gemm gemm;
+  for (DeviceBuffer& w : ws) {
+    if (!w.alloc(w_elems * 2).empty()) return 0;
+    fill_random_bf16_kernel<<<1024, 256>>>(w.as<std::uint16_t>(), static_cast<std::int64_t>(w_elems), 3u);
+  }
+  const std::size_t out_elems = static_cast<std::size_t>(n) * m;
+  if (!x.alloc(static_cast<std::size_t>(n) * k * 2).empty() || !y.alloc(out_elems * 2).empty() ||
+      !scratch.alloc(out_elems * 2 * 4).empty() || !gemm.init(64ull << 20).empty()) {
+    return 0;
+  }
+  fill_random_bf16_kernel<<<1024, 256>>>(x.as<std::uint16_t>(), static_cast<std::int64_t>(n) * k, 4u);
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 0;
+  cudaDeviceSynchronize();
+  int i = 0;
+  std::string error;
+  auto product = [&] {
+    const void* w = ws[static_cast<std::size_t>(i++ % copies)].p;
+    std::string e = gate_up ? gemm.run_gate_up_silu(w, x.p, scratch.p, y.p, m, n, k, Act::kBF16, s)
+                            : gemm.run(w, x.p, y.p, Act::kBF16, m, n, k, Act::kBF16, s);
+    if (error.empty()) error = std::move(e);
+  };
+  for (int c = 0; c < copies; ++c) product();  // plans made, every copy touched once
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0, s);
+  for (int r = 0; r < reps; ++r) product();
+  cudaEventRecord(e1, s);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  if (!error.empty() || cudaGetLastError() != cudaSuccess || ms <= 0) return 0;
+  return ms / 1000.0 / reps;
 }
 
 }  // namespace lmserve::cuda

@@ -1,0 +1,60 @@
+// The CUDA backend's layer products at the Llama-3.1-8B shapes, one at a time, each reading its
+// weights from memory as a decode step does (cuda::product_seconds): the weight-streaming
+// kernel at 1-2 rows, cuBLASLt above. A quick way to compare product configurations (the
+// LMSERVE_CUDA_* switches) shape by shape before a whole `lmserve bench latency` run.
+// Usage (GPU machine): cuda_benchmark [--benchmark_filter=...]; without a GPU every case is
+// skipped. Counters: GB/s of weights read, TFLOP/s.
+#include <benchmark/benchmark.h>
+
+#include <string>
+
+#include "backend/cuda/device_model.h"
+#include "backend/cuda/probe.h"
+
+namespace {
+
+bool have_gpu() {
+  static const bool yes = [] {
+    const auto p = lmserve::cuda::probe();
+    return p.error.empty() && !p.devices.empty();
+  }();
+  return yes;
+}
+
+// Args: m (outputs per row), k, n (token rows), gate_up (1: W is [2m, k] with SiLU x mul).
+void BM_Product(benchmark::State& state) {
+  if (!have_gpu()) {
+    state.SkipWithError("no GPU");
+    return;
+  }
+  const auto m = static_cast<int>(state.range(0)), k = static_cast<int>(state.range(1)), n = static_cast<int>(state.range(2));
+  const bool gate_up = state.range(3) == 1;
+  double seconds = 0;
+  for (auto _ : state) {
+    seconds = lmserve::cuda::product_seconds(0, m, n, k, gate_up, 200);
+    if (seconds <= 0) {
+      state.SkipWithError("the product failed");
+      return;
+    }
+    state.SetIterationTime(seconds);
+  }
+  const double rows = gate_up ? 2.0 * m : m;
+  state.counters["GB/s"] = rows * k * 2 / seconds / 1e9;
+  state.counters["TFLOP/s"] = 2.0 * rows * k * n / seconds / 1e12;
+  state.counters["us"] = seconds * 1e6;
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  // QKV, o_proj, gate/up (with SiLU x mul), down, LM head of Llama-3.1-8B.
+  const long long kShapes[][3] = {{6144, 4096, 0}, {4096, 4096, 0}, {14336, 4096, 1}, {4096, 14336, 0}, {128256, 4096, 0}};
+  for (const auto& s : kShapes) {
+    for (long long n : {1, 2, 64, 1024}) b->Args({s[0], s[1], n, s[2]});
+  }
+  b->ArgNames({"m", "k", "n", "gate_up"});
+}
+
+BENCHMARK(BM_Product)->Apply(shapes)->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
