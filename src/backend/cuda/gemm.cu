@@ -29,7 +29,11 @@ enum class GemvStore { kF32, kAct, kAddF32 };
 // formula, so the result is the same as the product followed by that kernel). Otherwise y is
 // [n, m] (float, the act type, or float added to: GemvStore) and row group p reads rows 2p and
 // 2p + 1.
-template <Act A, int N, int S, bool kSwiGlu>
+//
+// kPipe (LMSERVE_CUDA_GEMV_PIPE=1, on trial): two buffers of kGemvLoads / 2 loads per row, the
+// next one's loads issued before the current one is used, so that a warp that loops over k
+// always has loads in flight (the same registers as one buffer of kGemvLoads).
+template <Act A, int N, int S, bool kSwiGlu, bool kPipe = false>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* __restrict__ w, const std::uint16_t* __restrict__ x,
                                                             void* __restrict__ y, int m, int n, int k, GemvStore store) {
   constexpr int kWarps = kGemvThreads / 32;
@@ -47,10 +51,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
     wr[r] = reinterpret_cast<const uint4*>(w + row * k);
   }
   float acc[kGemvRows][N] = {};
-  uint4 raw[kGemvLoads][kGemvRows];
-  auto load_w = [&](int c0) {
+  constexpr int L = kPipe ? kGemvLoads / 2 : kGemvLoads;  // loads per row in one buffer
+  using Buffer = uint4[L][kGemvRows];
+  auto load_w = [&](Buffer& raw, int c0) {
 #pragma unroll
-    for (int u = 0; u < kGemvLoads; ++u) {
+    for (int u = 0; u < L; ++u) {
       const int c = c0 + u * stride;
 #pragma unroll
       for (int r = 0; r < kGemvRows; ++r) {
@@ -58,15 +63,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
       }
     }
   };
-  // The first weights are asked for before the wait for the previous kernel (no kernel writes
-  // W): under programmatic dependent launch the stream starts during that kernel's tail.
-  load_w(part * 32 + lane);
-  pdl_wait();
-  pdl_release();
-  for (int c0 = part * 32 + lane; c0 < chunks; c0 += stride * kGemvLoads) {
-    if (c0 != part * 32 + lane) load_w(c0);
+  auto use_w = [&](const Buffer& raw, int c0) {
 #pragma unroll
-    for (int u = 0; u < kGemvLoads; ++u) {
+    for (int u = 0; u < L; ++u) {
       const int c = c0 + u * stride;
       if (c >= chunks) continue;
 #pragma unroll
@@ -84,6 +83,28 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
           }
         }
       }
+    }
+  };
+  // The first weights are asked for before the wait for the previous kernel (no kernel writes
+  // W): under programmatic dependent launch the stream starts during that kernel's tail.
+  const int first = part * 32 + lane, step = stride * L;
+  Buffer ra, rb;
+  load_w(ra, first);
+  if constexpr (kPipe) load_w(rb, first + step);
+  pdl_wait();
+  pdl_release();
+  if constexpr (kPipe) {
+    for (int c0 = first; c0 < chunks; c0 += 2 * step) {
+      use_w(ra, c0);
+      if (c0 + 2 * step < chunks) load_w(ra, c0 + 2 * step);
+      if (c0 + step >= chunks) break;
+      use_w(rb, c0 + step);
+      if (c0 + 3 * step < chunks) load_w(rb, c0 + 3 * step);
+    }
+  } else {
+    for (int c0 = first; c0 < chunks; c0 += step) {
+      if (c0 != first) load_w(ra, c0);
+      use_w(ra, c0);
     }
   }
 #pragma unroll
@@ -140,15 +161,19 @@ int multiprocessors() {
   return sms;
 }
 
+// LMSERVE_CUDA_GEMV_PIPE=1: the two-buffer loop (gemv_kernel's kPipe), on trial.
+bool gemv_pipe() {
+  static const bool on = env_is("LMSERVE_CUDA_GEMV_PIPE", "1");
+  return on;
+}
+
 template <Act A, int S, bool kSwiGlu>
 void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, int m, int n, int k, GemvStore store, cudaStream_t s) {
   const int groups_per_block = kGemvThreads / 32 / S, outputs_per_group = kSwiGlu ? 1 : kGemvRows;
   const unsigned blocks = static_cast<unsigned>((m + groups_per_block * outputs_per_group - 1) / (groups_per_block * outputs_per_group));
-  if (n == 1) {
-    launch_pdl(gemv_kernel<A, 1, S, kSwiGlu>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, store);
-  } else {
-    launch_pdl(gemv_kernel<A, 2, S, kSwiGlu>, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, store);
-  }
+  auto* kernel = n == 1 ? (gemv_pipe() ? gemv_kernel<A, 1, S, kSwiGlu, true> : gemv_kernel<A, 1, S, kSwiGlu>)
+                        : (gemv_pipe() ? gemv_kernel<A, 2, S, kSwiGlu, true> : gemv_kernel<A, 2, S, kSwiGlu>);
+  launch_pdl(kernel, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, store);
 }
 
 // After the coverage rule, more warps per row pair where that fills the last wave of blocks
