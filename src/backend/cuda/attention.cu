@@ -579,23 +579,33 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
 template <Act A>
 __global__ void attention_combine_kernel(AttnArgs a) {
   // The item's metadata (staged by the host) before the wait for the attention kernel.
-  const int item = blockIdx.x, g = blockIdx.y;
-  const int tok0 = a.item_token[item], count = a.item_count[item];
-  const int kv_len = a.positions[tok0 + count - 1] + 1, per = split_keys(kv_len, a.splits, a.min_split_keys);
+  const int item = blockIdx.x, g = blockIdx.y, D = a.D;
+  const int group = a.nh / a.nkv;
+  const int tok0 = a.item_token[item], rows = a.item_count[item] * group;
+  const float* part = split_partial(a, item, g, 0, 0);
+  const int kv_len = a.positions[tok0 + a.item_count[item] - 1] + 1, per = split_keys(kv_len, a.splits, a.min_split_keys);
   pdl_wait();
   pdl_release();
   if (single_split(kv_len, a.splits, per)) return;  // its one split wrote the output
-  combine_partials<A>(a, item, g, tok0, count * (a.nh / a.nkv), (kv_len + per - 1) / per, threadIdx.x, blockDim.x);
+  const int used = (kv_len + per - 1) / per;
+  for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+    const int r = i / D, d = i % D;
+    float mx = -INFINITY;
+#pragma unroll 4
+    for (int s = 0; s < used; ++s) mx = fmaxf(mx, part[(s * kAttnRows + r) * (D + 2) + D]);
+    float l = 0.0f, o = 0.0f;
+#pragma unroll 4
+    for (int s = 0; s < used; ++s) {
+      const float* p = part + (s * kAttnRows + r) * (D + 2);
+      if (p[D] == -INFINITY) continue;
+      const float w = expf(p[D] - mx);
+      l += p[D + 1] * w;
+      o += p[d] * w;
+    }
+    const std::int64_t at = static_cast<std::int64_t>(tok0 + r / group) * a.nh * D + (g * group + r % group) * D + d;
+    act_store<A>(a.out, at, l > 0.0f ? o / l : 0.0f);
+  }
 }
-
-}  // namespace
-
-bool fused_split_combine() {
-  static const bool on = !env_is("LMSERVE_CUDA_FUSED_COMBINE", "0");
-  return on;
-}
-
-namespace {
 
 bool mma_prefill(int head_dim, Act act) { return (head_dim == 64 || head_dim == 128) && act != Act::kF32; }
 
@@ -650,9 +660,6 @@ void run_attention(const AttnArgs& a, cudaStream_t s) {
     dim3 grid(static_cast<unsigned>(d.num_items), static_cast<unsigned>(d.nkv), static_cast<unsigned>(d.splits));
     if (mma) {
       launch_decode_mma(d, s);
-      // Block units: the last split of each item and head to finish combined them (warp units
-      // run where there are units enough not to split, AttnArgs::warp_units).
-      if (d.arrivals && !d.warp_units) d.splits = 1;
     } else if (group <= 4) {
       LMSERVE_WITH_ACT(d.act, A, LMSERVE_WITH_KV(d.kv, K, (launch_pdl(decode_attention_kernel<D, K, A, 4>, grid, dim3(kDecodeThreads), kDecodeRingBytes, s, d))));
     } else {

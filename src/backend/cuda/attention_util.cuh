@@ -40,46 +40,6 @@ __device__ __forceinline__ float* split_partial(const AttnArgs& a, int item, int
 // ln 2: a running max kept in the exp2 domain, as the partials' natural-log max.
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The output rows of (item, KV head g) from its `used` context splits' partials: row r of the
-// item's rows * D outputs is token tok0 + r / G, query head g * G + r % G (G = nh / nkv). Threads
-// `tid`, `tid + n`, ... of the caller each take elements. The partials may have been written by
-// other blocks of the running kernel (split_arrival), so they are read through L2.
-template <Act A>
-__device__ __forceinline__ void combine_partials(const AttnArgs& a, int item, int g, int tok0, int rows, int used, int tid, int n) {
-  const int D = a.D, group = a.nh / a.nkv;
-  const float* part = split_partial(a, item, g, 0, 0);
-  for (int i = tid; i < rows * D; i += n) {
-    const int r = i / D, d = i % D;
-    float mx = -INFINITY;
-#pragma unroll 4
-    for (int s = 0; s < used; ++s) mx = fmaxf(mx, __ldcg(part + (s * kAttnRows + r) * (D + 2) + D));
-    float l = 0.0f, o = 0.0f;
-#pragma unroll 4
-    for (int s = 0; s < used; ++s) {
-      const float* p = part + (s * kAttnRows + r) * (D + 2);
-      const float pm = __ldcg(p + D);
-      if (pm == -INFINITY) continue;
-      const float w = expf(pm - mx);
-      l += __ldcg(p + D + 1) * w;
-      o += __ldcg(p + d) * w;
-    }
-    const std::int64_t at = static_cast<std::int64_t>(tok0 + r / group) * a.nh * D + (g * group + r % group) * D + d;
-    act_store<A>(a.out, at, l > 0.0f ? o / l : 0.0f);
-  }
-}
-
-// Called by one thread of a split's block (or warp) after every thread of it has written its
-// partial and made it visible (__threadfence, then a barrier): counts the split in and says
-// whether it was the last of the `used` splits of (item, KV head g), whose partials are then
-// all written. The last one puts the counter back to 0 for the next launch (the next layer, a
-// graph's next replay).
-__device__ __forceinline__ bool split_arrival(const AttnArgs& a, int item, int g, int used) {
-  int* counter = a.arrivals + static_cast<std::int64_t>(item) * a.nkv + g;
-  const bool last = atomicAdd(counter, 1) == used - 1;
-  if (last) *counter = 0;
-  return last;
-}
-
 // A key position's cache slot through a sequence's block table: shifts and masks where the
 // block size is a power of two (16 by default), else a division.
 struct BlockIndex {

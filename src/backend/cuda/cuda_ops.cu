@@ -286,7 +286,6 @@ std::string attention(int act, const AttentionInput& in, const KvCacheHost& cach
   at.splits = num_single > 0 ? std::max(1, in.splits) : 1;
   at.warp_units = in.warp_units;
   at.partial = static_cast<float*>(a.alloc(static_cast<std::size_t>(std::max(1, at.num_items)) * in.nkv * at.splits * kAttnRows * (in.D + 2) * 4));
-  if (in.fused_combine) at.arrivals = a.upload(std::vector<int>(static_cast<std::size_t>(std::max(1, at.num_items)) * in.nkv, 0));
   at.out = a.alloc(static_cast<std::size_t>(T) * in.nh * in.D * static_cast<std::size_t>(act_bytes(A)));
   at.act = A;
   launch_attention(at, nullptr);

@@ -72,7 +72,6 @@ struct AttentionInput {
   int nh = 0, nkv = 0, D = 0;
   int splits = 1;  // context splits for single-token sequences (decode)
   bool warp_units = false;  // AttnArgs::warp_units (the tensor-core decode kernel's one warp per unit)
-  bool fused_combine = true;  // AttnArgs::arrivals set (the decode kernel sums split partials itself)
 };
 std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out);
 

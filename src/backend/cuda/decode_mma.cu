@@ -103,7 +103,7 @@ __device__ __forceinline__ unsigned fp8_bytes_to_f16x2(unsigned x, unsigned y, u
 
 // A warp unit's result from its registers: rows q and q + 8 (h = 0, 1) of the thread's quad,
 // dims (2c) * D/8 + nt and (2c + 1) * D/8 + nt (o[nt][2h], o[nt][2h + 1]); the output when
-// the unit is its item's only split, else the combine's format (natural-log max, sum,
+// the unit is its item's only split, else the combine kernel's format (natural-log max, sum,
 // unnormalised O), as the block units' merge writes them.
 template <int D, Act A>
 __device__ __forceinline__ void store_warp_unit(const AttnArgs& a, const float (&o)[D / 8][4], const float (&m_run)[2], float (&l_run)[2],
@@ -374,16 +374,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
         part[D + 1] = l;
       }
     }
-  }
-  if (single_split(kv_len, a.splits, per) || !a.arrivals) return;
-  __shared__ bool last;
-  __threadfence();  // this block's partial, visible before it counts in
-  __syncthreads();
-  if (tid == 0) last = split_arrival(a, item, g, (kv_len + per - 1) / per);
-  __syncthreads();
-  if (last) {
-    __threadfence();
-    combine_partials<A>(a, item, g, tok, G, (kv_len + per - 1) / per, tid, kThreads);
   }
 }
 

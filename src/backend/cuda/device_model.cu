@@ -289,8 +289,6 @@ class CudaModel final : public DeviceModel {
     std::size_t split_blocks = 0;
     for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n)));
     LMSERVE_TRY(partial_.alloc(split_blocks * kAttnRows * (D + 2) * 4));
-    LMSERVE_TRY(arrivals_.alloc(R * d_.kv_heads * sizeof(int)));
-    LMSERVE_CUDA_TRY(cudaMemsetAsync(arrivals_.p, 0, arrivals_.bytes, stream_));
     LMSERVE_TRY(kv_ptrs_.alloc(2 * d_.layers * sizeof(void*)));
     LMSERVE_TRY(k_scale_.alloc(d_.layers * d_.kv_heads * 4));
     LMSERVE_TRY(v_scale_.alloc(d_.layers * d_.kv_heads * 4));
@@ -487,7 +485,6 @@ class CudaModel final : public DeviceModel {
       at.splits = splits_for(num_single);
       at.warp_units = decode_warp_units(static_cast<std::int64_t>(num_single) * nkv, sms_);
       at.partial = partial_.as<float>();
-      if (fused_split_combine()) at.arrivals = arrivals_.as<int>();
       at.out = attn_.p;
       at.act = act_;
       launch_attention(at, stream_);
@@ -675,7 +672,7 @@ class CudaModel final : public DeviceModel {
   std::uint64_t weight_bytes_ = 0, activation_bytes_ = 0, graph_bytes_ = 0;
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<LayerBuffers> layers_;
-  DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, arrivals_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
+  DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
   DeviceBuffer tmp_kv_, kv_arena_, sampled_, swap_meta_;
   std::vector<char> swap_stage_;
   Gemm gemm_;

@@ -92,10 +92,6 @@ struct AttnArgs {
   int splits = 1;             // > 1: the one-token items' contexts are split and partials combined
   int min_split_keys = kMinSplitKeys;  // keys of a split at least (launch_attention sets it per kernel)
   float* partial = nullptr;   // [num_single, nkv, splits, kAttnRows, D + 2]
-  // [num_single, nkv] counters, all 0 between launches, or null. Set: the tensor-core decode
-  // kernel's last block unit of an (item, KV head) to finish sums the split partials itself (no
-  // combine kernel); null, or warp units: the combine kernel does.
-  int* arrivals = nullptr;  // (fused_split_combine says whether the model sets it)
   void* out = nullptr;        // [T, nh * D] in act
   Act act = Act::kF32;
   // The tensor-core decode kernel's grid is (nkv, items, splits): the blocks of one item's KV
@@ -114,10 +110,6 @@ struct AttnArgs {
 // never / always, for A/B runs.
 constexpr int kDecodeWarpUnitsPerSm = 24;
 bool decode_warp_units(std::int64_t units, int sms);
-// Whether the model hands the decode kernel AttnArgs::arrivals, so that no combine kernel runs
-// after it: at batch 1 that is 32 launches a step. LMSERVE_CUDA_FUSED_COMBINE=0 turns it off,
-// for A/B runs.
-bool fused_split_combine();
 bool attention_supports(int head_dim, int group);
 // Raises the attention kernels' shared-memory limits on the current device: once per device
 // before the first launch_attention (not inside a CUDA graph capture).
