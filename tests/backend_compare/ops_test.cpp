@@ -73,7 +73,8 @@ TEST_P(ActOps, Gemm) {
   const int act = GetParam();
   std::mt19937 rng(3);
   // n <= 2 with k % 8 == 0 takes the weight-streaming kernel for 16-bit dtypes (on the H200 with
-  // 1, 2, 4 or 8 warps per row pair: 7001, 4101, 2001 and 301 rows); the rest cuBLASLt.
+  // 1, 2, 4 or 8 warps per row pair: 7001, 4101, 2001 and 301 rows; its two-buffer loop at two
+  // rows and at k = 14336, one buffer at one row otherwise); the rest cuBLASLt.
   for (auto [m, n, k] : {std::tuple{64, 1, 64}, {96, 5, 200}, {1000, 33, 256}, {384, 64, 1024}, {8, 3, 16}, {4103, 8, 4096}, {4101, 2, 4096}, {301, 2, 1000},
                          {77, 7, 3000}, {33, 4, 20}, {5, 1, 14336}, {2001, 1, 4104}, {7001, 2, 520}, {7001, 1, 8}}) {
     SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));

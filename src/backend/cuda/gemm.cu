@@ -30,9 +30,9 @@ enum class GemvStore { kF32, kAct, kAddF32 };
 // [n, m] (float, the act type, or float added to: GemvStore) and row group p reads rows 2p and
 // 2p + 1.
 //
-// kPipe (LMSERVE_CUDA_GEMV_PIPE=1, on trial): two buffers of kGemvLoads / 2 loads per row, the
-// next one's loads issued before the current one is used, so that a warp that loops over k
-// always has loads in flight (the same registers as one buffer of kGemvLoads).
+// kPipe (gemv_pipe says when): two buffers of kGemvLoads / 2 loads per row, the next one's
+// loads issued before the current one is used, so that a warp that loops over k always has
+// loads in flight (the same registers as one buffer of kGemvLoads).
 template <Act A, int N, int S, bool kSwiGlu, bool kPipe = false>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* __restrict__ w, const std::uint16_t* __restrict__ x,
                                                             void* __restrict__ y, int m, int n, int k, GemvStore store) {
@@ -161,18 +161,26 @@ int multiprocessors() {
   return sms;
 }
 
-// LMSERVE_CUDA_GEMV_PIPE=1: the two-buffer loop (gemv_kernel's kPipe), on trial.
-bool gemv_pipe() {
-  static const bool on = env_is("LMSERVE_CUDA_GEMV_PIPE", "1");
-  return on;
+// The two-buffer loop (gemv_kernel's kPipe) for two token rows, whose use of a buffer takes
+// twice the instructions, and for long rows (k >= kGemvPipeK), where a warp loops over many
+// buffers; one buffer of kGemvLoads otherwise. H200, tests/bench/cuda_benchmark (docs/perf.md):
+// at one row down (k = 14,336) 31.4 -> 30.4 us, the k = 4,096 products within +-1% either way;
+// at two rows down 41.3 -> 36.9 us, the others equal or faster. LMSERVE_CUDA_GEMV_PIPE=0 / 1:
+// never / always, for A/B runs.
+constexpr int kGemvPipeK = 8192;
+bool gemv_pipe(int n, int k) {
+  static const bool never = env_is("LMSERVE_CUDA_GEMV_PIPE", "0"), always = env_is("LMSERVE_CUDA_GEMV_PIPE", "1");
+  if (never || always) return always;
+  return n >= 2 || k >= kGemvPipeK;
 }
 
 template <Act A, int S, bool kSwiGlu>
 void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, int m, int n, int k, GemvStore store, cudaStream_t s) {
   const int groups_per_block = kGemvThreads / 32 / S, outputs_per_group = kSwiGlu ? 1 : kGemvRows;
   const unsigned blocks = static_cast<unsigned>((m + groups_per_block * outputs_per_group - 1) / (groups_per_block * outputs_per_group));
-  auto* kernel = n == 1 ? (gemv_pipe() ? gemv_kernel<A, 1, S, kSwiGlu, true> : gemv_kernel<A, 1, S, kSwiGlu>)
-                        : (gemv_pipe() ? gemv_kernel<A, 2, S, kSwiGlu, true> : gemv_kernel<A, 2, S, kSwiGlu>);
+  const bool pipe = gemv_pipe(n, k);
+  auto* kernel = n == 1 ? (pipe ? gemv_kernel<A, 1, S, kSwiGlu, true> : gemv_kernel<A, 1, S, kSwiGlu>)
+                        : (pipe ? gemv_kernel<A, 2, S, kSwiGlu, true> : gemv_kernel<A, 2, S, kSwiGlu>);
   launch_pdl(kernel, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, store);
 }
 
