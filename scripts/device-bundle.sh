@@ -3,9 +3,8 @@
 # (ignored by git), to pass in the device tool's `carry` as ".device/carry": the lmserve binary,
 # the GPU test binaries and the product benchmark (tests/bench/cuda_benchmark.cpp), the shared
 # libraries they link that the GPU machine may lack (everything but libc/libstdc++ and CUDA's
-# own, which resolve there), and a Llama 3 tokenizer
-# for the 8B-shaped benchmarks — stripped and packed, because a call carries 64 MiB at most
-# with the checkout. scripts/device-check.sh and scripts/device-bench.sh unpack it into
+# own, which resolve there), and a Llama 3 tokenizer for the 8B-shaped benchmarks — stripped
+# and packed, because a call carries 64 MiB at most with the checkout. scripts/device-check.sh and scripts/device-bench.sh unpack it into
 # .device/bundle on the GPU machine by themselves.
 # Usage: [TESTS="backend_compare_test engine_e2e_test"] [TOKENIZER=DIR] [NAME=bundle]
 #        scripts/device-bundle.sh [PRESET]   (default release; build it first)

@@ -2,9 +2,9 @@
 # The weight-streaming products on the GPU machine, in one call (carry ".device/carry", made by
 # scripts/device-bundle.sh): backend_compare's product tests with each loop form, then
 # tests/bench/cuda_benchmark at one and two rows for each form and each forced split
-# (LMSERVE_CUDA_GEMV_PIPE, LMSERVE_CUDA_GEMV_SPLIT), then `bench latency` at batch 1 for the
-# default and the form given by PICK (e.g. PICK="LMSERVE_CUDA_GEMV_PIPE=1"). Logs go to $OUT; a
-# summary is printed last.
+# (LMSERVE_CUDA_GEMV_PIPE=0 / 1: one buffer / two; LMSERVE_CUDA_GEMV_SPLIT), then `bench
+# latency` at batch 1, alternating the default rules and the switches given by PICK (default
+# "LMSERVE_CUDA_GEMV_PIPE=0"). Logs go to $OUT; a summary is printed last.
 set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64 LMSERVE_SOURCE_DIR=$PWD
 B=.device/bundle
@@ -39,7 +39,7 @@ PY
   done
 done
 M="--model tests/fixtures/configs/llama-3.1-8b --tokenizer .device/bundle/tok --load-format dummy"
-for arm in default "${PICK:-LMSERVE_CUDA_GEMV_PIPE=1}" default "${PICK:-LMSERVE_CUDA_GEMV_PIPE=1}"; do
+for arm in default "${PICK:-LMSERVE_CUDA_GEMV_PIPE=0}" default "${PICK:-LMSERVE_CUDA_GEMV_PIPE=0}"; do
   env $([[ $arm != default ]] && echo "$arm") timeout 60 $B/bin/lmserve bench latency $M --batch-size 1 --input-len 128 --output-len 256 > /tmp/l.log 2>&1
   row "b1 $arm rc=$? $(grep -E '^decode step|^bandwidth bound' /tmp/l.log | tr '\n' ' ')"
 done

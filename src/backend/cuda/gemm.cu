@@ -203,12 +203,9 @@ int gemv_slots() {  // blocks resident at once over the GPU (every instance has 
   return slots;
 }
 
-// Warps per row pair: the fewest that give kGemvWarpsPerSm warps per multiprocessor (at most 8);
-// with gemv_waves(), then the one of it, 2x, 4x ... 8 whose whole waves of blocks take least
-// time (a block of S warps per pair does 1/S of the work of one with a warp per pair), if 5%
-// less than the fewest.
-// LMSERVE_CUDA_GEMV_SPLIT=1|2|4|8: that many warps per row pair for every product, instead of the
-// rule below (for sweeps with tests/bench/cuda_benchmark.cpp); 0 when unset or another value.
+// LMSERVE_CUDA_GEMV_SPLIT=1|2|4|8: that many warps per row pair for every product instead of
+// gemv_warps_per_pair's rule (for sweeps with tests/bench/cuda_benchmark.cpp); 0 when unset or
+// another value.
 int gemv_split_override() {
   static const int s = [] {
     const char* v = std::getenv("LMSERVE_CUDA_GEMV_SPLIT");
@@ -218,6 +215,10 @@ int gemv_split_override() {
   return s;
 }
 
+// Warps per row pair: the fewest that give kGemvWarpsPerSm warps per multiprocessor (at most 8);
+// with gemv_waves(), then the one of it, 2x, 4x ... 8 whose whole waves of blocks take least
+// time (a block of S warps per pair does 1/S of the work of one with a warp per pair), if 5%
+// less than the fewest.
 template <Act A, bool kSwiGlu>
 int gemv_warps_per_pair(std::int64_t pairs) {
   if (const int forced = gemv_split_override()) return forced;
