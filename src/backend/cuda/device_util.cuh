@@ -133,26 +133,50 @@ __device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
   }
 }
 
-// Eight consecutive cache elements (i is a multiple of 8) as floats, in one or two vector loads.
+// kv_load8 in two steps, so that a thread can have several loads in flight before it uses any:
+// the bytes of eight consecutive cache elements (i is a multiple of 8) in one or two vector
+// loads, then those elements as floats.
 template <Kv K>
-__device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&out)[8]) {
+struct KvRaw8 {
+  std::uint32_t w[K == Kv::kF32 ? 8 : (K == Kv::kBF16 || K == Kv::kF16 ? 4 : 2)];
+};
+template <Kv K>
+__device__ __forceinline__ KvRaw8<K> kv_fetch8(const void* p, std::int64_t i) {
+  KvRaw8<K> r;
   if constexpr (K == Kv::kF32) {
-    const float4* v = reinterpret_cast<const float4*>(static_cast<const float*>(p) + i);
-    const float4 a = v[0], b = v[1];
-    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w, out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+    const uint4* v = reinterpret_cast<const uint4*>(static_cast<const float*>(p) + i);
+    const uint4 a = v[0], b = v[1];
+    r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w, r.w[4] = b.x, r.w[5] = b.y, r.w[6] = b.z, r.w[7] = b.w;
   } else if constexpr (K == Kv::kBF16 || K == Kv::kF16) {
-    unpack8<K == Kv::kBF16 ? Act::kBF16 : Act::kF16>(*reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p) + i), out);
+    const uint4 a = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p) + i);
+    r.w[0] = a.x, r.w[1] = a.y, r.w[2] = a.z, r.w[3] = a.w;
   } else {
     const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p) + i);
-    const std::uint32_t w[2] = {u.x, u.y};
+    r.w[0] = u.x, r.w[1] = u.y;
+  }
+  return r;
+}
+template <Kv K>
+__device__ __forceinline__ void kv_unpack8(const KvRaw8<K>& r, float (&out)[8]) {
+  if constexpr (K == Kv::kF32) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = __uint_as_float(r.w[k]);
+  } else if constexpr (K == Kv::kBF16 || K == Kv::kF16) {
+    unpack8<K == Kv::kBF16 ? Act::kBF16 : Act::kF16>(make_uint4(r.w[0], r.w[1], r.w[2], r.w[3]), out);
+  } else {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>(w[k / 2] >> (16 * (k % 2)));
+      const auto pair = static_cast<__nv_fp8x2_storage_t>(r.w[k / 2] >> (16 * (k % 2)));
       const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, K == Kv::kE5M2 ? __NV_E5M2 : __NV_E4M3)));
       out[2 * k] = f.x;
       out[2 * k + 1] = f.y;
     }
   }
+}
+// Eight consecutive cache elements (i is a multiple of 8) as floats.
+template <Kv K>
+__device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&out)[8]) {
+  kv_unpack8<K>(kv_fetch8<K>(p, i), out);
 }
 
 // Programmatic dependent launch (Hopper). A kernel started by launch_pdl() may begin while the
