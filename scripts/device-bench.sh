@@ -8,14 +8,8 @@
 #        the uniform run of the same means)
 #        scripts/device-bench.sh [latency|throughput|mixed|all ...]   (in the order given)
 set -uo pipefail
-export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64
-L=.device/bundle/bin/lmserve
-# What scripts/device-bundle.sh packed, unpacked afresh (the GPU machine may keep an old one).
-# BUNDLE picks another one (scripts/device-bundle.sh with NAME=...).
-bundle=${BUNDLE:-.device/carry/bundle.tar.gz}
-if [[ -f $bundle ]]; then rm -rf .device/bundle && tar -C .device -xzf "$bundle"; fi
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/device-env.sh"
+L=$B/bin/lmserve
 M="--model tests/fixtures/configs/llama-3.1-8b --tokenizer .device/bundle/tok --load-format dummy ${EXTRA:-}"
 run() {  # name, args...
   local name=$1; shift

@@ -10,14 +10,7 @@
 # RACE_ARGS adds compute-sanitizer options. Not --kernel-name-exclude kns=nvjet: with it (H200,
 # CUDA 13.0) only the cuBLAS kernels ran and the tests of our kernels failed.
 set -uo pipefail
-export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64 LMSERVE_SOURCE_DIR=$PWD
-B=.device/bundle
-# What scripts/device-bundle.sh packed, unpacked afresh (the GPU machine may keep an old one).
-# BUNDLE picks another one (scripts/device-bundle.sh with NAME=...).
-bundle=${BUNDLE:-.device/carry/bundle.tar.gz}
-if [[ -f $bundle ]]; then rm -rf .device/bundle && tar -C .device -xzf "$bundle"; fi
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/device-env.sh"
 row() { printf '%-44s %s\n' "$1" "$2" >> "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
 $B/bin/lmserve version --self-test > "$OUT/version.log" 2>&1; row "version --self-test" "rc=$?"

@@ -6,12 +6,7 @@
 # latency` at batch 1, alternating the default rules and the switches given by PICK (default
 # "LMSERVE_CUDA_GEMV_PIPE=0"). Logs go to $OUT; a summary is printed last.
 set -uo pipefail
-export LD_LIBRARY_PATH=$PWD/.device/bundle/lib:/usr/local/cuda/lib64 LMSERVE_SOURCE_DIR=$PWD
-B=.device/bundle
-bundle=${BUNDLE:-.device/carry/bundle.tar.gz}
-if [[ -f $bundle ]]; then rm -rf .device/bundle && tar -C .device -xzf "$bundle"; fi
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/device-env.sh"
 : > "$OUT/summary.txt"
 row() { echo "$*" >> "$OUT/summary.txt"; }
 for pipe in 0 1; do
