@@ -375,10 +375,10 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
   const int qstride = a.nh * D;
   const BlockIndex blk(a.block_size);
   // Q scaled by the softmax scale in the exp2 domain (as the decode kernels do), so that S comes
-  // out of the mma ready for the online softmax.
-  // Each thread's 16-byte pieces of Q are all asked for before any is used: a loop of one
-  // element per load waited out a memory round trip per iteration, ~70 us a block, which made
-  // this kernel take ~0.7 ms a layer for 8,192 tokens of 128-token prompts (H200, ncu).
+  // out of the mma ready for the online softmax. Each thread's 16-byte pieces of it are all
+  // asked for before any is used: a loop of one element per load waited out a memory round trip
+  // per iteration, ~70 us a block, which made this kernel take ~0.7 ms a layer for 8,192 tokens
+  // of 128-token prompts (H200, ncu; docs/perf.md).
   const float scale = a.scale * 1.4426950408889634f;
   constexpr int kQPieces = R * D / 8 / NT;
   static_assert(R * D / 8 % NT == 0, "whole rounds of 16-byte pieces");
@@ -419,7 +419,8 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
     if constexpr (kKvElemBytes<K> == 1) {
       // fp8: the thread's pieces of the tile asked for kRound at a time before any of them is
       // converted (one at a time, each waited out a memory round trip); rounds of 4 keep the
-      // two-m-tile kernel at D = 128 from spilling.
+      // two-m-tile kernel at D = 128 from spilling. (The conversion below repeats the generic
+      // path's on purpose: ptxas spilled 40 bytes there when both went through one helper.)
       constexpr int kPieces = BN * D / 8 / NT, kRound = kPieces < 4 ? kPieces : 4;
       static_assert(BN * D / 8 % NT == 0 && kPieces % kRound == 0, "whole rounds of pieces");
 #pragma unroll
