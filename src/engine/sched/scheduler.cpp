@@ -197,11 +197,15 @@ void Scheduler::preempt(Request* r, SchedulerOutput& out) {
 
 SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
   SchedulerOutput out;
-  std::stable_sort(running_.begin(), running_.end(), [&](const Request* a, const Request* b) { return ranks_before(a, b); });
+  // Rank order; most steps find it kept (admissions append in rank order), and a check is
+  // cheaper than a merge sort's buffer at 1,024 sequences.
+  auto by_rank = [&](const Request* a, const Request* b) { return ranks_before(a, b); };
+  if (!std::is_sorted(running_.begin(), running_.end(), by_rank)) std::stable_sort(running_.begin(), running_.end(), by_rank);
   // Decodes (one token) first, then unfinished prefills, each group in rank order.
-  std::vector<Request*> order = running_;
-  std::stable_partition(order.begin(), order.end(), [](const Request* r) { return r->num_tokens() - r->num_computed <= 1; });
-  for (Request* r : order) {
+  auto decoding = [](const Request* r) { return r->num_tokens() - r->num_computed <= 1; };
+  order_.assign(running_.begin(), running_.end());
+  if (!std::is_partitioned(order_.begin(), order_.end(), decoding)) std::stable_partition(order_.begin(), order_.end(), decoding);
+  for (Request* r : order_) {
     if (r->status != RequestStatus::kRunning) continue;  // preempted earlier in this step
     const std::int64_t budget = options_.max_num_batched_tokens - out.num_tokens;
     const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget);

@@ -156,6 +156,7 @@ class Scheduler {
   KvCacheManager& kv_;
   std::vector<std::deque<Request*>> waiting_;  // per lane
   std::vector<Request*> running_;
+  std::vector<Request*> order_;  // schedule()'s pass over running_, kept to reuse its memory
   std::int64_t preemptions_ = 0;
   bool swap_ok_ = true;
   std::int64_t swap_outs_ = 0, swap_ins_ = 0, swap_blocks_out_ = 0, swap_blocks_in_ = 0;
