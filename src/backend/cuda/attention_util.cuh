@@ -187,4 +187,10 @@ bool decode_mma_supported(int head_dim, Kv kv, Act act, int group);
 void launch_decode_mma(const AttnArgs& a, cudaStream_t s);
 void configure_decode_mma();
 
+// The tensor-core prefill kernel (prefill_mma.cu) for the items of a step other than its
+// one-token ones: whether it runs for a model (16-bit acts, head dim 64 or 128), and its launch
+// (grid items x KV heads, unsplit; LMSERVE_CUDA_PREFILL_MT picks its shape).
+bool prefill_mma_supported(int head_dim, Act act);
+void launch_prefill_mma(const AttnArgs& a, cudaStream_t s);
+
 }  // namespace lmserve::cuda
