@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 namespace lmserve::backend {
 
@@ -45,6 +46,22 @@ int kv_dtype_bytes(KvDtype d) {
 std::uint64_t kv_block_bytes(const model::ModelConfig& c, KvDtype dtype, int block_size) {
   return static_cast<std::uint64_t>(2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * kv_dtype_bytes(dtype));
 }
+
+Status Backend::prepare(const Batch& batch, std::span<float> logits) {
+  prepared_ = batch;
+  prepared_logits_ = logits;
+  has_prepared_ = true;
+  return Status::ok();
+}
+
+Status Backend::launch(std::span<const TokenPatch> /*patches: already in the caller's tokens*/) {
+  if (!has_prepared_) return Status(StatusCode::kFailedPrecondition, "launch: no prepared batch");
+  has_prepared_ = false;
+  launched_ = forward(prepared_, prepared_logits_);
+  return Status::ok();
+}
+
+Status Backend::wait() { return std::exchange(launched_, Status::ok()); }
 
 Status validate_batch(const Batch& b, const model::ModelConfig& c, const KvCacheConfig& kv, std::size_t logits_size) {
   auto bad = [](const std::string& m) { return Status(StatusCode::kInvalidArgument, "batch: " + m); };

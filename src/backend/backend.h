@@ -89,6 +89,13 @@ struct Batch {
   std::span<std::int32_t> sampled_tokens;
 };
 
+// A token that the step in flight samples, written into the next step's prepared batch before
+// it starts (Backend::launch): tokens[index] = token.
+struct TokenPatch {
+  std::int32_t index = 0;
+  std::int32_t token = 0;
+};
+
 // The start-up memory plan. On a GPU: weights, the activation peak of a maximal batch, CUDA
 // graph pools, and the KV pool sized from what gpu_memory_utilization leaves.
 struct MemoryInfo {
@@ -112,6 +119,25 @@ class Backend {
   // InvalidArgument for a malformed batch (ids out of range, slots outside the cache,
   // positions past the cache); the cache is unchanged then.
   virtual Status forward(const Batch& batch, std::span<float> logits) = 0;
+
+  // A step in three calls, so that the engine plans the next step while the device runs this
+  // one: prepare() checks and stages a batch and where its logits go; launch() starts the
+  // prepared batch once `patches` are written into its tokens (tokens the step before sampled:
+  // the caller has written them into batch.tokens too, so a backend that reads the caller's
+  // spans at launch needs no patch; one that staged a copy applies them); wait() returns when
+  // the launched step is done, its logits and sampled_tokens written. Order: prepare, launch,
+  // wait. While a launched step is not yet waited for, the next batch may be prepared and
+  // swap_blocks called; they run after it. The spans a prepared batch names stay valid and
+  // unchanged (but for the patches, written before launch()) until its wait() returns. A
+  // malformed batch gets forward()'s error from prepare() or, with the defaults, which run
+  // forward() inside launch(), from wait().
+  virtual Status prepare(const Batch& batch, std::span<float> logits);
+  virtual Status launch(std::span<const TokenPatch> patches);
+  virtual Status wait();
+  // True when launch() returns before the step is done (the engine's host work then overlaps
+  // the device's) and every logits row whose RowSampling mode is not kHost gets its token in
+  // sampled_tokens. The engine plans a step ahead only on such a backend.
+  virtual bool asynchronous() const { return false; }
 
   // Bytes of one KV block across all layers (K and V).
   virtual std::uint64_t kv_block_bytes() const = 0;
@@ -141,6 +167,13 @@ class Backend {
   // the device: checking and staging batches, launching their work (a graph step's device idles
   // meanwhile; an eager step's launches overlap the kernels before them). 0 for a host backend.
   virtual double staging_seconds_total() const { return 0.0; }
+
+ private:
+  // The defaults of prepare / launch / wait.
+  Batch prepared_;
+  std::span<float> prepared_logits_;
+  Status launched_;
+  bool has_prepared_ = false;
 };
 
 // Bytes one KV block needs for `config` with `dtype` and `block_size` (all layers, K and V).

@@ -79,6 +79,10 @@ struct Engine::Live {
   RequestId group = 0;
   RequestStream::Times times;
   bool prompt_counted = false;
+  // Asynchronous scheduling: the request's row in the step planned ahead, and its row in the
+  // step in flight whose token its output holds a placeholder for (-1: none). ahead_row may be
+  // stale; it counts only where that step's row is this request.
+  std::int32_t ahead_row = -1, placeholder_row = -1;
 };
 
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options)
@@ -86,6 +90,7 @@ Engine::Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const 
   eos_ids_ = backend_->config().eos_token_ids;
   // LMSERVE_OVERLAP_OUTPUTS=0: every row's outputs in the step, for A/B runs of one binary.
   if (const char* v = std::getenv("LMSERVE_OVERLAP_OUTPUTS"); v != nullptr && std::string_view(v) == "0") options_.overlap_outputs = false;
+  if (const char* v = std::getenv("LMSERVE_ASYNC_SCHEDULING"); v != nullptr && std::string_view(v) == "0") options_.async_scheduling = false;
   const auto& kvc = backend_->kv_config();
   kv_ = std::make_unique<KvCacheManager>(kvc.num_blocks, kvc.block_size, options_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
@@ -243,6 +248,7 @@ EngineStats Engine::stats() const {
   s.steps_total = steps_;
   s.computed_tokens_total = computed_tokens_;
   s.forward_seconds_total = forward_seconds_;
+  s.steps_planned_ahead_total = planned_ahead_;
   s.step_sizes = step_sizes_;
   s.host_seconds_total = host_seconds_;
   s.host_phases = host_phases_;
@@ -352,10 +358,18 @@ EngineStats::StepSizes& EngineStats::StepSizes::operator-=(const StepSizes& o) {
   return *this;
 }
 
-Status Engine::step() {
-  // Called with mu_ held (through the unique_lock in loop()).
-  const auto step_start = Clock::now();
-  SchedulerOutput out = scheduler_->schedule(!options_.device_memory_ok || options_.device_memory_ok());
+namespace {
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+}  // namespace
+
+Status Engine::plan(StepBuffers& sb, const StepBuffers* before, bool* any) {
+  // Called with mu_ held.
+  const auto t0 = Clock::now();
+  *any = false;
+  sb.out = scheduler_->schedule(!options_.device_memory_ok || options_.device_memory_ok());
+  const SchedulerOutput& out = sb.out;
   // Memory limits are logged once per episode, not every step.
   if (out.blocked != last_block_) {
     if (out.blocked == AdmissionBlock::kKvWatermark || out.blocked == AdmissionBlock::kDeviceMemory ||
@@ -368,7 +382,8 @@ Status Engine::step() {
     last_block_ = out.blocked;
   }
   // Preempted requests' blocks go to the host, resumed ones' come back, before this step's
-  // forward pass writes into the blocks given up (Backend::swap_blocks orders the copies so).
+  // forward pass writes into the blocks given up (Backend::swap_blocks orders the copies so,
+  // after a step in flight too).
   if (!out.swap_out.empty() || !out.swap_in.empty()) {
     if (Status st = backend_->swap_blocks(out.swap_out, out.swap_in); !st.is_ok()) {
       // Nothing was copied. Host memory running out is survivable: those requests compute their
@@ -378,98 +393,227 @@ Status Engine::step() {
       scheduler_->swap_out_failed(out);
     }
   }
-  if (out.scheduled.empty()) return Status::ok();
   const auto scheduled_at = Clock::now();
+  host_phases_.schedule += seconds(t0, scheduled_at);
+  if (out.scheduled.empty()) return Status::ok();
+  *any = true;
 
   const int bs = backend_->kv_config().block_size;
-  StepBuffers& sb = step_;
-  auto& [tokens, positions, logits_rows, tables, sampled_tokens, slots, table_start, host_rows, sync_rows, seqs, sampled, lives,
-         sample_rows, results, updates] = sb;
-  tokens.clear();
-  positions.clear();
-  logits_rows.clear();
-  tables.clear();
-  slots.clear();
-  table_start.clear();
-  seqs.clear();
-  sampled.clear();
-  lives.clear();
+  sb.tokens.clear();
+  sb.positions.clear();
+  sb.logits_rows.clear();
+  sb.tables.clear();
+  sb.slots.clear();
+  sb.table_start.clear();
+  sb.seqs.clear();
+  sb.sampled.clear();
+  sb.lives.clear();
+  sb.pending.clear();
+  sb.patches.clear();
   const auto now = Clock::now();
   for (const auto& s : out.scheduled) {
     Request* r = s.request;
     Live& L = *live_.at(r->id);
     if (L.times.first_scheduled == Clock::time_point{}) L.times.first_scheduled = now;
-    const auto start = static_cast<std::int32_t>(tokens.size());
-    // A copy: the lock is dropped around forward(), and an abort may free the request's blocks.
+    const auto start = static_cast<std::int32_t>(sb.tokens.size());
+    // A copy: the lock is dropped around the backend's calls, and an abort may free the
+    // request's blocks.
     auto table = kv_->block_table(r->id);
-    table_start.push_back(tables.size());
-    tables.insert(tables.end(), table.begin(), table.end());
+    sb.table_start.push_back(sb.tables.size());
+    sb.tables.insert(sb.tables.end(), table.begin(), table.end());
     for (std::int64_t p = r->num_computed; p < r->num_computed + s.num_new_tokens; ++p) {
-      tokens.push_back(p < static_cast<std::int64_t>(r->prompt.size()) ? r->prompt[static_cast<std::size_t>(p)]
-                                                                       : r->output[static_cast<std::size_t>(p) - r->prompt.size()]);
-      positions.push_back(static_cast<std::int32_t>(p));
-      slots.push_back(static_cast<std::int64_t>(table[static_cast<std::size_t>(p / bs)]) * bs + p % bs);
+      sb.tokens.push_back(p < static_cast<std::int64_t>(r->prompt.size()) ? r->prompt[static_cast<std::size_t>(p)]
+                                                                          : r->output[static_cast<std::size_t>(p) - r->prompt.size()]);
+      sb.positions.push_back(static_cast<std::int32_t>(p));
+      sb.slots.push_back(static_cast<std::int64_t>(table[static_cast<std::size_t>(p / bs)]) * bs + p % bs);
+      // The last token of a request with a placeholder is the one the step in flight samples.
+      if (before != nullptr && L.placeholder_row >= 0 && p == r->num_tokens() - 1) {
+        sb.pending.emplace_back(sb.tokens.size() - 1, static_cast<std::size_t>(L.placeholder_row));
+      }
     }
     const auto ctx = static_cast<std::int32_t>(r->num_computed + s.num_new_tokens);
-    seqs.push_back({start, static_cast<std::int32_t>(s.num_new_tokens), ctx, {}});
+    sb.seqs.push_back({start, static_cast<std::int32_t>(s.num_new_tokens), ctx, {}});
     if (ctx == r->num_tokens()) {
-      logits_rows.push_back(start + static_cast<std::int32_t>(s.num_new_tokens) - 1);
-      sampled.push_back(r);
-      lives.push_back(&L);
+      sb.logits_rows.push_back(start + static_cast<std::int32_t>(s.num_new_tokens) - 1);
+      L.ahead_row = static_cast<std::int32_t>(sb.sampled.size());
+      sb.sampled.push_back(r);
+      sb.lives.push_back(&L);
     }
   }
-  for (std::size_t i = 0; i < seqs.size(); ++i) {  // `tables` has stopped growing
-    const std::size_t end = i + 1 < seqs.size() ? table_start[i + 1] : tables.size();
-    seqs[i].block_table = std::span<const std::int32_t>(tables.data() + table_start[i], end - table_start[i]);
+  for (std::size_t i = 0; i < sb.seqs.size(); ++i) {  // `tables` has stopped growing
+    const std::size_t end = i + 1 < sb.seqs.size() ? sb.table_start[i + 1] : sb.tables.size();
+    sb.seqs[i].block_table = std::span<const std::int32_t>(sb.tables.data() + sb.table_start[i], end - sb.table_start[i]);
   }
   const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
-  if (logits_capacity_ < logits_rows.size() * vocab) {  // a step's logits never outlive it: no copy
-    logits_capacity_ = logits_rows.size() * vocab;
-    logits_ = std::make_unique_for_overwrite<float[]>(logits_capacity_);
+  if (sb.logits_capacity < sb.logits_rows.size() * vocab) {  // a step's logits never outlive it: no copy
+    sb.logits_capacity = sb.logits_rows.size() * vocab;
+    sb.logits = std::make_unique_for_overwrite<float[]>(sb.logits_capacity);
   }
-  std::span<float> logits(logits_.get(), logits_rows.size() * vocab);
   // Rows that need nothing but the logits (no penalties, bias, log-probabilities or min_tokens
   // masking) may be sampled by the backend itself (backend.h, RowSampling).
-  sample_rows.assign(sampled.size(), backend::RowSampling{});
-  sampled_tokens.assign(sampled.size(), -1);
-  for (std::size_t i = 0; i < sampled.size(); ++i) {
-    const Request& r = *sampled[i];
+  sb.sample_rows.assign(sb.sampled.size(), backend::RowSampling{});
+  sb.sampled_tokens.assign(sb.sampled.size(), -1);
+  sb.appended.assign(sb.sampled.size(), 0);
+  sb.dead.assign(sb.sampled.size(), 0);
+  for (std::size_t i = 0; i < sb.sampled.size(); ++i) {
+    const Request& r = *sb.sampled[i];
     const auto& p = r.params;
     const bool plain = !p.logprobs && p.repetition_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 &&
                        p.logit_bias.empty() && static_cast<std::int64_t>(r.output.size()) >= p.min_tokens;
     if (!plain) continue;
-    auto& s = sample_rows[i];
-    s.mode = p.greedy() ? backend::RowSampling::Mode::kGreedy : backend::RowSampling::Mode::kRandom;
-    s.temperature = static_cast<float>(p.temperature);
-    s.top_p = static_cast<float>(p.top_p);
-    s.min_p = static_cast<float>(p.min_p);
-    s.top_k = p.top_k;
-    s.key = lives[i]->device_key;
-    s.counter = static_cast<std::uint32_t>(r.output.size());
+    auto& rs = sb.sample_rows[i];
+    rs.mode = p.greedy() ? backend::RowSampling::Mode::kGreedy : backend::RowSampling::Mode::kRandom;
+    rs.temperature = static_cast<float>(p.temperature);
+    rs.top_p = static_cast<float>(p.top_p);
+    rs.min_p = static_cast<float>(p.min_p);
+    rs.top_k = p.top_k;
+    rs.key = sb.lives[i]->device_key;
+    rs.counter = static_cast<std::uint32_t>(r.output.size());
   }
-  backend::Batch batch{tokens, positions, slots, seqs, logits_rows, sample_rows, sampled_tokens};
+  backend::Batch batch{sb.tokens, sb.positions, sb.slots, sb.seqs, sb.logits_rows, sb.sample_rows, sb.sampled_tokens};
+  Status st = backend_->prepare(batch, std::span<float>(sb.logits.get(), sb.logits_rows.size() * vocab));
+  host_phases_.inputs += seconds(scheduled_at, Clock::now());
+  return st;
+}
 
-  mu_.unlock();  // the device works without the lock: submit/abort stay responsive
-  const auto fwd_start = Clock::now();
-  Status st = backend_->forward(batch, logits);
-  const auto fwd_end = Clock::now();
+Status Engine::launch(StepBuffers& sb) {
+  // Called with mu_ held; the backend works without it (submit and abort stay responsive, and
+  // a backend that is not asynchronous runs the whole step here).
+  mu_.unlock();
+  const auto t0 = Clock::now();
+  Status st = backend_->launch(sb.patches);
+  const auto t1 = Clock::now();
+  mu_.lock();
+  sb.backend_seconds = seconds(t0, t1);
+  if (!st.is_ok()) return st;
+  sb.launched = true;
+  // The step's tokens are known (the patched ones too), so the blocks it fills may be hashed
+  // now; the cache's contents follow in stream order.
+  scheduler_->commit_step(sb.out);
+  ++steps_;
+  computed_tokens_ += sb.tokens.size();
+  return Status::ok();
+}
+
+bool Engine::may_plan_ahead(const StepBuffers& sb) const {
+  if (!options_.async_scheduling || !backend_->asynchronous() || stop_ || !to_abort_.empty()) return false;
+  // Every sampled row must end by its token alone, known to the engine as soon as the step is
+  // done: the backend samples it, and there are no stop strings to detokenize for.
+  for (std::size_t i = 0; i < sb.sampled.size(); ++i) {
+    if (sb.dead[i]) continue;
+    const Request& r = *sb.sampled[i];
+    if (sb.sample_rows[i].mode == backend::RowSampling::Mode::kHost || !r.params.stop.empty() || r.params.logprobs) return false;
+  }
+  return true;
+}
+
+Status Engine::step(bool settle, bool* progressed) {
+  // Called with mu_ held (through the unique_lock in loop()).
+  *progressed = false;
+  StepBuffers& cur = step_[cur_];
+  // The engine thread's time in this call less its time in the backend is host time; the phases
+  // measured inside (plan, complete, relock) take their share, the rest (placeholders, patches,
+  // this function's own work) counts as sampling, so that the phases always add up.
+  double backend_s = 0;
+  struct Account {
+    Engine& e;
+    double& backend_s;
+    const Clock::time_point start = Clock::now();
+    const double phases_before = sum(e.host_phases_);
+    static double sum(const EngineStats::HostPhases& h) { return h.schedule + h.inputs + h.relock + h.sample + h.outputs; }
+    ~Account() {
+      const double host = seconds(start, Clock::now()) - backend_s;
+      e.host_seconds_ += host;
+      e.host_phases_.sample += host - (sum(e.host_phases_) - phases_before);
+    }
+  } account{*this, backend_s};
+  if (!cur.launched) {
+    if (settle) return Status::ok();
+    bool any = false;
+    LMSERVE_RETURN_IF_ERROR(plan(cur, nullptr, &any));
+    if (!any) return Status::ok();
+    LMSERVE_RETURN_IF_ERROR(launch(cur));
+    backend_s += cur.backend_seconds;
+    *progressed = true;
+  }
+  // While the device runs `cur`, the next step is planned where it may be: each row of cur
+  // that may go on gets a placeholder for the token cur samples (not one whose next token ends
+  // it for sure, by max_tokens or max_model_len), and the scheduler sees it as a decode.
+  StepBuffers& next = step_[1 - cur_];
+  bool ahead = false;
+  Status planned;
+  if (!settle && may_plan_ahead(cur)) {
+    for (std::size_t i = 0; i < cur.sampled.size(); ++i) {
+      if (cur.dead[i]) continue;
+      Request* r = cur.sampled[i];
+      if (static_cast<std::int64_t>(r->output.size()) + 1 >= r->params.max_tokens ||
+          r->num_tokens() + 1 >= options_.scheduler.max_model_len) {
+        continue;
+      }
+      r->output.push_back(0);
+      cur.appended[i] = 1;
+      cur.lives[i]->placeholder_row = static_cast<std::int32_t>(i);
+    }
+    planned = plan(next, &cur, &ahead);
+  }
+  mu_.unlock();
+  const auto wait_start = Clock::now();
+  Status st = backend_->wait();
+  const auto wait_end = Clock::now();
   mu_.lock();
   drain_outputs();  // the previous step's deferred rows went out while this one ran
-  const auto relocked_at = Clock::now();
+  host_phases_.relock += seconds(wait_end, Clock::now());
+  cur.launched = false;
+  *progressed = true;
+  backend_s += seconds(wait_start, wait_end);
+  cur.backend_seconds += seconds(wait_start, wait_end);
   if (!st.is_ok()) return st;
-  staging_seconds_ = backend_->staging_seconds_total();
-  scheduler_->commit_step(out);
-  ++steps_;
-  computed_tokens_ += tokens.size();
+  if (!planned.is_ok()) return planned;
+  // The placeholders get their tokens, and so does the step planned ahead, which starts now.
+  for (std::size_t i = 0; i < cur.sampled.size(); ++i) {
+    if (!cur.appended[i]) continue;
+    if (cur.sampled_tokens[i] < 0) return Status(StatusCode::kInternal, "backend: an asynchronous step left a device-sampled row without its token");
+    cur.sampled[i]->output.back() = cur.sampled_tokens[i];
+    cur.lives[i]->placeholder_row = -1;
+  }
+  if (ahead) {
+    for (const auto& [index, row] : next.pending) {
+      const std::int32_t token = cur.sampled_tokens[row];
+      next.tokens[index] = token;
+      next.patches.push_back({static_cast<std::int32_t>(index), token});
+    }
+    LMSERVE_RETURN_IF_ERROR(launch(next));
+    backend_s += next.backend_seconds;
+    ++planned_ahead_;
+  }
+  complete(cur, ahead ? &next : nullptr);
+  forward_seconds_ += cur.backend_seconds;
+  step_sizes_.add(static_cast<std::int64_t>(cur.out.scheduled.size()), cur.backend_seconds);
+  if (ahead) cur_ = 1 - cur_;
+  return Status::ok();
+}
 
+void Engine::complete(StepBuffers& sb, StepBuffers* ahead) {
+  const auto t0 = Clock::now();
+  staging_seconds_ = backend_->staging_seconds_total();
+  const auto& sampled = sb.sampled;
+  const auto& lives = sb.lives;
+  const auto& dead = sb.dead;
+  auto& results = sb.results;
+  auto& host_rows = sb.host_rows;
+  auto& sync_rows = sb.sync_rows;
+  auto& updates = sb.updates;
+  const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
   // Rows the backend sampled have their token; the others are sampled here, in parallel when
   // there are several (each request has its own generator). A step the backend sampled whole
-  // does not wake the pool: that costs a futex round trip per worker.
+  // does not wake the pool: that costs a futex round trip per worker. Dead rows (their request
+  // ended while this step ran) are dropped.
   results.assign(sampled.size(), SampleResult{});
   host_rows.clear();
   for (std::size_t i = 0; i < sampled.size(); ++i) {
-    if (sampled_tokens[i] >= 0) {
-      results[i].token = sampled_tokens[i];
+    if (dead[i]) continue;
+    if (sb.sampled_tokens[i] >= 0) {
+      results[i].token = sb.sampled_tokens[i];
     } else {
       host_rows.push_back(i);
     }
@@ -477,11 +621,17 @@ Status Engine::step() {
   sampler_pool_->parallel_for(host_rows.size(), [&](std::size_t b, std::size_t e) {
     for (std::size_t k = b; k < e; ++k) {
       const std::size_t i = host_rows[k];
-      std::span<float> row(logits.data() + i * vocab, vocab);
+      std::span<float> row(sb.logits.get() + i * vocab, vocab);
       results[i] = sample_token(row, sampled[i]->params, sampled[i]->prompt, sampled[i]->output, eos_ids_, lives[i]->rng);
     }
   });
   const auto sampled_at = Clock::now();
+  // A request that ends here may have a row in the step launched ahead: that row is dropped.
+  auto drop_ahead = [&](const Request* r, const Live& L) {
+    if (ahead == nullptr || L.ahead_row < 0) return;
+    const auto k = static_cast<std::size_t>(L.ahead_row);
+    if (k < ahead->sampled.size() && ahead->sampled[k] == r) ahead->dead[k] = 1;
+  };
   // Each row's token. In a step of many rows, a row of a request without stop strings ends by
   // its token alone (overlap_outputs): decided here, with its text and event deferred to the
   // emitter. The other rows' output processing (detokenization, stop strings) touches their own
@@ -491,8 +641,9 @@ Status Engine::step() {
   deferred_.clear();
   sync_rows.clear();
   for (std::size_t i = 0; i < sampled.size(); ++i) {
+    if (dead[i]) continue;
     Request* r = sampled[i];
-    r->output.push_back(results[i].token);
+    if (!sb.appended[i]) r->output.push_back(results[i].token);
     if (!many || !options_.overlap_outputs || !r->params.stop.empty()) {
       sync_rows.push_back(i);
       continue;
@@ -527,6 +678,7 @@ Status Engine::step() {
   }
   const auto emitted = Clock::now();  // the time of every event of this step
   for (std::size_t i = 0; i < sampled.size(); ++i) {
+    if (dead[i]) continue;
     Request* r = sampled[i];
     Live& L = *lives[i];
     if (!L.prompt_counted) {
@@ -542,6 +694,7 @@ Status Engine::step() {
     SampleResult& res = results[i];
     OutputProcessor::Update& update = updates[i];
     if (update.finish != FinishReason::kNone) {
+      drop_ahead(r, L);
       finish(r, update.finish, update.text, update.stop_reason, "", &res);
       continue;
     }
@@ -562,29 +715,40 @@ Status Engine::step() {
     for (DeferredRow& d : deferred_) {
       if (d.finish == FinishReason::kNone) continue;
       d.times = d.live->times;  // first_token is set by now
+      drop_ahead(d.r, *d.live);
       retire(d.r, d.live->index);
       retired_.push_back(d.r->id);
     }
     emitter_.start([this] { emit(deferred_); });
   }
   const auto end = Clock::now();
-  auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  forward_seconds_ += secs(fwd_start, fwd_end);
-  step_sizes_.add(static_cast<std::int64_t>(out.scheduled.size()), secs(fwd_start, fwd_end));
-  host_seconds_ += secs(step_start, end) - secs(fwd_start, fwd_end);
-  host_phases_.schedule += secs(step_start, scheduled_at);
-  host_phases_.inputs += secs(scheduled_at, fwd_start);
-  host_phases_.relock += secs(fwd_end, relocked_at);
-  host_phases_.sample += secs(relocked_at, sampled_at);
-  host_phases_.outputs += secs(sampled_at, end);
-  return Status::ok();
+  host_phases_.sample += seconds(t0, sampled_at);
+  host_phases_.outputs += seconds(sampled_at, end);
 }
 
 void Engine::loop() {
   std::unique_lock lock(mu_);
+  auto fail = [&](const Status& st) {
+    drain_outputs();
+    spdlog::error("engine: backend failed, finishing all requests: {}", st.to_string());
+    dead_ = true;
+    std::vector<Request*> all;
+    for (auto& [id, L] : live_) all.push_back(L->req.get());
+    for (Request* r : all) finish(r, FinishReason::kError, live_.at(r->id)->out->flush(), "", st.message());
+  };
+  auto in_flight = [&] { return step_[cur_].launched; };
   while (true) {
-    work_cv_.wait(lock, [&] { return stop_ || !to_abort_.empty() || scheduler_->has_work(); });
-    if (stop_ || !to_abort_.empty()) drain_outputs();  // before live_ is scanned
+    work_cv_.wait(lock, [&] { return stop_ || !to_abort_.empty() || scheduler_->has_work() || in_flight(); });
+    if (stop_ || !to_abort_.empty()) {
+      // The step in flight is completed first: aborts and the shutdown then find no request on
+      // the device and no row of theirs planned ahead.
+      bool progressed = false;
+      if (Status st = step(/*settle=*/true, &progressed); !st.is_ok()) {
+        fail(st);
+        break;
+      }
+      drain_outputs();  // before live_ is scanned
+    }
     for (RequestId id : std::exchange(to_abort_, {})) {
       std::vector<Request*> group;
       for (auto& [rid, L] : live_) {
@@ -593,27 +757,22 @@ void Engine::loop() {
       for (Request* r : group) finish(r, FinishReason::kAbort, live_.at(r->id)->out->flush(), "");
     }
     if (stop_) break;
-    if (!scheduler_->has_work()) {
+    if (!scheduler_->has_work() && !in_flight()) {
       drain_outputs();  // idle means every event is out
       idle_cv_.notify_all();
       continue;
     }
-    const auto before = steps_;
-    Status st = step();
-    if (!st.is_ok()) {
-      drain_outputs();
-      spdlog::error("engine: backend failed, finishing all requests: {}", st.to_string());
-      dead_ = true;
-      std::vector<Request*> all;
-      for (auto& [id, L] : live_) all.push_back(L->req.get());
-      for (Request* r : all) finish(r, FinishReason::kError, live_.at(r->id)->out->flush(), "", st.message());
+    bool progressed = false;
+    if (Status st = step(/*settle=*/false, &progressed); !st.is_ok()) {
+      fail(st);
       break;
     }
-    if (steps_ == before) {
+    if (!progressed) {
       // Nothing could be scheduled (e.g. a device-memory stop): wait briefly, not spin.
       work_cv_.wait_for(lock, std::chrono::milliseconds(5));
     }
-    if (!scheduler_->has_work()) {
+
+    if (!scheduler_->has_work() && !in_flight()) {
       drain_outputs();
       idle_cv_.notify_all();
     }

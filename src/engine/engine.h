@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -107,6 +108,15 @@ struct EngineOptions {
   // (on the H200 this output work took ~1 ms of each 1,024-row step, the device idle meanwhile).
   // false (or LMSERVE_OVERLAP_OUTPUTS=0 in the environment): all of it in the step, as before.
   bool overlap_outputs = true;
+  // Asynchronous scheduling: on a backend that is asynchronous() (Backend::launch returns
+  // before the device is done), the engine plans step N+1 (schedules it, builds and stages its
+  // inputs) while the device runs step N, and launches it as soon as N is done, with the tokens
+  // N sampled written into it; N's outputs follow. A request that N ended by its token then has
+  // one row of N+1 computed for nothing (its result is dropped). Only steps whose sampled rows
+  // all end by their token alone are followed this way (every row sampled by the backend, no
+  // stop strings, no log-probabilities); others run one at a time, as before. false (or
+  // LMSERVE_ASYNC_SCHEDULING=0 in the environment): always one at a time.
+  bool async_scheduling = true;
   // Host memory that preempted requests' KV may wait in (Backend::set_host_blocks), so they
   // resume where they stopped instead of computing their tokens again; taken only as it is
   // used. 0: none (vLLM V1's rule: preemption recomputes). The CLI's --swap-space sets it.
@@ -156,8 +166,11 @@ struct EngineStats {
   // preempted request computes again when it resumes.
   std::uint64_t computed_tokens_total = 0;
   // Where step time goes: the device's forward vs the host (scheduling, input preparation,
-  // sampling, output processing).
+  // sampling, output processing). forward is the engine thread's time in the backend's launch
+  // and wait; with asynchronous scheduling the host work of the next step overlaps the wait, so
+  // forward is then less than the device's time.
   double forward_seconds_total = 0, host_seconds_total = 0;
+  std::uint64_t steps_planned_ahead_total = 0;  // asynchronous scheduling: steps planned while the one before ran
   // The host time by phase (the five sum to host_seconds_total): planning the step, building its
   // inputs, taking the engine lock back after the forward pass, sampling (with the scheduler's
   // commit), and turning tokens into text and stream events.
@@ -210,7 +223,22 @@ class Engine {
  private:
   Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options);
   void loop();
-  Status step();
+  struct StepBuffers;
+  // One step of the loop: completes the step in flight (launching one first when none is),
+  // with the next planned and launched ahead of the completion where it may be. settle: only
+  // complete the step in flight, if any. *progressed: a step was launched or completed.
+  Status step(bool settle, bool* progressed);
+  // Schedules a step into `sb`, builds its inputs and has the backend prepare them. With
+  // `before` (the step in flight), decode rows whose token `before` samples are listed in
+  // sb.pending. *any: something was scheduled.
+  Status plan(StepBuffers& sb, const StepBuffers* before, bool* any);
+  // Starts a planned step (sb.patches written) and advances the scheduler past it.
+  Status launch(StepBuffers& sb);
+  // A completed step's tokens: sampling of the rows left to the host, outputs, ends. Rows of
+  // `ahead` (launched already) whose request ends here are marked dead there.
+  void complete(StepBuffers& sb, StepBuffers* ahead);
+  // Whether the step after `sb` may be planned before sb's tokens are known.
+  bool may_plan_ahead(const StepBuffers& sb) const;
   // Ends `r`: its last event carries `text` and, when given, the token that ended it.
   void finish(Request* r, FinishReason reason, const std::string& text, const std::string& stop_reason,
               const std::string& err = "", const SampleResult* last = nullptr);
@@ -242,15 +270,11 @@ class Engine {
   double forward_seconds_ = 0, host_seconds_ = 0, staging_seconds_ = 0;
   EngineStats::StepSizes step_sizes_;
   EngineStats::HostPhases host_phases_;
-  // Logits rows, reused step to step and never value-initialised: at 1,024 rows of a 128k
-  // vocabulary a zero-filled std::vector spent ~0.3-0.8 s of a run writing 525 MB that a backend
-  // sampling on the device never reads (the `inputs` phase, 2 ms per step on the H200). Untouched
-  // pages cost nothing.
-  std::unique_ptr<float[]> logits_;
-  std::size_t logits_capacity_ = 0;
-  // The step's inputs and per-row state, reused step to step so that a step of a thousand
-  // sequences does not allocate a thousand times (Engine::step).
+  // A step's plan, inputs and per-row state, reused step to step so that a step of a thousand
+  // sequences does not allocate a thousand times. Two: the step in flight and the one planned
+  // ahead of it (step_[cur_] is the one in flight or next to run).
   struct StepBuffers {
+    SchedulerOutput out;
     std::vector<std::int32_t> tokens, positions, logits_rows, tables, sampled_tokens;
     std::vector<std::int64_t> slots;
     std::vector<std::size_t> table_start, host_rows, sync_rows;
@@ -260,7 +284,23 @@ class Engine {
     std::vector<backend::RowSampling> sample_rows;
     std::vector<SampleResult> results;
     std::vector<OutputProcessor::Update> updates;
-  } step_;
+    // Planned ahead: (token index, row of the step before) for each token the step before
+    // samples, and the same written as patches at launch.
+    std::vector<std::pair<std::size_t, std::size_t>> pending;
+    std::vector<backend::TokenPatch> patches;
+    // Per sampled row: its token is in its request's output already (a placeholder until the
+    // step is done); its request ended while the step was in flight (the row is dropped).
+    std::vector<char> appended, dead;
+    // Logits rows, never value-initialised: at 1,024 rows of a 128k vocabulary a zero-filled
+    // std::vector spent ~0.3-0.8 s of a run writing 525 MB that a backend sampling on the device
+    // never reads (the `inputs` phase, 2 ms per step on the H200). Untouched pages cost nothing.
+    std::unique_ptr<float[]> logits;
+    std::size_t logits_capacity = 0;
+    bool launched = false;
+    double backend_seconds = 0;  // the engine thread's time in launch() and wait()
+  } step_[2];
+  int cur_ = 0;
+  std::uint64_t planned_ahead_ = 0;
   std::unique_ptr<ThreadPool> sampler_pool_;
   // Rows whose text and events go out while the next step runs (overlap_outputs): a step fills
   // deferred_ after draining the previous one's, then hands it to emitter_; requests it ended

@@ -146,13 +146,15 @@ TEST(Engine, RequestsTheKvCacheCanNeverHoldAreRefusedNotLeftWaiting) {
 // request is never left waiting while a low-lane one is admitted after it; with outputs in the
 // step (parallel_output_rows 128, above the batch) and deferred to the emitter (2).
 // With a swap space of 12 blocks (half the pool), preempted requests swap out while it has
-// room and recompute when it does not, and aborts reach requests waiting in it.
-class EngineStress : public ::testing::TestWithParam<std::tuple<std::size_t, bool>> {};
+// room and recompute when it does not, and aborts reach requests waiting in it. With an
+// asynchronous backend (greedy rows only) the engine plans each step while the one before runs:
+// preemptions, swaps and aborts then meet rows planned ahead.
+class EngineStress : public ::testing::TestWithParam<std::tuple<std::size_t, bool, bool>> {};
 
 TEST_P(EngineStress, RandomizedStress) {
   fs::path dir = lmserve::testing::source_dir() / "tests/fixtures/models/tiny-llama3";
   Loaded tiny{*model::ModelWeights::load(dir, {}), demo().tokenizer};
-  const auto [rows, swap] = GetParam();
+  const auto [rows, swap, async] = GetParam();
   EngineOptions o;
   o.parallel_output_rows = rows;
   o.swap_space_bytes = swap ? 12 * backend::kv_block_bytes(tiny.weights->config(), backend::KvDtype::kFloat32, 8) : 0;
@@ -161,7 +163,7 @@ TEST_P(EngineStress, RandomizedStress) {
   o.scheduler.max_num_seqs = 16;
   o.scheduler.max_model_len = 256;
   o.scheduler.lanes = {{"high", 0.2, 0.2, 4000}, {"low", 0, 0, 4000}};
-  auto engine = make_engine(tiny, 24, o, 8);
+  auto engine = async ? make_async_engine(tiny, 24, o, 8) : make_engine(tiny, 24, o, 8);
   std::mt19937 rng(99);
   const int kRequests = 2000;
   std::vector<Submitted> subs;
@@ -171,6 +173,11 @@ TEST_P(EngineStress, RandomizedStress) {
     for (auto& t : prompt) t = static_cast<std::int32_t>(rng() % 512);
     SamplingParams p;
     p.temperature = (rng() % 2) ? 0.0 : 1.0;
+    if (async) {
+      p.temperature = 0.0;  // the asynchronous test backend samples greedy rows only
+      // Stop tokens end requests while a row is planned ahead for them.
+      for (int k = 0; k < 24; ++k) p.stop_token_ids.push_back(static_cast<std::int32_t>(rng() % 512));
+    }
     p.max_tokens = 1 + rng() % 24;
     p.ignore_eos = true;
     bool h = rng() % 4 == 0;
@@ -194,6 +201,9 @@ TEST_P(EngineStress, RandomizedStress) {
   EXPECT_EQ(s.swapped, 0);
   EXPECT_EQ(s.host_kv_usage, 0.0);
   EXPECT_LE(s.swap_ins_total, s.swap_outs_total);
+  if (async) {
+    EXPECT_GT(s.steps_planned_ahead_total, 0u);
+  }
   if (swap) {
     EXPECT_GT(s.swap_outs_total, 0) << "the tiny pool was meant to preempt into the swap space";
   } else {
@@ -219,8 +229,14 @@ TEST_P(EngineStress, RandomizedStress) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(OutputRowsAndSwap, EngineStress, ::testing::Combine(::testing::Values(std::size_t{128}, std::size_t{2}), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, bool>>& p) {
+INSTANTIATE_TEST_SUITE_P(OutputRowsAndSwap, EngineStress,
+                         ::testing::Combine(::testing::Values(std::size_t{128}, std::size_t{2}), ::testing::Bool(), ::testing::Values(false)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, bool, bool>>& p) {
+                           return std::string(std::get<0>(p.param) == 2 ? "deferred" : "in_step") + (std::get<1>(p.param) ? "_swap" : "");
+                         });
+INSTANTIATE_TEST_SUITE_P(AsyncScheduling, EngineStress,
+                         ::testing::Combine(::testing::Values(std::size_t{128}, std::size_t{2}), ::testing::Bool(), ::testing::Values(true)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, bool, bool>>& p) {
                            return std::string(std::get<0>(p.param) == 2 ? "deferred" : "in_step") + (std::get<1>(p.param) ? "_swap" : "");
                          });
 

@@ -462,6 +462,89 @@ TEST(Engine, OutputsDeferredOrOnTheSamplerThreadsMatchTheSerialOnes) {
   EXPECT_GT(with_logprobs, 0);
 }
 
+// Asynchronous scheduling (EngineOptions::async_scheduling) on an asynchronous backend: each
+// step is planned while the one before runs, a request that ends by its token (end-of-sequence,
+// a stop token) has the row planned ahead for it dropped, and steps with stop strings or
+// log-probabilities in them run one at a time. Every request's tokens, text and end are those of
+// the engine that plans one step at a time, and every block comes back.
+TEST(Engine, AsyncSchedulingMatchesOneStepAtATime) {
+  auto run = [](bool async, bool plain_only, bool pressed, EngineStats* stats) {
+    EngineOptions o;
+    o.async_scheduling = async;
+    o.parallel_output_rows = 8;  // large steps defer their outputs too
+    o.sampler_threads = 2;
+    // Pressed: a pool too small for all of them at once, and a swap space for half of it.
+    if (pressed) o.swap_space_bytes = 12 * backend::kv_block_bytes(demo().weights->config(), backend::KvDtype::kFloat32, 16);
+    auto engine = make_async_engine(demo(), pressed ? 24 : 256, o);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < 30; ++i) {
+      auto prompt = demo().tokenizer->encode("<|im_start|>user\nWhat is thing " + std::to_string(i) +
+                                             "?<|im_end|>\n<|im_start|>assistant\n");
+      SamplingParams p = greedy(6 + i);
+      switch (i % 6) {
+        case 1: p.ignore_eos = false, p.max_tokens = 200; break;  // ends on end-of-sequence
+        case 2:
+          for (const char* t : {" the", "."}) {
+            for (auto id : demo().tokenizer->encode(t, {.add_special_tokens = false})) p.stop_token_ids.push_back(id);
+          }
+          break;
+        case 3: p.ignore_eos = false, p.min_tokens = 4, p.max_tokens = 200; break;  // kHost rows until min_tokens
+        case 4:
+          if (!plain_only) p.stop = {" the", "."};
+          break;
+        case 5:
+          if (!plain_only) p.logprobs = 1;
+          break;
+        default: break;
+      }
+      auto sub = engine->submit({.prompt = prompt, .params = p});
+      EXPECT_TRUE(sub);
+      if (sub) streams.push_back(sub->stream);
+    }
+    std::vector<Result> results;
+    for (auto& st : streams) results.push_back(collect(st));
+    *stats = engine->stats();
+    EXPECT_EQ(stats->running, 0);
+    EXPECT_DOUBLE_EQ(stats->kv_usage, 0.0);
+    EXPECT_EQ(stats->requests_finished, 30u);
+    return results;
+  };
+  for (auto [plain_only, pressed] : {std::pair{true, false}, {false, false}, {true, true}}) {
+    SCOPED_TRACE(std::string(plain_only ? "rows that end by their token" : "with stop strings and log-probabilities") +
+                 (pressed ? ", preempted" : ""));
+    EngineStats one{}, ahead{};
+    const auto want = run(false, plain_only, pressed, &one), got = run(true, plain_only, pressed, &ahead);
+    ASSERT_EQ(want.size(), 30u);
+    ASSERT_EQ(got.size(), 30u);
+    int ended_by_token = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      EXPECT_EQ(got[i].tokens, want[i].tokens);
+      EXPECT_EQ(got[i].text, want[i].text);
+      EXPECT_EQ(got[i].finish, want[i].finish);
+      EXPECT_EQ(got[i].stop_reason, want[i].stop_reason);
+      EXPECT_EQ(got[i].completion_tokens, want[i].completion_tokens);
+      EXPECT_EQ(got[i].finish_events, 1);
+      if (!on_cuda()) {
+        EXPECT_EQ(got[i].logprobs, want[i].logprobs);
+      }
+      ended_by_token += want[i].finish == FinishReason::kStop && (i % 6 == 1 || i % 6 == 2 || i % 6 == 3);
+    }
+    EXPECT_GT(ended_by_token, 0) << "some request should end on end-of-sequence or a stop token";
+    EXPECT_EQ(one.steps_planned_ahead_total, 0u);
+    EXPECT_GT(ahead.steps_planned_ahead_total, 0u);
+    EXPECT_LE(ahead.steps_planned_ahead_total, ahead.steps_total);
+    if (pressed) {
+      EXPECT_GT(ahead.preemptions_total, 0) << "the small pool was meant to preempt";
+    }
+    if (plain_only) {
+      // Requests that ended by a token had a row of the step after computed for nothing.
+      EXPECT_GT(ahead.computed_tokens_total, one.computed_tokens_total);
+      EXPECT_EQ(ahead.generation_tokens_total, one.generation_tokens_total);
+    }
+  }
+}
+
 TEST(Engine, AbortFinishesOnceAndFreesBlocks) {
   auto engine = make_engine(demo(), 64);
   auto prompt = demo().tokenizer->encode("The hacker", {.add_special_tokens = false});

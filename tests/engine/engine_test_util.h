@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -133,5 +136,82 @@ class Wrapping : public backend::Backend {
  protected:
   std::unique_ptr<backend::Backend> inner_;
 };
+
+// The backend under test made asynchronous (Backend::asynchronous): each step runs on a thread
+// of its own between launch() and wait(), and its greedy rows that the backend left to the host
+// get the argmax of their logits (ties: the lowest id), as a device backend samples them. A
+// random row left to the host fails the step: these tests use greedy rows only. Swaps wait for
+// the step in flight, as a device stream orders them. The engine then plans each step while the
+// one before runs.
+class Asynchronous final : public Wrapping {
+ public:
+  using Wrapping::Wrapping;
+  ~Asynchronous() override { join(); }
+  std::string_view name() const override { return inner_->name(); }
+  bool asynchronous() const override { return true; }
+  Status forward(const backend::Batch& batch, std::span<float> logits) override {
+    join();
+    return run(batch, logits);
+  }
+  Status prepare(const backend::Batch& batch, std::span<float> logits) override {
+    batch_ = batch;
+    logits_ = logits;
+    return Status::ok();
+  }
+  Status launch(std::span<const backend::TokenPatch> patches) override {
+    join();
+    for (const auto& p : patches) {
+      if (p.index < 0 || static_cast<std::size_t>(p.index) >= batch_.tokens.size() || batch_.tokens[static_cast<std::size_t>(p.index)] != p.token) {
+        return Status(StatusCode::kInternal, "async test backend: a patch the caller's tokens do not hold");
+      }
+    }
+    ++launches_;
+    // The worker has its own copy: the next batch may be prepared while it runs.
+    worker_ = std::thread([this, b = batch_, l = logits_] { status_ = run(b, l); });
+    return Status::ok();
+  }
+  Status wait() override {
+    join();
+    return std::exchange(status_, Status::ok());
+  }
+  Status swap_blocks(std::span<const backend::BlockCopy> to_host, std::span<const backend::BlockCopy> to_device) override {
+    join();
+    return inner_->swap_blocks(to_host, to_device);
+  }
+  int launches() const { return launches_; }
+
+ private:
+  void join() {
+    if (worker_.joinable()) worker_.join();
+  }
+  Status run(const backend::Batch& b, std::span<float> logits) {
+    LMSERVE_RETURN_IF_ERROR(inner_->forward(b, logits));
+    const std::size_t vocab = static_cast<std::size_t>(config().vocab_size);
+    for (std::size_t k = 0; k < b.sample_rows.size() && k < b.sampled_tokens.size(); ++k) {
+      if (b.sample_rows[k].mode == backend::RowSampling::Mode::kHost || b.sampled_tokens[k] >= 0) continue;
+      if (b.sample_rows[k].mode == backend::RowSampling::Mode::kRandom) {
+        return Status(StatusCode::kInternal, "async test backend: random rows are not sampled here");
+      }
+      const float* row = logits.data() + k * vocab;
+      b.sampled_tokens[k] = static_cast<std::int32_t>(std::max_element(row, row + vocab) - row);
+    }
+    return Status::ok();
+  }
+  backend::Batch batch_;
+  std::span<float> logits_;
+  std::thread worker_;
+  Status status_;
+  int launches_ = 0;
+};
+
+// make_engine over the backend under test made Asynchronous.
+inline std::unique_ptr<Engine> make_async_engine(const Loaded& m, std::int64_t blocks, EngineOptions o = {}, int block_size = 16) {
+  if (o.scheduler.max_model_len == 2048) o.scheduler.max_model_len = 1024;
+  auto b = make_backend(m, blocks, o.scheduler, block_size, backend::KvDtype::kFloat32);
+  EXPECT_TRUE(b) << b.error().to_string();
+  auto e = Engine::create(std::make_unique<Asynchronous>(std::move(*b)), m.tokenizer, o);
+  EXPECT_TRUE(e) << e.error().to_string();
+  return std::move(*e);
+}
 
 }  // namespace lmserve::engine
