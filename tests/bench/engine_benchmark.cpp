@@ -60,7 +60,10 @@ BENCHMARK(BM_Generate)->Arg(1)->Arg(16)->Unit(benchmark::kSecond)->UseRealTime()
 class InstantBackend final : public backend::Backend {
  public:
   // device_ms > 0: each forward also sleeps that long, standing in for a device step during
-  // which the host has nothing to do but wait (what the engine's deferred outputs fill).
+  // which the host has nothing to do but wait (what the engine's deferred outputs fill). With
+  // it and `decides`, the backend is asynchronous (Backend::asynchronous): launch() decides the
+  // rows at once and wait() sleeps until device_ms after the launch, so the engine's planning of
+  // the next step (asynchronous scheduling) falls inside the step as on a GPU.
   InstantBackend(model::ModelConfig c, std::int64_t blocks, bool decides, double device_ms = 0)
       : c_(std::move(c)), kv_{backend::KvDtype::kBFloat16, 16, blocks}, decides_(decides), device_ms_(device_ms) {}
   std::string_view name() const override { return "instant"; }
@@ -85,6 +88,27 @@ class InstantBackend final : public backend::Backend {
     if (device_ms_ > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(device_ms_));
     return Status::ok();
   }
+  bool asynchronous() const override { return decides_ && device_ms_ > 0; }
+  Status prepare(const backend::Batch& b, std::span<float> logits) override {
+    if (!asynchronous()) return Backend::prepare(b, logits);
+    batch_ = b;
+    logits_ = logits;
+    return Status::ok();
+  }
+  Status launch(std::span<const backend::TokenPatch> patches) override {
+    if (!asynchronous()) return Backend::launch(patches);
+    const double ms = device_ms_;
+    device_ms_ = 0;  // forward() decides the rows; the device's time is waited out in wait()
+    Status st = forward(batch_, logits_);
+    device_ms_ = ms;
+    done_at_ = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double, std::milli>(ms));
+    return st;
+  }
+  Status wait() override {
+    if (!asynchronous()) return Backend::wait();
+    std::this_thread::sleep_until(done_at_);
+    return Status::ok();
+  }
 
  private:
   model::ModelConfig c_;
@@ -92,6 +116,9 @@ class InstantBackend final : public backend::Backend {
   bool decides_;
   double device_ms_;
   std::uint64_t step_ = 0;
+  backend::Batch batch_;
+  std::span<float> logits_;
+  std::chrono::steady_clock::time_point done_at_;
 };
 
 void BM_EngineHostStep(benchmark::State& state) {
@@ -107,7 +134,8 @@ void BM_EngineHostStep(benchmark::State& state) {
   }
   constexpr int kIn = 128, kOut = 64;
   // ENGINE_BENCH_DEVICE_MS: a device step of that many ms (the wall time per step then shows
-  // how much host work stays outside it; LMSERVE_OVERLAP_OUTPUTS=0 for the engine without overlap).
+  // how much host work stays outside it; LMSERVE_OVERLAP_OUTPUTS=0 for the engine without the
+  // outputs' overlap, LMSERVE_ASYNC_SCHEDULING=0 without planning the next step during this one).
   const char* device_ms = std::getenv("ENGINE_BENCH_DEVICE_MS");
   auto backend = std::make_unique<InstantBackend>(*config, batch * (kIn + kOut) / 16 + batch, decides, device_ms ? std::strtod(device_ms, nullptr) : 0.0);
   engine::EngineOptions o;
@@ -119,7 +147,7 @@ void BM_EngineHostStep(benchmark::State& state) {
   if (const char* v = std::getenv("ENGINE_BENCH_PARALLEL_OUTPUT_ROWS")) o.parallel_output_rows = std::strtoull(v, nullptr, 10);
   o.scheduler.lanes = {{"default", 0, 0, 4096}};
   auto eng = engine::Engine::create(std::move(backend), *tok, o);
-  double host = 0, steps = 0, wall = 0;
+  double host = 0, steps = 0, wall = 0, ahead = 0;
   engine::EngineStats::HostPhases phases;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -144,6 +172,7 @@ void BM_EngineHostStep(benchmark::State& state) {
     wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     host += after.host_seconds_total - before.host_seconds_total + after.forward_seconds_total - before.forward_seconds_total;
     steps += static_cast<double>(after.steps_total - before.steps_total);
+    ahead += static_cast<double>(after.steps_planned_ahead_total - before.steps_planned_ahead_total);
     auto d = after.host_phases;
     d -= before.host_phases;
     phases.schedule += d.schedule, phases.inputs += d.inputs, phases.relock += d.relock, phases.sample += d.sample, phases.outputs += d.outputs;
@@ -155,6 +184,7 @@ void BM_EngineHostStep(benchmark::State& state) {
   state.counters["relock_ms"] = per_step(phases.relock);
   state.counters["sample_ms"] = per_step(phases.sample);
   state.counters["outputs_ms"] = per_step(phases.outputs);
+  state.counters["planned_ahead"] = benchmark::Counter(steps > 0 ? ahead / steps : 0);  // share of steps
   state.counters["host_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * host / steps : 0);
   state.counters["wall_ms/step"] = benchmark::Counter(steps > 0 ? 1e3 * wall / steps : 0);
 }
