@@ -164,6 +164,7 @@ Result<ThroughputResult> run_throughput(engine::Engine& e, std::int64_t V, const
   r.stats.forward_staging_seconds_total -= before.forward_staging_seconds_total;
   r.stats.host_phases -= before.host_phases;
   r.stats.steps_total -= before.steps_total;
+  r.stats.steps_planned_ahead_total -= before.steps_planned_ahead_total;
   r.stats.step_sizes -= before.step_sizes;
   r.stats.computed_tokens_total -= before.computed_tokens_total;
   r.stats.prefix_hits -= before.prefix_hits;

@@ -67,9 +67,11 @@ void print_throughput(const bench::ThroughputResult& r) {
   std::printf("\n");
   const auto& h = r.stats.host_phases;
   const double ms = 1e3 / static_cast<double>(std::max<std::uint64_t>(1, r.stats.steps_total));
-  std::printf("per step: host %.3f ms (schedule %.3f, inputs %.3f, relock %.3f, sample %.3f, outputs %.3f); forward %.3f ms, of it staging %.3f ms\n",
+  std::printf("per step: host %.3f ms (schedule %.3f, inputs %.3f, relock %.3f, sample %.3f, outputs %.3f); forward %.3f ms, of it staging %.3f ms; "
+              "planned ahead %llu of %llu steps\n",
               r.stats.host_seconds_total * ms, h.schedule * ms, h.inputs * ms, h.relock * ms, h.sample * ms, h.outputs * ms,
-              r.stats.forward_seconds_total * ms, r.stats.forward_staging_seconds_total * ms);
+              r.stats.forward_seconds_total * ms, r.stats.forward_staging_seconds_total * ms,
+              static_cast<unsigned long long>(r.stats.steps_planned_ahead_total), static_cast<unsigned long long>(r.stats.steps_total));
   std::printf("throughput: %.2f requests/s, %.1f output tokens/s, %.1f total tokens/s\n", static_cast<double>(r.requests) / s,
               static_cast<double>(r.output_tokens) / s, static_cast<double>(r.output_tokens + r.prompt_tokens) / s);
 }
@@ -109,6 +111,7 @@ Command add_bench_command(CLI::App& app) {
     bool compare_uniform = false;
     double kv_growth_reserve = 0.0;
     double swap_space_gib = kDefaultSwapSpaceGib;
+    bool async_scheduling = true;
     double sustain_seconds = 6.0;  // throughput on a GPU: the sustained matrix rate's measurement
   };
   auto lat = std::make_shared<Opts>();
@@ -133,6 +136,7 @@ Command add_bench_command(CLI::App& app) {
       ->capture_default_str();
   add_kv_growth_reserve_option(*throughput, &thr->kv_growth_reserve);
   add_swap_space_option(*throughput, &thr->swap_space_gib);
+  add_async_scheduling_option(*throughput, &thr->async_scheduling);
   throughput->add_option("--seed", thr->seed, "random prompt tokens (and mixed lengths)")->capture_default_str();
   throughput->add_option("--dataset-name", thr->dataset, "random (--input-len/--output-len) or mixed (log-normal lengths)")
       ->check(CLI::IsMember({"random", "mixed"}))
@@ -226,6 +230,7 @@ Command add_bench_command(CLI::App& app) {
     eo.scheduler.kv_watermark = 0.99;
     eo.scheduler.kv_growth_reserve = o.kv_growth_reserve;
     eo.swap_space_bytes = swap_space_bytes(o.swap_space_gib);
+    eo.async_scheduling = o.async_scheduling;
     const std::int64_t vocab = m->weights->config().vocab_size;
     const model::ModelConfig config = m->weights->config();
     const bool on_gpu = m->backend->name() == "cuda";

@@ -41,6 +41,12 @@ void add_swap_space_option(CLI::App& app, double* gib) {
       ->capture_default_str();
 }
 
+void add_async_scheduling_option(CLI::App& app, bool* on) {
+  app.add_flag("--async-scheduling,!--no-async-scheduling", *on,
+               "plan each engine step while the one before runs on the GPU (a backend that samples on the device); "
+               "--no-async-scheduling plans one step at a time (default: on)");
+}
+
 std::uint64_t swap_space_bytes(double gib) { return static_cast<std::uint64_t>(gib * 1073741824.0); }
 
 std::optional<DeviceInfo> ModelOptions::gpu() const {

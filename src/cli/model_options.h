@@ -25,6 +25,10 @@ inline constexpr double kDefaultSwapSpaceGib = 16;
 void add_swap_space_option(CLI::App& app, double* gib);
 std::uint64_t swap_space_bytes(double gib);
 
+// --async-scheduling / --no-async-scheduling (EngineOptions::async_scheduling), as serve and
+// bench throughput take it: on by default.
+void add_async_scheduling_option(CLI::App& app, bool* on);
+
 struct ModelOptions {
   std::string model;
   std::string tokenizer;  // empty: the model folder

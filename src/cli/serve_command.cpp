@@ -55,6 +55,7 @@ Command add_serve_command(CLI::App& app) {
     double kv_watermark = 0.85;
     double kv_growth_reserve = 0.0;
     double swap_space_gib = kDefaultSwapSpaceGib;
+    bool async_scheduling = true;
     double device_memory_limit = 0.95;
     int tensor_parallel_size = 1;
     bool enable_prefix_caching = true;
@@ -97,6 +98,7 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--kv-watermark", o->kv_watermark, "admit new requests only while KV usage stays below this")->capture_default_str();
   add_kv_growth_reserve_option(app, &o->kv_growth_reserve);
   add_swap_space_option(app, &o->swap_space_gib);
+  add_async_scheduling_option(app, &o->async_scheduling);
   app.add_option("--device-memory-limit", o->device_memory_limit, "admit nothing while device memory use is above this share")
       ->capture_default_str();
   app.add_option("--lanes", o->lanes, "priority lanes, first most urgent, NAME[:RESERVED_SHARE],...")->capture_default_str();
@@ -136,6 +138,7 @@ Command add_serve_command(CLI::App& app) {
     eo.seed = o->seed;
     eo.enable_prefix_caching = o->enable_prefix_caching;
     eo.swap_space_bytes = swap_space_bytes(o->swap_space_gib);
+    eo.async_scheduling = o->async_scheduling;
     auto& so = eo.scheduler;
     const BatchLimits limits = o->model.batch_limits(o->max_num_seqs, o->max_num_batched_tokens, BatchUsage::kServer);
     so.max_num_seqs = limits.max_num_seqs;

@@ -117,7 +117,11 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   header(out, "lmserve:kv_swap_bytes_total", "counter", "Bytes of KV cache moved to host memory (out) and back (in).");
   for (const auto& [dir, n, bytes] : swaps) out += "lmserve:kv_swap_bytes_total{" + m + ",direction=\"" + dir + "\"} " + num(bytes) + "\n";
   counter("lmserve:engine_steps_total", "Engine steps run.", static_cast<double>(s.steps_total));
-  counter("lmserve:engine_forward_seconds_total", "Time engine steps spent in the device forward pass.", s.forward_seconds_total);
+  counter("lmserve:engine_forward_seconds_total",
+          "Time engine steps spent in the backend launching and waiting for the forward pass (less than the device's with asynchronous scheduling).",
+          s.forward_seconds_total);
+  counter("lmserve:engine_steps_planned_ahead_total", "Engine steps planned while the step before ran on the device (asynchronous scheduling).",
+          static_cast<double>(s.steps_planned_ahead_total));
   counter("lmserve:engine_host_seconds_total", "Time engine steps spent on the host: scheduling, inputs, sampling, outputs.",
           s.host_seconds_total);
   header(out, "lmserve:engine_host_phase_seconds_total", "counter", "Host time of engine steps by phase (they sum to lmserve:engine_host_seconds_total).");

@@ -542,12 +542,14 @@ TEST(ServerMetrics, ExportsTheMemoryPlanAndEachGpu) {
   busy.host_seconds_total = 0.25;
   busy.host_phases.outputs = 0.125;
   busy.forward_staging_seconds_total = 0.5;
+  busy.steps_planned_ahead_total = 7;
   std::string timed = m.render(busy, "m", 0.85, 16, "bfloat16");
   EXPECT_NE(timed.find("lmserve:engine_forward_seconds_total{model_name=\"m\"} 1.5"), std::string::npos) << timed;
   EXPECT_NE(timed.find("lmserve:engine_host_seconds_total{model_name=\"m\"} 0.25"), std::string::npos);
   EXPECT_NE(timed.find("lmserve:engine_host_phase_seconds_total{model_name=\"m\",phase=\"outputs\"} 0.125"), std::string::npos);
   EXPECT_NE(timed.find("lmserve:engine_host_phase_seconds_total{model_name=\"m\",phase=\"schedule\"} 0"), std::string::npos);
   EXPECT_NE(timed.find("lmserve:engine_forward_staging_seconds_total{model_name=\"m\"} 0.5"), std::string::npos);
+  EXPECT_NE(timed.find("lmserve:engine_steps_planned_ahead_total{model_name=\"m\"} 7"), std::string::npos);
   engine::EngineStats swapping;
   swapping.swapped = 3;
   swapping.host_kv_usage = 0.25;
