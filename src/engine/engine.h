@@ -9,8 +9,9 @@
 //
 // Threading: submit, abort, stats and shutdown may be called from any thread at any time.
 // The loop thread owns the scheduler, KV blocks and backend: schedule -> forward -> sample ->
-// update -> emit. Each request's events arrive in order on its RequestStream; the last one
-// has finish != kNone, after which next() returns false.
+// update -> emit; on an asynchronous backend the next step's schedule and inputs are made while
+// the device runs this one (EngineOptions::async_scheduling). Each request's events arrive in
+// order on its RequestStream; the last one has finish != kNone, after which next() returns false.
 //
 // Guarantees: an aborted request (or one whose stream was dropped) is finished with kAbort
 // and its KV blocks are freed within one step. shutdown() stops admissions (new submits are
@@ -172,8 +173,9 @@ struct EngineStats {
   double forward_seconds_total = 0, host_seconds_total = 0;
   std::uint64_t steps_planned_ahead_total = 0;  // asynchronous scheduling: steps planned while the one before ran
   // The host time by phase (the five sum to host_seconds_total): planning the step, building its
-  // inputs, taking the engine lock back after the forward pass, sampling (with the scheduler's
-  // commit), and turning tokens into text and stream events.
+  // inputs (and the backend's prepare), taking the engine lock back after the forward pass,
+  // sampling (with the scheduler's commit and, with asynchronous scheduling, the placeholders
+  // and patches), and turning tokens into text and stream events.
   struct HostPhases {
     double schedule = 0, inputs = 0, relock = 0, sample = 0, outputs = 0;
     HostPhases& operator-=(const HostPhases& o) {
