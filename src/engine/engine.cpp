@@ -495,16 +495,40 @@ Status Engine::launch(StepBuffers& sb) {
   return Status::ok();
 }
 
-bool Engine::may_plan_ahead(const StepBuffers& sb) const {
-  if (!options_.async_scheduling || !backend_->asynchronous() || stop_ || !to_abort_.empty()) return false;
-  // Every sampled row must end by its token alone, known to the engine as soon as the step is
-  // done: the backend samples it, and there are no stop strings to detokenize for.
+bool Engine::may_plan_ahead() const {
+  return options_.async_scheduling && backend_->asynchronous() && !stop_ && to_abort_.empty();
+}
+
+Status Engine::take_tokens(StepBuffers& sb) {
+  // Rows the backend sampled have their token; the others are sampled here, in parallel when
+  // there are several (each request has its own generator). A step the backend sampled whole
+  // does not wake the pool: that costs a futex round trip per worker. Dead rows (their request
+  // ended while this step ran) are dropped.
+  const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
+  sb.results.assign(sb.sampled.size(), SampleResult{});
+  sb.host_rows.clear();
   for (std::size_t i = 0; i < sb.sampled.size(); ++i) {
     if (sb.dead[i]) continue;
-    const Request& r = *sb.sampled[i];
-    if (sb.sample_rows[i].mode == backend::RowSampling::Mode::kHost || !r.params.stop.empty() || r.params.logprobs) return false;
+    if (sb.sampled_tokens[i] >= 0) {
+      sb.results[i].token = sb.sampled_tokens[i];
+    } else if (sb.sample_rows[i].mode != backend::RowSampling::Mode::kHost && backend_->asynchronous()) {
+      // Its logits may not have been copied back: nothing to sample from.
+      return Status(StatusCode::kInternal, "backend: an asynchronous step left a device-sampled row without its token");
+    } else {
+      sb.host_rows.push_back(i);
+    }
   }
-  return true;
+  sampler_pool_->parallel_for(sb.host_rows.size(), [&](std::size_t b, std::size_t e) {
+    for (std::size_t k = b; k < e; ++k) {
+      const std::size_t i = sb.host_rows[k];
+      std::span<float> row(sb.logits.get() + i * vocab, vocab);
+      Request* r = sb.sampled[i];
+      // A placeholder for this very token may end the output: the request's tokens before it.
+      std::span<const std::int32_t> output(r->output.data(), r->output.size() - (sb.appended[i] ? 1 : 0));
+      sb.results[i] = sample_token(row, r->params, r->prompt, output, eos_ids_, sb.lives[i]->rng);
+    }
+  });
+  return Status::ok();
 }
 
 Status Engine::step(bool settle, bool* progressed) {
@@ -542,7 +566,7 @@ Status Engine::step(bool settle, bool* progressed) {
   StepBuffers& next = step_[1 - cur_];
   bool ahead = false;
   Status planned;
-  if (!settle && may_plan_ahead(cur)) {
+  if (!settle && may_plan_ahead()) {
     for (std::size_t i = 0; i < cur.sampled.size(); ++i) {
       if (cur.dead[i]) continue;
       Request* r = cur.sampled[i];
@@ -569,16 +593,17 @@ Status Engine::step(bool settle, bool* progressed) {
   cur.backend_seconds += seconds(wait_start, wait_end);
   if (!st.is_ok()) return st;
   if (!planned.is_ok()) return planned;
-  // The placeholders get their tokens, and so does the step planned ahead, which starts now.
+  // Every row's token (the host samples the rows left to it now, before the step planned ahead
+  // needs them); the placeholders get theirs, and so does the step planned ahead, which starts.
+  LMSERVE_RETURN_IF_ERROR(take_tokens(cur));
   for (std::size_t i = 0; i < cur.sampled.size(); ++i) {
     if (!cur.appended[i]) continue;
-    if (cur.sampled_tokens[i] < 0) return Status(StatusCode::kInternal, "backend: an asynchronous step left a device-sampled row without its token");
-    cur.sampled[i]->output.back() = cur.sampled_tokens[i];
+    cur.sampled[i]->output.back() = cur.results[i].token;
     cur.lives[i]->placeholder_row = -1;
   }
   if (ahead) {
     for (const auto& [index, row] : next.pending) {
-      const std::int32_t token = cur.sampled_tokens[row];
+      const std::int32_t token = cur.results[row].token;
       next.tokens[index] = token;
       next.patches.push_back({static_cast<std::int32_t>(index), token});
     }
@@ -599,33 +624,9 @@ void Engine::complete(StepBuffers& sb, StepBuffers* ahead) {
   const auto& sampled = sb.sampled;
   const auto& lives = sb.lives;
   const auto& dead = sb.dead;
-  auto& results = sb.results;
-  auto& host_rows = sb.host_rows;
+  auto& results = sb.results;  // take_tokens()
   auto& sync_rows = sb.sync_rows;
   auto& updates = sb.updates;
-  const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
-  // Rows the backend sampled have their token; the others are sampled here, in parallel when
-  // there are several (each request has its own generator). A step the backend sampled whole
-  // does not wake the pool: that costs a futex round trip per worker. Dead rows (their request
-  // ended while this step ran) are dropped.
-  results.assign(sampled.size(), SampleResult{});
-  host_rows.clear();
-  for (std::size_t i = 0; i < sampled.size(); ++i) {
-    if (dead[i]) continue;
-    if (sb.sampled_tokens[i] >= 0) {
-      results[i].token = sb.sampled_tokens[i];
-    } else {
-      host_rows.push_back(i);
-    }
-  }
-  sampler_pool_->parallel_for(host_rows.size(), [&](std::size_t b, std::size_t e) {
-    for (std::size_t k = b; k < e; ++k) {
-      const std::size_t i = host_rows[k];
-      std::span<float> row(sb.logits.get() + i * vocab, vocab);
-      results[i] = sample_token(row, sampled[i]->params, sampled[i]->prompt, sampled[i]->output, eos_ids_, lives[i]->rng);
-    }
-  });
-  const auto sampled_at = Clock::now();
   // A request that ends here may have a row in the step launched ahead: that row is dropped.
   auto drop_ahead = [&](const Request* r, const Live& L) {
     if (ahead == nullptr || L.ahead_row < 0) return;
@@ -721,9 +722,7 @@ void Engine::complete(StepBuffers& sb, StepBuffers* ahead) {
     }
     emitter_.start([this] { emit(deferred_); });
   }
-  const auto end = Clock::now();
-  host_phases_.sample += seconds(t0, sampled_at);
-  host_phases_.outputs += seconds(sampled_at, end);
+  host_phases_.outputs += seconds(t0, Clock::now());
 }
 
 void Engine::loop() {

@@ -112,11 +112,11 @@ struct EngineOptions {
   // Asynchronous scheduling: on a backend that is asynchronous() (Backend::launch returns
   // before the device is done), the engine plans step N+1 (schedules it, builds and stages its
   // inputs) while the device runs step N, and launches it as soon as N is done, with the tokens
-  // N sampled written into it; N's outputs follow. A request that N ended by its token then has
-  // one row of N+1 computed for nothing (its result is dropped). Only steps whose sampled rows
-  // all end by their token alone are followed this way (every row sampled by the backend, no
-  // stop strings, no log-probabilities); others run one at a time, as before. false (or
-  // LMSERVE_ASYNC_SCHEDULING=0 in the environment): always one at a time.
+  // N sampled written into it; N's outputs follow. A request that N ended (end-of-sequence, a
+  // stop token or string) then has one row of N+1 computed for nothing, its result dropped. Rows the backend leaves to the
+  // host (penalties, logit_bias, logprobs, unmet min_tokens) are sampled between N's end and
+  // N+1's start, where their tokens are needed. false (or LMSERVE_ASYNC_SCHEDULING=0 in the
+  // environment): one step at a time.
   bool async_scheduling = true;
   // Host memory that preempted requests' KV may wait in (Backend::set_host_blocks), so they
   // resume where they stopped instead of computing their tokens again; taken only as it is
@@ -236,11 +236,13 @@ class Engine {
   Status plan(StepBuffers& sb, const StepBuffers* before, bool* any);
   // Starts a planned step (sb.patches written) and advances the scheduler past it.
   Status launch(StepBuffers& sb);
-  // A completed step's tokens: sampling of the rows left to the host, outputs, ends. Rows of
-  // `ahead` (launched already) whose request ends here are marked dead there.
+  // A done step's tokens in sb.results: the backend's, and the rows left to the host sampled.
+  Status take_tokens(StepBuffers& sb);
+  // A done step's outputs and ends (after take_tokens). Rows of `ahead` (launched already) whose
+  // request ends here are marked dead there.
   void complete(StepBuffers& sb, StepBuffers* ahead);
-  // Whether the step after `sb` may be planned before sb's tokens are known.
-  bool may_plan_ahead(const StepBuffers& sb) const;
+  // Whether the next step may be planned while this one runs.
+  bool may_plan_ahead() const;
   // Ends `r`: its last event carries `text` and, when given, the token that ended it.
   void finish(Request* r, FinishReason reason, const std::string& text, const std::string& stop_reason,
               const std::string& err = "", const SampleResult* last = nullptr);
