@@ -186,6 +186,13 @@ TEST(Cli, BenchLatencyAndThroughputReportTheirNumbers) {
   ASSERT_EQ(set.exit_code, 0) << set.output;
   EXPECT_NE(set.output.find("batch limits: 3 sequences, 40 tokens per step\n"), std::string::npos) << set.output;
   EXPECT_EQ(run("bench throughput --model " + model_dir() + " --device cpu --num-prompts 2 --max-num-seqs -1").exit_code, 2);
+  // Asynchronous scheduling's switch parses either way; the CPU backend is not asynchronous, so
+  // no step is planned ahead, and the per-step line says so.
+  for (const char* flag : {"", " --async-scheduling", " --no-async-scheduling"}) {
+    CommandRun a = run("bench throughput --model " + model_dir() + " --device cpu --num-prompts 2 --input-len 8 --output-len 2 --threads 2" + flag);
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    EXPECT_TRUE(std::regex_search(a.output, std::regex(R"(planned ahead 0 of [1-9][0-9]* steps\n)"))) << a.output;
+  }
   // Four requests of 2 blocks at the end in a pool of 6: by the prompt alone they all start and
   // one is preempted; with the remaining output reserved (--kv-growth-reserve 1) none is.
   const std::string small = "bench throughput --model " + model_dir() +
