@@ -50,6 +50,7 @@ class CudaBackend final : public Backend {
   // The largest step the memory plan was made for (as the device model applies them).
   struct Limits {
     std::int64_t tokens = 0, seqs = 0, max_model_len = 0;
+    bool device_sampling = false;  // rows of a mode other than kHost are sampled on the device
   };
   CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::unique_ptr<cuda::DeviceModel> m, KvCacheConfig kv, MemoryInfo mem, Limits limits)
       : weights_(std::move(w)), model_(std::move(m)), kv_(kv), mem_(mem), limits_(limits),
@@ -62,6 +63,18 @@ class CudaBackend final : public Backend {
   MemoryInfo memory() const override { return mem_; }
 
   Status forward(const Batch& b, std::span<float> logits) override {
+    LMSERVE_RETURN_IF_ERROR(prepare(b, logits));
+    LMSERVE_RETURN_IF_ERROR(launch({}));
+    return wait();
+  }
+
+  // With device sampling every row of a mode other than kHost gets its token, and launch()
+  // returns once the step is enqueued.
+  bool asynchronous() const override { return limits_.device_sampling; }
+
+  // The step's arrays live in this backend's vectors until wait(): prepare() may overwrite them
+  // for the next step only after launch() (the device model staged them at prepare()).
+  Status prepare(const Batch& b, std::span<float> logits) override {
     const auto t0 = std::chrono::steady_clock::now();
     LMSERVE_RETURN_IF_ERROR(validate_batch(b, config(), kv_, logits.size()));
     LMSERVE_RETURN_IF_ERROR(within_plan(b));
@@ -88,15 +101,40 @@ class CudaBackend final : public Backend {
                        b.logits_indices.data(),
                        static_cast<int>(b.logits_indices.size()),
                        logits.data()};
+    // The specs are read again when the step's tokens come back (finish), after the next step
+    // may have been prepared: one vector per step, alternating.
+    auto& specs = specs_[spec_turn_];
+    spec_turn_ ^= 1;
     if (b.sample_rows.size() == b.logits_indices.size() && b.sampled_tokens.size() == b.logits_indices.size()) {
-      specs_.resize(b.sample_rows.size());
-      for (std::size_t k = 0; k < specs_.size(); ++k) specs_[k] = to_spec(b.sample_rows[k]);
-      in.sample = specs_.data();
+      specs.resize(b.sample_rows.size());
+      for (std::size_t k = 0; k < specs.size(); ++k) specs[k] = to_spec(b.sample_rows[k]);
+      in.sample = specs.data();
       in.sampled_tokens = b.sampled_tokens.data();
     }
+    std::string e = model_->prepare(in);
+    staging_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
+    return Status::ok();
+  }
+
+  Status launch(std::span<const TokenPatch> patches) override {
+    const auto t0 = std::chrono::steady_clock::now();
+    patch_index_.resize(patches.size());
+    patch_token_.resize(patches.size());
+    for (std::size_t i = 0; i < patches.size(); ++i) patch_index_[i] = patches[i].index, patch_token_[i] = patches[i].token;
+    std::string e = model_->launch(patch_index_.data(), patch_token_.data(), static_cast<int>(patches.size()));
+    staging_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
+    return Status::ok();
+  }
+
+  Status wait() override {
+    const auto t0 = std::chrono::steady_clock::now();
     cuda::StepTimes t;
-    if (std::string e = model_->forward(in, &t); !e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
+    std::string e = model_->finish(&t);
+    // The device model's launch() counts waits for chunks of a large head as device time.
     staging_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - t.device_seconds;
+    if (!e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
     return Status::ok();
   }
 
@@ -161,7 +199,9 @@ class CudaBackend final : public Backend {
   Limits limits_;
   std::vector<std::int32_t> start_, len_, ctx_;
   std::vector<const std::int32_t*> tables_;
-  std::vector<cuda::SampleSpec> specs_;
+  std::vector<cuda::SampleSpec> specs_[2];
+  int spec_turn_ = 0;
+  std::vector<std::int32_t> patch_index_, patch_token_;
   HostBlockChunks host_;  // after model_: released before the device model goes
   std::vector<std::int32_t> swap_ids_;
   std::vector<char*> swap_host_;
@@ -278,7 +318,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   mem.kv_cache_bytes = plan.kv;
   mem.used_bytes = plan.weights + plan.activations + plan.graphs + plan.kv;
   KvCacheConfig kv{o.kv_dtype, o.block_size, plan.num_blocks};
-  const CudaBackend::Limits limits{std::max(p.max_tokens, p.max_seqs), p.max_seqs, p.max_model_len};
+  const CudaBackend::Limits limits{std::max(p.max_tokens, p.max_seqs), p.max_seqs, p.max_model_len, p.device_sampling};
   return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(m), kv, mem, limits));
 }
 

@@ -46,6 +46,8 @@ class CudaModel final : public DeviceModel {
     if (stage_) cudaFreeHost(stage_);
     if (host_logits_) cudaFreeHost(host_logits_);
     if (host_tokens_) cudaFreeHost(host_tokens_);
+    if (staged_event_) cudaEventDestroy(staged_event_);
+    if (done_event_) cudaEventDestroy(done_event_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -53,6 +55,8 @@ class CudaModel final : public DeviceModel {
     LMSERVE_CUDA_TRY(cudaSetDevice(device_));
     LMSERVE_CUDA_TRY(cudaFree(nullptr));  // create the context before measuring
     LMSERVE_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    LMSERVE_CUDA_TRY(cudaEventCreateWithFlags(&staged_event_, cudaEventDisableTiming));
+    LMSERVE_CUDA_TRY(cudaEventCreateWithFlags(&done_event_, cudaEventDisableTiming));
     cudaDeviceProp prop{};
     LMSERVE_CUDA_TRY(cudaGetDeviceProperties(&prop, device_));
     sms_ = prop.multiProcessorCount;
@@ -171,7 +175,11 @@ class CudaModel final : public DeviceModel {
     return {};
   }
 
-  std::string forward(const StepInput& in, StepTimes* times) override {
+  // forward() in three parts (DeviceModel::prepare / launch / finish): prepare stages the step's
+  // metadata in pinned memory (after the copy of the step before has read it), launch writes the
+  // patched tokens into it and enqueues the copy, the layers, the head and the copies of the
+  // results to pinned memory, finish waits for them and hands them over.
+  std::string prepare(const StepInput& in) override {
     const auto t0 = std::chrono::steady_clock::now();
     if (in.num_tokens > max_tokens_ || in.num_seqs > max_seqs_) {
       return "batch of " + std::to_string(in.num_tokens) + " tokens / " + std::to_string(in.num_seqs) +
@@ -185,8 +193,31 @@ class CudaModel final : public DeviceModel {
       decode = it != buckets_.end();
       if (decode) bucket = *it;
     }
+    if (staged_pending_) {
+      LMSERVE_CUDA_TRY(cudaEventSynchronize(staged_event_));  // the step launched before has its copy
+      staged_pending_ = false;
+    }
     LMSERVE_TRY(stage(in, decode ? bucket : 0));
-    const auto staged_at = std::chrono::steady_clock::now();
+    next_ = Step{in, decode, bucket};
+    next_.stage_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    prepared_ = true;
+    return {};
+  }
+
+  std::string launch(const std::int32_t* patch_index, const std::int32_t* patch_token, int patches) override {
+    if (!prepared_) return "launch without a prepared step";
+    if (launched_) return "launch while a step is in flight";
+    prepared_ = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    Step& s = next_;
+    const StepInput& in = s.in;
+    auto* tokens = reinterpret_cast<std::int32_t*>(static_cast<char*>(stage_) + off_tokens_);
+    for (int i = 0; i < patches; ++i) {
+      if (patch_index[i] < 0 || patch_index[i] >= in.num_tokens || patch_token[i] < 0 || patch_token[i] >= d_.vocab) {
+        return "a token patch out of range";
+      }
+      tokens[patch_index[i]] = patch_token[i];
+    }
     LMSERVE_CUDA_TRY(cudaSetDevice(device_));
     // LMSERVE_CUDA_PROFILE_STEP=N brackets the N-th step with cudaProfilerStart/Stop, so that
     // `ncu --profile-from-start off` (with --enforce-eager: kernel by kernel) sees one step;
@@ -199,64 +230,118 @@ class CudaModel final : public DeviceModel {
     const int kind = in.num_tokens == in.num_seqs ? 1 : 2;
     const bool profiled = profile.second > 0 && (profile.first == 0 || profile.first == kind) && ++steps_ == profile.second;
     if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStart());
-    const bool report = StepReport::enabled() && !calibrating_ && times;
-    if (report) LMSERVE_TRY(report_.mark(0, stream_));
+    s.report = StepReport::enabled() && !calibrating_;
+    if (s.report) LMSERVE_TRY(report_.mark(0, stream_));
     LMSERVE_CUDA_TRY(cudaMemcpyAsync(meta_.p, stage_, staged_bytes_, cudaMemcpyHostToDevice, stream_));
-    double device_s = 0;
-    if (decode) {
-      LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(bucket), stream_));
-      if (report) LMSERVE_TRY(report_.mark(1, stream_));
-      LMSERVE_TRY(fetch(in, 0, in.num_rows, &device_s));
+    LMSERVE_CUDA_TRY(cudaEventRecord(staged_event_, stream_));
+    staged_pending_ = true;
+    s.device_seconds = 0;
+    if (s.decode) {
+      LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(s.bucket), stream_));
+      if (s.report) LMSERVE_TRY(report_.mark(1, stream_));
+      LMSERVE_TRY(enqueue_fetch(s, 0, in.num_rows));
     } else {
       LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, num_single_));
-      if (report) LMSERVE_TRY(report_.mark(1, stream_));
+      if (s.report) LMSERVE_TRY(report_.mark(1, stream_));
+      // More rows than the head's buffers hold go chunk by chunk, each waited for here; the last
+      // (or only) chunk is left to finish().
       for (int r0 = 0; r0 < in.num_rows; r0 += max_seqs_) {
+        if (r0 > 0) LMSERVE_TRY(collect(s, &s.device_seconds));
         const int R = std::min(max_seqs_, in.num_rows - r0);
         LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R,
                                  reinterpret_cast<const SampleSpec*>(meta_.as<char>() + off_sample_) + r0));
-        LMSERVE_TRY(fetch(in, r0, R, &device_s));
+        LMSERVE_TRY(enqueue_fetch(s, r0, R));
       }
-      if (in.num_rows == 0) LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
     }
+    LMSERVE_CUDA_TRY(cudaEventRecord(done_event_, stream_));
     LMSERVE_CUDA_TRY(cudaGetLastError());
     if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStop());
-    if (times) {
-      times->device_seconds = device_s;
-      times->host_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - device_s;
-      times->stage_seconds = std::chrono::duration<double>(staged_at - t0).count();
-      times->graph = decode;
-    }
-    if (report) LMSERVE_TRY(report_.add(decode, times->stage_seconds, times->host_seconds - times->stage_seconds, device_s, in.num_tokens));
+    s.launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - s.device_seconds;
+    inflight_ = s;
+    launched_ = true;
     return {};
   }
 
+  std::string finish(StepTimes* times) override {
+    if (!launched_) return "finish without a launched step";
+    launched_ = false;
+    Step& s = inflight_;
+    const auto t0 = std::chrono::steady_clock::now();
+    LMSERVE_CUDA_TRY(cudaEventSynchronize(done_event_));
+    s.device_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    LMSERVE_TRY(collect(s, nullptr));
+    if (times) {
+      times->device_seconds = s.device_seconds;
+      times->host_seconds = s.stage_seconds + s.launch_seconds;
+      times->stage_seconds = s.stage_seconds;
+      times->graph = s.decode;
+    }
+    if (s.report && times) LMSERVE_TRY(report_.add(s.decode, s.stage_seconds, s.launch_seconds, s.device_seconds, s.in.num_tokens));
+    return {};
+  }
+
+  std::string forward(const StepInput& in, StepTimes* times) override {
+    LMSERVE_TRY(prepare(in));
+    LMSERVE_TRY(launch(nullptr, nullptr, 0));
+    return finish(times);
+  }
+
  private:
+  // A step between prepare() and finish(): its input (the caller's arrays stay valid until
+  // finish), how it runs, the rows its results' copies cover and the time it took.
+  struct Step {
+    StepInput in;
+    bool decode = false;
+    int bucket = 0;
+    bool report = false;
+    int fetch_r0 = 0, fetch_rows = 0;  // the rows copied back and not yet handed over
+    bool fetch_tokens = false, fetch_logits = false;
+    double stage_seconds = 0, launch_seconds = 0, device_seconds = 0;
+  };
+
   std::string describe(std::size_t total) const {
     auto gib = [](double b) { return std::to_string(b / (1024.0 * 1024 * 1024)).substr(0, 6) + " GiB"; };
     return "total " + gib(static_cast<double>(total)) + ", weights " + gib(static_cast<double>(weight_bytes_)) + ", activations " +
            gib(static_cast<double>(activation_bytes_)) + ", graphs " + gib(static_cast<double>(graph_bytes_));
   }
 
-  // Brings rows [r0, r0 + R) of the step's output to the host: the tokens of rows sampled on
-  // the device, and the logits unless every row of the step was. Adds the wait to *device_s.
-  std::string fetch(const StepInput& in, int r0, int R, double* device_s) {
+  // Enqueues the copies of rows [r0, r0 + R) of the step's output to pinned memory: the tokens
+  // of rows sampled on the device, and the logits unless every row of the step was.
+  std::string enqueue_fetch(Step& s, int r0, int R) {
     const std::size_t V = static_cast<std::size_t>(d_.vocab);
-    const bool tokens = sampling_on(in), logits = !tokens || host_rows_;
-    if (tokens) {
+    s.fetch_r0 = r0;
+    s.fetch_rows = R;
+    s.fetch_tokens = sampling_on(s.in);
+    s.fetch_logits = !s.fetch_tokens || host_rows_;
+    if (R <= 0) return {};
+    if (s.fetch_tokens) {
       LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_tokens_, sampled_.p, static_cast<std::size_t>(R) * 4, cudaMemcpyDeviceToHost, stream_));
     }
-    if (logits) {
+    if (s.fetch_logits) {
       LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_.p, static_cast<std::size_t>(R) * V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
-    const auto t1 = std::chrono::steady_clock::now();
-    LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
-    *device_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-    if (tokens) {
-      for (int r = 0; r < R; ++r) {
-        if (in.sample[r0 + r].mode > 0) in.sampled_tokens[r0 + r] = host_tokens_[r];
+    return {};
+  }
+
+  // Hands the fetched rows over to the caller's arrays; with `device_s`, waits for the stream
+  // first and adds the wait to it.
+  std::string collect(Step& s, double* device_s) {
+    if (device_s) {
+      const auto t1 = std::chrono::steady_clock::now();
+      LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
+      *device_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    }
+    const std::size_t V = static_cast<std::size_t>(d_.vocab);
+    const StepInput& in = s.in;
+    if (s.fetch_tokens) {
+      for (int r = 0; r < s.fetch_rows; ++r) {
+        if (in.sample[s.fetch_r0 + r].mode > 0) in.sampled_tokens[s.fetch_r0 + r] = host_tokens_[r];
       }
     }
-    if (logits) std::memcpy(in.logits + static_cast<std::size_t>(r0) * V, host_logits_, static_cast<std::size_t>(R) * V * sizeof(float));
+    if (s.fetch_logits && s.fetch_rows > 0) {
+      std::memcpy(in.logits + static_cast<std::size_t>(s.fetch_r0) * V, host_logits_, static_cast<std::size_t>(s.fetch_rows) * V * sizeof(float));
+    }
+    s.fetch_rows = 0;
     return {};
   }
 
@@ -686,6 +771,11 @@ class CudaModel final : public DeviceModel {
   int num_single_ = 0;  // of the staged items, the one-token ones (they come first)
   bool calibrating_ = false, host_rows_ = false;
   int steps_ = 0;  // forward() calls of the kind LMSERVE_CUDA_PROFILE_STEP counts
+  // prepare / launch / finish: the step prepared, the one in flight; the staging region's copy
+  // (staged_event_) and the step's end (done_event_).
+  Step next_, inflight_;
+  bool prepared_ = false, launched_ = false, staged_pending_ = false;
+  cudaEvent_t staged_event_ = nullptr, done_event_ = nullptr;
   std::vector<int> buckets_;
   std::map<int, cudaGraphExec_t> graphs_;
   std::vector<float> k_scales_host_, v_scales_host_;
