@@ -164,6 +164,55 @@ TEST_P(ActOps, GateUpSilu) {
   }
 }
 
+// A norm folded into the products around it at one or two rows (Gemm::NormFold): the product
+// before adds into the residual and leaves g = x * w with partial sums of squares, the products
+// after scale their sums by the norm's inverse RMS. Against the CPU's add, RMSNorm (rounded to
+// act, as the norm kernel leaves it) and products: only act's rounding falls elsewhere.
+TEST_P(ActOps, NormFoldedIntoTheProductsAroundIt) {
+  LMSERVE_REQUIRE_GPU();
+  const int act = GetParam();
+  if (act == 0) GTEST_SKIP() << "the weight-streaming kernel takes 16-bit rows only";
+  std::mt19937 rng(11);
+  const float eps = 1e-5f;
+  // H = 4096 after an o_proj-like (k 4096) and a down-like product (k 14336: the two-buffer
+  // loop); H = 520 and 1000 leave part-empty blocks; m2 as QKV's 6144 and small ones.
+  for (auto [H, k1, m2, I, n] : {std::tuple{4096, 4096, 6144, 1000, 1}, {4096, 14336, 512, 600, 2}, {520, 264, 72, 40, 2}, {1000, 8, 24, 8, 1}}) {
+    SCOPED_TRACE("H=" + std::to_string(H) + " k1=" + std::to_string(k1) + " m2=" + std::to_string(m2) + " I=" + std::to_string(I) + " n=" + std::to_string(n));
+    const auto N = static_cast<std::size_t>(n);
+    auto x = random_vec(rng, N * H, -3, 3);
+    auto nw = rounded(act, random_vec(rng, static_cast<std::size_t>(H), 0.5f, 1.5f));
+    auto w1 = rounded(act, random_vec(rng, static_cast<std::size_t>(H) * k1)), a1 = rounded(act, random_vec(rng, N * k1));
+    auto w2 = rounded(act, random_vec(rng, static_cast<std::size_t>(m2) * H)), wgu = rounded(act, random_vec(rng, static_cast<std::size_t>(2 * I) * H));
+    auto gx = x;
+    std::vector<float> y0, y1, gu;
+    ASSERT_EQ(ops::norm_fold(act, &gx, nw, w1, a1, k1, w2, m2, wgu, I, n, H, eps, &y0, &y1, &gu), "");
+    ThreadPool pool(2);
+    auto product = [&](const std::vector<float>& in, int k, const std::vector<float>& w, int m) {
+      std::vector<float> out(N * m);
+      model::Tensor wt{model::DType::kF32, {m, k}, w.data(), "w"};
+      backend::cpu::matmul(pool, in.data(), n, k, wt, nullptr, out.data(), m);
+      return out;
+    };
+    auto normed = [&](const std::vector<float>& xs) {
+      std::vector<float> h(N * H);
+      auto wt = f32_tensor(nw);
+      for (std::size_t t = 0; t < N; ++t) backend::cpu::rms_norm(&xs[t * H], wt, eps, H, &h[t * H]);
+      return rounded(act, h);
+    };
+    auto want_x = x;
+    const auto delta = product(a1, k1, w1, H);
+    for (std::size_t i = 0; i < want_x.size(); ++i) want_x[i] += delta[i];
+    const auto h1 = normed(want_x);
+    const auto g = product(h1, H, wgu, 2 * I);
+    std::vector<float> want_gu(N * I);
+    for (std::size_t t = 0; t < N; ++t) backend::cpu::silu_mul(&g[t * 2 * I], &g[t * 2 * I + I], I, &want_gu[t * I]);
+    EXPECT_LE(rel_l2(gx, want_x), 1e-5) << "the residual sum";
+    EXPECT_LE(rel_l2(y0, product(normed(x), H, w2, m2)), tolerance(act)) << "the chain's start";
+    EXPECT_LE(rel_l2(y1, product(h1, H, w2, m2)), tolerance(act)) << "after the producer";
+    EXPECT_LE(rel_l2(gu, rounded(act, want_gu)), tolerance(act)) << "gated";
+  }
+}
+
 TEST_P(ActOps, SiluMul) {
   LMSERVE_REQUIRE_GPU();
   const int act = GetParam(), T = 5;

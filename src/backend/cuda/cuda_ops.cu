@@ -197,6 +197,49 @@ std::string gate_up_silu(int act, const std::vector<float>& w, const std::vector
   return finish(a);
 }
 
+std::string norm_fold(int act, std::vector<float>* x, const std::vector<float>& norm_w, const std::vector<float>& w1, const std::vector<float>& a1,
+                      int k1, const std::vector<float>& w2, int m2, const std::vector<float>& wgu, int I, int n, int H, float eps,
+                      std::vector<float>* y0, std::vector<float>* y1, std::vector<float>* gu) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  const Act A = static_cast<Act>(act);
+  if (!Gemm::can_fold(n, H, A) || !Gemm::can_fold(n, k1, A)) return "norm_fold: needs one or two 16-bit rows and widths divisible by 8";
+  if (x->size() != static_cast<std::size_t>(n) * H) return "norm_fold: x is not n x H";
+  Arena a;
+  float* xd = a.upload(*x);
+  void* nw = a.upload_act(norm_w, A);
+  void* w1d = a.upload_act(w1, A);
+  void* a1d = a.upload_act(a1, A);
+  void* w2d = a.upload_act(w2, A);
+  void* wgud = a.upload_act(wgu, A);
+  void* g = a.alloc(static_cast<std::size_t>(n) * H * static_cast<std::size_t>(act_bytes(A)));
+  auto* partials = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * H * 4));
+  auto* y0d = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * m2 * 4));
+  auto* y1d = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * m2 * 4));
+  void* gud = a.alloc(static_cast<std::size_t>(n) * I * static_cast<std::size_t>(act_bytes(A)));
+  Gemm gm;
+  if (auto e = gm.init(8u << 20); !e.empty()) return e;
+  Gemm::NormFold f;
+  f.H = H;
+  f.eps = eps;
+  f.g = g;
+  f.norm_w = nw;
+  f.in_partials = partials;
+  f.out_partials = partials;
+  launch_norm_fold_start(xd, n, H, nw, A, g, partials, nullptr);
+  f.in_parts = 1;
+  if (auto e = gm.run_folded(w2d, g, y0d, Act::kF32, m2, n, H, A, f, nullptr); !e.empty()) return e;
+  if (auto e = gm.run_add_fold(w1d, a1d, xd, H, n, k1, A, f, &f.in_parts, nullptr); !e.empty()) return e;
+  if (auto e = gm.run_folded(w2d, g, y1d, Act::kF32, m2, n, H, A, f, nullptr); !e.empty()) return e;
+  if (auto e = gm.run_gate_up_silu_folded(wgud, g, gud, I, n, H, A, f, nullptr); !e.empty()) return e;
+  y0->resize(static_cast<std::size_t>(n) * m2);
+  y1->resize(y0->size());
+  cudaMemcpy(y0->data(), y0d, y0->size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(y1->data(), y1d, y1->size() * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(x->data(), xd, x->size() * 4, cudaMemcpyDeviceToHost);
+  *gu = a.download_act(gud, A, static_cast<std::size_t>(n) * I);
+  return finish(a);
+}
+
 std::string qkv_rope(int act, const QkvRopeInput& in, KvCacheHost* cache, std::vector<float>* q) {
   if (auto e = need_gpu(); !e.empty()) return e;
   if (in.nkv <= 0 || !attention_supports(in.D, in.nh / in.nkv)) return "unsupported head_dim / group";

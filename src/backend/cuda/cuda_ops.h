@@ -37,6 +37,15 @@ std::string gemm_add(int act, const std::vector<float>& w, const std::vector<flo
 std::string gemm_series(int act, const std::vector<float>& w, const std::vector<float>& x, int m, int k, const std::vector<int>& ns, bool prepare,
                         std::vector<std::vector<float>>* ys, int* plans_prepared, int* plans_total);
 
+// A norm folded into the products around it (Gemm::NormFold), n <= 2 rows of 16-bit act, norm
+// weights norm_w [H]: y0 = rmsnorm(x) w2^T (float32) from launch_norm_fold_start's g; then
+// x += a1 w1^T (w1 [H, k1]) with g and partials for the next norm (run_add_fold), y1 =
+// rmsnorm(x) w2^T (run_folded) and gu = silu(rmsnorm(x) wgu_gate^T) * (rmsnorm(x) wgu_up^T)
+// (run_gate_up_silu_folded, wgu [2I, H]). x: in and out.
+std::string norm_fold(int act, std::vector<float>* x, const std::vector<float>& norm_w, const std::vector<float>& w1, const std::vector<float>& a1,
+                      int k1, const std::vector<float>& w2, int m2, const std::vector<float>& wgu, int I, int n, int H, float eps,
+                      std::vector<float>* y0, std::vector<float>* y1, std::vector<float>* gu);
+
 // gu is uploaded in Gemm::gate_up_dtype(act) (rounded), as the gate / up GEMM leaves it.
 std::string silu_mul(int act, const std::vector<float>& gu, int T, int I, std::vector<float>* out);
 

@@ -32,6 +32,12 @@ int kv_bytes(int kv) { return kv == 0 ? 4 : (kv <= 2 ? 2 : 1); }
 
 std::size_t align_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
+// Gemm::NormFold at one or two rows; LMSERVE_CUDA_NORM_FOLD=0: the norm kernels, for A/B runs.
+bool norm_fold() {
+  static const bool on = !env_is("LMSERVE_CUDA_NORM_FOLD", "0");
+  return on;
+}
+
 struct LayerBuffers {
   DeviceBuffer input_norm, post_norm, qkv, qkv_bias, q_norm, k_norm, o, gate_up, down;
 };
@@ -374,6 +380,8 @@ class CudaModel final : public DeviceModel {
     std::size_t split_blocks = 0;
     for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n)));
     LMSERVE_TRY(partial_.alloc(split_blocks * kAttnRows * (D + 2) * 4));
+    // A folded norm's partial sums of squares: at most a block per row pair of an H-row product.
+    LMSERVE_TRY(fold_ss_.alloc(static_cast<std::size_t>(Gemm::kStreamRows) * static_cast<std::size_t>(H) * 4));
     LMSERVE_TRY(kv_ptrs_.alloc(2 * d_.layers * sizeof(void*)));
     LMSERVE_TRY(k_scale_.alloc(d_.layers * d_.kv_heads * 4));
     LMSERVE_TRY(v_scale_.alloc(d_.layers * d_.kv_heads * 4));
@@ -512,13 +520,32 @@ class CudaModel final : public DeviceModel {
     auto residual_product = [&](const void* w, const void* in, int m, int k) {
       return fused ? gemm_.run_add(w, in, x, m, T, k, act_, stream_) : gemm_.run(w, in, out_.p, prod, m, T, k, act_, stream_);
     };
-    const void* pending = fused ? nullptr : out_.p;  // what the next norm adds to x_ first
+    // At one or two 16-bit rows the norms fold into the products around them (Gemm::NormFold):
+    // o_proj and down add into x and leave g = x * w and partial sums of squares in h_ and
+    // fold_ss_, and QKV and gate/up scale their sums by the norm's inverse RMS; no norm kernel
+    // runs in a layer. The final norm (head) stays.
+    const bool fold = norm_fold() && Gemm::can_fold(T, H, act_) && Gemm::can_fold(T, qd, act_) && Gemm::can_fold(T, I, act_);
+    const void* pending = fused || fold ? nullptr : out_.p;  // what the next norm adds to x_ first
+    Gemm::NormFold nf;
+    nf.H = H;
+    nf.eps = d_.eps;
+    nf.g = h_.p;
+    nf.in_partials = fold_ss_.as<float>();
+    nf.out_partials = fold_ss_.as<float>();
     launch_embed(embed_.p, act_, tokens, T, H, x, stream_);
+    if (fold) {
+      launch_norm_fold_start(x, T, H, layers_[0].input_norm.p, act_, h_.p, fold_ss_.as<float>(), stream_);
+      nf.in_parts = 1;
+    }
     for (int l = 0; l < d_.layers; ++l) {
       const LayerBuffers& L = layers_[static_cast<std::size_t>(l)];
-      // Unfused, x was last written by the norm before the product(s) that precede this norm.
-      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_, !fused && l > 0);
-      LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, stream_));
+      if (fold) {
+        LMSERVE_TRY(gemm_.run_folded(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, nf, stream_));
+      } else {
+        // Unfused, x was last written by the norm before the product(s) that precede this norm.
+        launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_, !fused && l > 0);
+        LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, stream_));
+      }
       QkvRopeArgs r;
       r.qkv = qkv_.p;
       r.qkv_act = prod;
@@ -573,6 +600,18 @@ class CudaModel final : public DeviceModel {
       at.out = attn_.p;
       at.act = act_;
       launch_attention(at, stream_);
+      if (fold) {
+        nf.norm_w = L.post_norm.p;
+        LMSERVE_TRY(gemm_.run_add_fold(L.o.p, attn_.p, x, H, T, qd, act_, nf, &nf.in_parts, stream_));
+        LMSERVE_TRY(gemm_.run_gate_up_silu_folded(L.gate_up.p, h_.p, mlp_in_.p, I, T, H, act_, nf, stream_));
+        if (l + 1 < d_.layers) {
+          nf.norm_w = layers_[static_cast<std::size_t>(l) + 1].input_norm.p;
+          LMSERVE_TRY(gemm_.run_add_fold(L.down.p, mlp_in_.p, x, H, T, I, act_, nf, &nf.in_parts, stream_));
+        } else {
+          LMSERVE_TRY(gemm_.run_add(L.down.p, mlp_in_.p, x, H, T, I, act_, stream_));  // the head's norm follows
+        }
+        continue;
+      }
       LMSERVE_TRY(residual_product(L.o.p, attn_.p, H, qd));
       launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_, !fused);
       LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
@@ -758,7 +797,7 @@ class CudaModel final : public DeviceModel {
   DeviceBuffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<LayerBuffers> layers_;
   DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
-  DeviceBuffer tmp_kv_, kv_arena_, sampled_, swap_meta_;
+  DeviceBuffer tmp_kv_, kv_arena_, sampled_, swap_meta_, fold_ss_;
   std::vector<char> swap_stage_;
   Gemm gemm_;
   void* stage_ = nullptr;

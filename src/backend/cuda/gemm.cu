@@ -33,16 +33,29 @@ enum class GemvStore { kF32, kAct, kAddF32 };
 // kPipe (gemv_pipe says when): two buffers of kGemvLoads / 2 loads per row, the next one's
 // loads issued before the current one is used, so that a warp that loops over k always has
 // loads in flight (the same registers as one buffer of kGemvLoads).
-template <Act A, int N, int S, bool kSwiGlu, bool kPipe = false>
+//
+// kFold (Gemm::NormFold): kFoldIn, x is g = x_res * w_norm and every sum is scaled by the norm's
+// inv = 1 / sqrt(mean(x_res^2) + eps) of its token row, from the partial sums of squares the
+// product before left (summed in a fixed order by every block alike); kFoldOut, y is the float32
+// residual the sums are added to, and the block also writes g = act(y * w_norm) for the product
+// after and its sum of y^2 over its rows (partials[t * gridDim.x + block]). The residual and the
+// norm's weights are read before the wait for the kernel before: nothing between the kernel
+// before the previous and this one writes them (o_proj follows attention, down gate/up).
+enum GemvFoldMode { kFoldNone = 0, kFoldIn = 1, kFoldOut = 2 };
+
+template <Act A, int N, int S, bool kSwiGlu, bool kPipe = false, int kFold = kFoldNone>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t* __restrict__ w, const std::uint16_t* __restrict__ x,
-                                                            void* __restrict__ y, int m, int n, int k, GemvStore store) {
+                                                            void* __restrict__ y, int m, int n, int k, GemvStore store, Gemm::NormFold fold) {
   constexpr int kWarps = kGemvThreads / 32;
   static_assert(kWarps % S == 0, "a block holds whole row groups");
   static_assert(!kSwiGlu || kGemvRows == 2, "a gate row and an up row");
+  static_assert(!(kSwiGlu && kFold == kFoldOut), "the gated product is never a norm's producer");
   __shared__ float red[kWarps][kGemvRows][N];
+  __shared__ float fold_ss[kWarps][N];  // kFoldIn: per warp; kFoldOut: per row group
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % S;
   const int group = static_cast<int>(blockIdx.x) * (kWarps / S) + warp / S;
   const int row0 = kSwiGlu ? group : group * kGemvRows;
+  const bool writer = part == 0 && lane == 0;
   const int chunks = k / 8, stride = 32 * S;
   const uint4* wr[kGemvRows];
 #pragma unroll
@@ -91,8 +104,33 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
   Buffer ra, rb;
   load_w(ra, first);
   if constexpr (kPipe) load_w(rb, first + step);
+  // kFoldOut: the writer's residual values and norm weights, before the wait (see above).
+  float res[kGemvRows][N] = {}, wn[kGemvRows] = {};
+  if constexpr (kFold == kFoldOut) {
+    if (writer) {
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (row0 + r >= m) continue;
+        wn[r] = act_load<A>(fold.norm_w, row0 + r);
+#pragma unroll
+        for (int t = 0; t < N; ++t) {
+          if (t < n) res[r][t] = __ldcg(static_cast<const float*>(y) + static_cast<std::int64_t>(t) * m + row0 + r);
+        }
+      }
+    }
+  }
   pdl_wait();
   pdl_release();
+  // kFoldIn: this thread's share of the partial sums of squares (the product before is done).
+  float ss[N] = {};
+  if constexpr (kFold == kFoldIn) {
+    for (int i = threadIdx.x; i < fold.in_parts; i += kGemvThreads) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        if (t < n) ss[t] += __ldcg(fold.in_partials + static_cast<std::int64_t>(t) * fold.in_parts + i);
+      }
+    }
+  }
   if constexpr (kPipe) {
     for (int c0 = first; c0 < chunks; c0 += 2 * step) {
       use_w(ra, c0);
@@ -115,8 +153,26 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
       if (lane == 0) red[warp][r][t] = v;
     }
   }
-  if constexpr (S > 1) __syncthreads();
-  if (part == 0 && lane == 0) {
+  if constexpr (kFold == kFoldIn) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      const float v = warp_sum(ss[t]);
+      if (lane == 0) fold_ss[warp][t] = v;
+    }
+  }
+  if constexpr (S > 1 || kFold == kFoldIn) __syncthreads();
+  float inv[N];
+  if constexpr (kFold == kFoldIn) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float total = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) total += fold_ss[q][t];
+      inv[t] = 1.0f / sqrtf(total / static_cast<float>(fold.H) + fold.eps);
+    }
+  }
+  float out_ss[N] = {};  // kFoldOut: the writer's sum of the new residual's squares
+  if (writer) {
     float v[kGemvRows][N];
 #pragma unroll
     for (int r = 0; r < kGemvRows; ++r) {
@@ -125,12 +181,23 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
         v[r][t] = 0.0f;
 #pragma unroll
         for (int p = 0; p < S; ++p) v[r][t] += red[warp + p][r][t];
+        if constexpr (kFold == kFoldIn) v[r][t] *= inv[t];
       }
     }
 #pragma unroll
     for (int t = 0; t < N; ++t) {
       if (t >= n) continue;
-      if constexpr (kSwiGlu) {
+      if constexpr (kFold == kFoldOut) {
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) {
+          if (row0 + r >= m) continue;
+          const std::int64_t at = static_cast<std::int64_t>(t) * m + row0 + r;
+          const float sum = res[r][t] + v[r][t];
+          static_cast<float*>(y)[at] = sum;
+          act_store<A>(fold.g, at, sum * wn[r]);
+          out_ss[t] += sum * sum;
+        }
+      } else if constexpr (kSwiGlu) {
         const float gate = v[0][t];
         if (group < m) act_store<A>(y, static_cast<std::int64_t>(t) * m + group, gate / (1.0f + expf(-gate)) * v[1][t]);
       } else {
@@ -146,6 +213,24 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
             static_cast<float*>(y)[at] = v[r][t];
           }
         }
+      }
+    }
+  }
+  if constexpr (kFold == kFoldOut) {
+    // The block's sum of squares over its rows, its row groups taken in order.
+    if (writer) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) fold_ss[warp / S][t] = out_ss[t];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        if (t >= n) break;
+        float total = 0.0f;
+#pragma unroll
+        for (int g = 0; g < kWarps / S; ++g) total += fold_ss[g][t];
+        fold.out_partials[static_cast<std::int64_t>(t) * gridDim.x + blockIdx.x] = total;
       }
     }
   }
@@ -174,14 +259,17 @@ bool gemv_pipe(int n, int k) {
   return n >= 2 || k >= kGemvPipeK;
 }
 
-template <Act A, int S, bool kSwiGlu>
-void launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, int m, int n, int k, GemvStore store, cudaStream_t s) {
+// Returns the blocks launched (a kFoldOut product's partials per token row).
+template <Act A, int S, bool kSwiGlu, int kFold = kFoldNone>
+int launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, int m, int n, int k, GemvStore store, const Gemm::NormFold& fold,
+                      cudaStream_t s) {
   const int groups_per_block = kGemvThreads / 32 / S, outputs_per_group = kSwiGlu ? 1 : kGemvRows;
   const unsigned blocks = static_cast<unsigned>((m + groups_per_block * outputs_per_group - 1) / (groups_per_block * outputs_per_group));
   const bool pipe = gemv_pipe(n, k);
-  auto* kernel = n == 1 ? (pipe ? gemv_kernel<A, 1, S, kSwiGlu, true> : gemv_kernel<A, 1, S, kSwiGlu>)
-                        : (pipe ? gemv_kernel<A, 2, S, kSwiGlu, true> : gemv_kernel<A, 2, S, kSwiGlu>);
-  launch_pdl(kernel, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, store);
+  auto* kernel = n == 1 ? (pipe ? gemv_kernel<A, 1, S, kSwiGlu, true, kFold> : gemv_kernel<A, 1, S, kSwiGlu, false, kFold>)
+                        : (pipe ? gemv_kernel<A, 2, S, kSwiGlu, true, kFold> : gemv_kernel<A, 2, S, kSwiGlu, false, kFold>);
+  launch_pdl(kernel, dim3(blocks), dim3(kGemvThreads), 0, s, w, x, y, m, n, k, store, fold);
+  return static_cast<int>(blocks);
 }
 
 // After the coverage rule, more warps per row pair where that fills the last wave of blocks
@@ -238,17 +326,19 @@ int gemv_warps_per_pair(std::int64_t pairs) {
   return best;
 }
 
-// m: rows of W (plain) or outputs per token (kSwiGlu: W has 2m rows, and y is in A).
-template <Act A, bool kSwiGlu = false>
-void launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cudaStream_t s, GemvStore store = GemvStore::kF32) {
+// m: rows of W (plain) or outputs per token (kSwiGlu: W has 2m rows, and y is in A). Returns
+// the blocks launched.
+template <Act A, bool kSwiGlu = false, int kFold = kFoldNone>
+int launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cudaStream_t s, GemvStore store = GemvStore::kF32,
+                const Gemm::NormFold& fold = {}) {
   const auto* W = static_cast<const std::uint16_t*>(w);
   const auto* X = static_cast<const std::uint16_t*>(x);
   const std::int64_t pairs = kSwiGlu ? m : (m + kGemvRows - 1) / kGemvRows;
   switch (gemv_warps_per_pair<A, kSwiGlu>(pairs)) {
-    case 1: launch_gemv_split<A, 1, kSwiGlu>(W, X, y, m, n, k, store, s); break;
-    case 2: launch_gemv_split<A, 2, kSwiGlu>(W, X, y, m, n, k, store, s); break;
-    case 4: launch_gemv_split<A, 4, kSwiGlu>(W, X, y, m, n, k, store, s); break;
-    default: launch_gemv_split<A, 8, kSwiGlu>(W, X, y, m, n, k, store, s); break;
+    case 1: return launch_gemv_split<A, 1, kSwiGlu, kFold>(W, X, y, m, n, k, store, fold, s);
+    case 2: return launch_gemv_split<A, 2, kSwiGlu, kFold>(W, X, y, m, n, k, store, fold, s);
+    case 4: return launch_gemv_split<A, 4, kSwiGlu, kFold>(W, X, y, m, n, k, store, fold, s);
+    default: return launch_gemv_split<A, 8, kSwiGlu, kFold>(W, X, y, m, n, k, store, fold, s);
   }
 }
 
@@ -486,6 +576,38 @@ std::string Gemm::run_add(const void* w, const void* x, float* y, int m, int n, 
     return {};
   }
   return run_lt(w, x, y, Act::kF32, m, n, k, act, 1.0f, s);
+}
+
+bool Gemm::can_fold(int n, int k, Act act) { return act != Act::kF32 && n >= 1 && n <= kGemvMaxN && k % 8 == 0; }
+
+std::string Gemm::run_add_fold(const void* w, const void* x, float* y, int m, int n, int k, Act act, const NormFold& fold, int* parts,
+                               cudaStream_t s) {
+  if (!thin(w, x, n, k, act) || !fold.g || !fold.norm_w || !fold.out_partials) return "gemm: a folded norm needs one or two 16-bit rows and its buffers";
+  *parts = act == Act::kBF16 ? launch_gemv<Act::kBF16, false, kFoldOut>(w, x, y, m, n, k, s, GemvStore::kAddF32, fold)
+                             : launch_gemv<Act::kF16, false, kFoldOut>(w, x, y, m, n, k, s, GemvStore::kAddF32, fold);
+  return {};
+}
+
+std::string Gemm::run_folded(const void* w, const void* g, void* y, Act out, int m, int n, int k, Act act, const NormFold& fold, cudaStream_t s) {
+  if (!thin(w, g, n, k, act) || !fold.in_partials || fold.in_parts < 1) return "gemm: a folded norm needs one or two 16-bit rows and its partials";
+  const GemvStore store = out != Act::kF32 ? GemvStore::kAct : GemvStore::kF32;
+  if (act == Act::kBF16) {
+    launch_gemv<Act::kBF16, false, kFoldIn>(w, g, y, m, n, k, s, store, fold);
+  } else {
+    launch_gemv<Act::kF16, false, kFoldIn>(w, g, y, m, n, k, s, store, fold);
+  }
+  return {};
+}
+
+std::string Gemm::run_gate_up_silu_folded(const void* w, const void* g, void* out, int I, int n, int k, Act act, const NormFold& fold,
+                                          cudaStream_t s) {
+  if (!thin(w, g, n, k, act) || !fold.in_partials || fold.in_parts < 1) return "gemm: a folded norm needs one or two 16-bit rows and its partials";
+  if (act == Act::kBF16) {
+    launch_gemv<Act::kBF16, true, kFoldIn>(w, g, out, I, n, k, s, GemvStore::kAct, fold);
+  } else {
+    launch_gemv<Act::kF16, true, kFoldIn>(w, g, out, I, n, k, s, GemvStore::kAct, fold);
+  }
+  return {};
 }
 
 bool Gemm::residual_in_epilogue() {

@@ -64,6 +64,32 @@ class Gemm {
   // run_gate_up_silu() and the layer products).
   std::string prepare(int m, int k, Act act, int max_n, const Operands* tune = nullptr, Act out = Act::kF32);
   std::string run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
+  // A norm folded into the products around it at one or two rows (the weight-streaming kernel),
+  // by RMSNorm(x) W^T = inv * ((x * w) W^T), inv = 1 / sqrt(mean(x^2) + eps) one number per
+  // token row. The product before the norm (run_add_fold) adds its sums into the float32
+  // residual, writes g = act(residual * w) and each block's sum of the residual's squares over
+  // its rows; the product after (run_folded, run_gate_up_silu_folded) streams W against g and
+  // scales each sum by inv from those partials. No norm kernel runs between them; the result
+  // differs from norm-then-product only by where act's rounding falls (before inv, not after).
+  struct NormFold {
+    const float* in_partials = nullptr;  // the product before's partials, [n][in_parts]
+    int in_parts = 0;
+    float* out_partials = nullptr;       // run_add_fold: this product's, [n][*parts]
+    const void* norm_w = nullptr;        // run_add_fold: the next norm's weights (act)
+    void* g = nullptr;                   // run_add_fold: [n, m] in act
+    int H = 0;                           // the norm's width (run_folded: k)
+    float eps = 0.0f;
+  };
+  // Whether n rows of act with inner size k take the weight-streaming kernel, which the fold needs
+  // (buffers 16-byte aligned besides).
+  static bool can_fold(int n, int k, Act act);
+  // y (float32 [n, m]) += X W^T, then fold.g and fold.out_partials as above; *parts: the partials
+  // per token row. The residual y must not be written by the kernel right before this one.
+  std::string run_add_fold(const void* w, const void* x, float* y, int m, int n, int k, Act act, const NormFold& fold, int* parts, cudaStream_t s);
+  // Y (in `out`) = inv * (G W^T) for G = fold.g's [n, k] (g above), inv from fold.in_partials.
+  std::string run_folded(const void* w, const void* g, void* y, Act out, int m, int n, int k, Act act, const NormFold& fold, cudaStream_t s);
+  // run_gate_up_silu on g, gate and up scaled by inv before the SiLU.
+  std::string run_gate_up_silu_folded(const void* w, const void* g, void* out, int I, int n, int k, Act act, const NormFold& fold, cudaStream_t s);
   // The dtype of a layer's products (QKV, o_proj, gate/up, down; not the logits): act, as vLLM
   // keeps them, or float32 with LMSERVE_CUDA_F32_PRODUCTS=1 (the path before 2026-12-01, for
   // A/B runs). The model sizes the products' buffers by it.

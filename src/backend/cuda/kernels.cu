@@ -137,6 +137,32 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
 }
 
+// The first product of a folded norm's chain has no product before it to leave g and the
+// partials (Gemm::NormFold): one block per token row writes g = act(x * w) and its whole sum of
+// squares (one partial per row).
+template <Act A>
+__global__ void __launch_bounds__(kNormThreads) norm_fold_start_kernel(const float* __restrict__ x, int H, const void* __restrict__ w,
+                                                                       void* __restrict__ g, float* __restrict__ partials) {
+  __shared__ float part[kNormThreads / 32];
+  pdl_wait();
+  pdl_release();
+  const std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * H;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    const float e = x[o + i];
+    ss += e * e;
+    act_store<A>(g, o + i, e * act_load<A>(w, i));
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < static_cast<int>(blockDim.x) / 32; ++i) total += part[i];
+    partials[blockIdx.x] = total;
+  }
+}
+
 // One warp per (token, head) over q heads, k heads, v heads: block (t, y) takes heads y * warps
 // + w, stride warps * gridDim.y, of token t. launch_qkv_rope gives a block all of a token's
 // heads (gridDim.y 1) when there are enough tokens to fill the GPU, so that the token's rotation
@@ -337,6 +363,12 @@ void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::i
   const bool f32_delta = delta_act == Act::kF32;
   LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_delta ? add_rmsnorm_kernel<A, Act::kF32> : add_rmsnorm_kernel<A, A>, dim3(R), dim3(threads), 0, s, x, delta,
                                        rows, H, w, eps, out, x_settled)));
+}
+
+void launch_norm_fold_start(const float* x, int T, int H, const void* w, Act act, void* g, float* partials, cudaStream_t s) {
+  if (T == 0) return;
+  const int threads = std::min(kNormThreads, std::max(32, (H / 4 + 31) / 32 * 32));
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(norm_fold_start_kernel<A>, dim3(T), dim3(threads), 0, s, x, H, w, g, partials)));
 }
 
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {

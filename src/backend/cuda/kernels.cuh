@@ -66,6 +66,9 @@ struct QkvRopeArgs {
 // qkv_rope_kernel).
 constexpr int kRopeTokensPerBlock = 512;
 void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s);
+// g[t] = act(x[t] * w) and partials[t] = sum of x[t]^2 for T rows of H: the start of a folded
+// norm's chain (Gemm::NormFold), one partial per row.
+void launch_norm_fold_start(const float* x, int T, int H, const void* w, Act act, void* g, float* partials, cudaStream_t s);
 
 // Work items: item i covers tokens item_token[i] .. + item_count[i] - 1 of sequence
 // item_seq[i] (consecutive positions), item_count[i] = at most attention_item_tokens(). The
