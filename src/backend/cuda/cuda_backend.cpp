@@ -205,7 +205,7 @@ class CudaBackend final : public Backend {
   HostBlockChunks host_;  // after model_: released before the device model goes
   std::vector<std::int32_t> swap_ids_;
   std::vector<char*> swap_host_;
-  double staging_s_ = 0;  // forward() minus the waits for the device (staging_seconds_total)
+  double staging_s_ = 0;  // prepare(), launch() and wait() less the waits for the device (staging_seconds_total)
 };
 
 Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType act) {

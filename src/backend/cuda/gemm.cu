@@ -527,9 +527,7 @@ Act Gemm::product_dtype(Act act) {
   return f32 ? Act::kF32 : act;
 }
 
-bool Gemm::thin(const void* w, const void* x, int n, int k, Act act) {
-  return act != Act::kF32 && n <= kGemvMaxN && k % 8 == 0 && aligned16(w) && aligned16(x);
-}
+bool Gemm::thin(const void* w, const void* x, int n, int k, Act act) { return can_fold(n, k, act) && aligned16(w) && aligned16(x); }
 
 std::string Gemm::run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
