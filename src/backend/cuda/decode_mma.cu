@@ -55,15 +55,15 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 2, kHalfTileBytes = 
 template <Kv K>
 constexpr bool kFp8 = K == Kv::kE5M2 || K == Kv::kE4M3;
 
-template <int D, Kv K>
+template <int D, Kv K, int W = kWarps, int St = kStages>
 struct Shape {
   static constexpr int kRowBytes = D * kKvElemBytes<K>;
   static constexpr int kUnits = kRowBytes / 16;                                              // 16-byte units per row
   static constexpr int kStride = kRowBytes + 16;                                             // padded: fewer bank conflicts
   static constexpr int kKeys = kHalfTileBytes / kRowBytes < 32 ? kHalfTileBytes / kRowBytes : 32;  // keys per warp tile
   static constexpr int kStageBytes = 2 * kKeys * kStride;                                    // K rows, then V rows
-  static constexpr std::size_t kRingBytes = static_cast<std::size_t>(kWarps) * kStages * kStageBytes;
-  static constexpr std::size_t kMergeBytes = static_cast<std::size_t>(kWarps) * 16 * (D + 2) * sizeof(float);
+  static constexpr std::size_t kRingBytes = static_cast<std::size_t>(W) * St * kStageBytes;
+  static constexpr std::size_t kMergeBytes = static_cast<std::size_t>(W) * 16 * (D + 2) * sizeof(float);
   static constexpr std::size_t kSmem = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
   static_assert(kKeys % 16 == 0 && (kKeys * kUnits) % 32 == 0, "whole k-steps, whole rounds of copies");
 };
@@ -141,9 +141,10 @@ __device__ __forceinline__ void store_warp_unit(const AttnArgs& a, const float (
   }
 }
 
-template <int D, Kv K, Act A, bool kWarpUnits>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnArgs a) {
-  using S = Shape<D, K>;
+template <int D, Kv K, Act A, bool kWarpUnits, int W = kWarps, int St = kStages>
+__global__ void __launch_bounds__(32 * W, W == kWarps ? kMinBlocks : 1) decode_mma_kernel(AttnArgs a) {
+  static_assert(!kWarpUnits || (W == kWarps && St == kStages), "warp units: the one shape");
+  using S = Shape<D, K, W, St>;
   using M = MmaType<kMmaAct<K, A>>;
   constexpr int KD = D / 16, ND = D / 8, NF = S::kKeys / 8, KSTEPS = S::kKeys / 16;
   constexpr int QW = D / 4;  // dims of a K row one thread reads
@@ -151,11 +152,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   extern __shared__ __align__(16) unsigned char smem[];
   const int split = blockIdx.z, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, q = lane >> 2, c = lane & 3;
-  const int unit = blockIdx.x * kWarps + warp;  // warp units: this warp's (item, KV head)
+  const int unit = blockIdx.x * W + warp;  // warp units: this warp's (item, KV head)
   const int item = kWarpUnits ? unit / a.nkv : (a.heads_first ? blockIdx.y : blockIdx.x);
   const int g = kWarpUnits ? unit % a.nkv : (a.heads_first ? blockIdx.x : blockIdx.y);
   // The unit's tiles are first, first + strides, ...: all of them for a warp unit.
-  constexpr int strides = kWarpUnits ? 1 : kWarps;
+  constexpr int strides = kWarpUnits ? 1 : W;
   const int first = kWarpUnits ? 0 : warp;
   const int G = a.nh / a.nkv;
   // Until the wait for the QKV/RoPE kernel (pdl_wait below) this kernel reads only what the host
@@ -173,9 +174,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   const char* vc = static_cast<const char*>(a.kv_ptrs[2 * a.layer + 1]);
   const int tiles = (end - begin + S::kKeys - 1) / S::kKeys;
   const int mine = tiles > first ? (tiles - first + strides - 1) / strides : 0;  // this warp's tiles
-  unsigned char* ring = smem + static_cast<std::size_t>(warp) * kStages * S::kStageBytes;
+  unsigned char* ring = smem + static_cast<std::size_t>(warp) * St * S::kStageBytes;
 
-  // This warp's k-th tile (the unit's tile first + strides k) into stage k % kStages: one commit group per
+  // This warp's k-th tile (the unit's tile first + strides k) into stage k % St: one commit group per
   // call, empty past the warp's last tile, so that the waits count tiles.
   auto issue = [&](int k) {
     if (k < mine) {
@@ -185,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
         const int p = k0 + lane;
         slot = static_cast<int>(BlockIndex(a.block_size).slot(bt, p));
       }
-      unsigned char* dk = ring + (k % kStages) * S::kStageBytes;
+      unsigned char* dk = ring + (k % St) * S::kStageBytes;
       unsigned char* dv = dk + S::kKeys * S::kStride;
 #pragma unroll
       for (int i = 0; i < S::kKeys * S::kUnits / 32; ++i) {
@@ -210,14 +211,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-  // The first tiles' copies before the wait where they hold only earlier steps' keys, so that
-  // they stream while the kernel before finishes; the others after it.
-  static_assert(kStages == 2, "one tile ahead: the early copies are tile 0's");
-  const bool early = mine > 0 && min(begin + first * S::kKeys + S::kKeys, end) < kv_len;
-  if (early) issue(0);
+  // The warp's first St - 1 tiles: before the wait those that hold only earlier steps' keys (all
+  // but a tile with the context's last key, which the kernel before writes), so that they stream
+  // while the kernel before finishes; the others after it.
+  int ahead = 0;
+  while (ahead < St - 1 && ahead < mine && min(begin + (first + strides * ahead) * S::kKeys + S::kKeys, end) < kv_len) issue(ahead++);
   pdl_wait();
   pdl_release();
-  if (!early) issue(0);
+  while (ahead < St - 1) issue(ahead++);
 
   // Q after the first tiles' copies are issued: its loads' latency hides under theirs.
   const float kscale = a.k_scale ? a.k_scale[g] : 1.0f, vscale = a.v_scale ? a.v_scale[g] : 1.0f;
@@ -238,10 +239,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   }
 
   for (int k = 0; k < mine; ++k) {
-    cp_async_wait<kStages - 2>();  // this lane's copies of tile k have landed
-    __syncwarp();                  // ... and every lane's; the stage of tile k - 1 is free
-    issue(k + kStages - 1);
-    const unsigned char* tk = ring + (k % kStages) * S::kStageBytes;
+    cp_async_wait<St - 2>();  // this lane's copies of tile k have landed
+    __syncwarp();             // ... and every lane's; the stage of tile k - 1 is free
+    issue(k + St - 1);
+    const unsigned char* tk = ring + (k % St) * S::kStageBytes;
     const unsigned char* tv = tk + S::kKeys * S::kStride;
     const int t0 = begin + (first + strides * k) * S::kKeys;
 
@@ -349,14 +350,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   }
   __syncthreads();
   const float* parts = reinterpret_cast<const float*>(smem);
-  for (int e = tid; e < G * D; e += kThreads) {
+  for (int e = tid; e < G * D; e += 32 * W) {
     const int h = e / D, d = e % D;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, parts[(w * 16 + h) * (D + 2) + D]);
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, parts[(w * 16 + h) * (D + 2) + D]);
     float l = 0.0f, acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float* p = parts + (w * 16 + h) * (D + 2);
       if (p[D] == -INFINITY) continue;  // a warp without keys
       const float wgt = exp2f(p[D] - mx);
@@ -388,6 +389,22 @@ bool decode_heads_first() {
   return on;
 }
 
+// A block unit's warps and ring stages per warp: 4 x 2 (warps x stages; kWarps, kStages), or
+// for A/B runs LMSERVE_CUDA_DECODE_SHAPE=4x4 | 8x2 | 8x3: more of a short context's tiles in flight
+// at once (at b1 a warp of four streams its 4-6 tiles one or two at a time).
+int decode_block_shape() {
+  static const int shape = env_is("LMSERVE_CUDA_DECODE_SHAPE", "4x4") ? 1
+                           : env_is("LMSERVE_CUDA_DECODE_SHAPE", "8x2") ? 2
+                           : env_is("LMSERVE_CUDA_DECODE_SHAPE", "8x3") ? 3
+                                                                        : 0;
+  return shape;
+}
+
+template <int D, Kv K, Act A, int W, int St>
+void launch_blocks(const AttnArgs& a, dim3 grid, cudaStream_t s) {
+  launch_pdl(decode_mma_kernel<D, K, A, false, W, St>, grid, dim3(32 * W), Shape<D, K, W, St>::kSmem, s, a);
+}
+
 template <int D, Kv K, Act A>
 void launch_one(const AttnArgs& args, cudaStream_t s) {
   AttnArgs a = args;
@@ -399,12 +416,26 @@ void launch_one(const AttnArgs& args, cudaStream_t s) {
   }
   a.heads_first = decode_heads_first() && a.num_items <= 65535;  // gridDim.y's limit
   const dim3 grid(a.heads_first ? heads : items, a.heads_first ? items : heads, static_cast<unsigned>(a.splits));
-  launch_pdl(decode_mma_kernel<D, K, A, false>, grid, dim3(kThreads), Shape<D, K>::kSmem, s, a);
+  switch (decode_block_shape()) {
+    case 1: launch_blocks<D, K, A, 4, 4>(a, grid, s); break;
+    case 2: launch_blocks<D, K, A, 8, 2>(a, grid, s); break;
+    case 3: launch_blocks<D, K, A, 8, 3>(a, grid, s); break;
+    default: launch_blocks<D, K, A, kWarps, kStages>(a, grid, s); break;
+  }
+}
+
+template <int D, Kv K, Act A, int W, int St>
+void allow_blocks() {
+  cudaFuncSetAttribute(decode_mma_kernel<D, K, A, false, W, St>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(Shape<D, K, W, St>::kSmem));
 }
 
 template <int D, Kv K, Act A>
 void allow_one() {
-  cudaFuncSetAttribute(decode_mma_kernel<D, K, A, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape<D, K>::kSmem));
+  allow_blocks<D, K, A, kWarps, kStages>();
+  allow_blocks<D, K, A, 4, 4>();
+  allow_blocks<D, K, A, 8, 2>();
+  allow_blocks<D, K, A, 8, 3>();
   cudaFuncSetAttribute(decode_mma_kernel<D, K, A, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape<D, K>::kRingBytes));
 }
 
