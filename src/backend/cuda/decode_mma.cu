@@ -5,9 +5,10 @@
 // streams through its own ring of kStages shared-memory stages by cp.async, synchronising only
 // itself. Per tile it computes S = Q K^T, the online softmax of flash attention and O += P V with
 // the running max, sum and O in registers. Two ways to map units to warps:
-//  - block units (AttnArgs::warp_units false): one block of 4 warps per unit; warp w takes tiles
-//    w, w + 4, ..., and the four partial results are merged through shared memory at the end.
-//    For few units (small batches), where four warps per unit keep the SMs busy.
+//  - block units (AttnArgs::warp_units false): one block of 4 warps per unit (8 with
+//    AttnArgs::wide_blocks); warp w takes tiles w, w + W, ..., and the warps' partial results are
+//    merged through shared memory at the end. For few units (small batches), where four warps per
+//    unit keep the SMs busy.
 //  - warp units (true): one warp per unit, four units (consecutive KV heads of an item) per
 //    block, no merge and no block barrier. For large batches of short contexts: a block-unit
 //    block at ~200 keys gives each warp ~3 tiles, so its start (the item's metadata and block
@@ -51,6 +52,11 @@ namespace {
 // 2.79 TB/s, each warp stalled on its own dependencies (4.6 cycles per instruction). With two,
 // 3 blocks (12 warps) fit by shared memory (74 KB each) and registers (<= 168, kMinBlocks).
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 2, kHalfTileBytes = 4096, kMinBlocks = 3;
+// Wide block units (AttnArgs::wide_blocks): twice the warps, so twice a unit's tiles in flight and
+// half as many per warp in turn. 8 x 2 stages of 8.5 KB (bf16, D = 128) is 139 KB: one block per
+// SM, which pays only where the units leave most SMs idle anyway. H200 (docs/perf.md), b1 with
+// 4 x 2, 4 x 4, 8 x 2 and 8 x 3 (warps x stages): 4.540, 4.485, 4.466 and 4.469 ms a step.
+constexpr int kWideWarps = 8;
 
 template <Kv K>
 constexpr bool kFp8 = K == Kv::kE5M2 || K == Kv::kE4M3;
@@ -389,17 +395,6 @@ bool decode_heads_first() {
   return on;
 }
 
-// A block unit's warps and ring stages per warp: 4 x 2 (warps x stages; kWarps, kStages), or
-// for A/B runs LMSERVE_CUDA_DECODE_SHAPE=4x4 | 8x2 | 8x3: more of a short context's tiles in flight
-// at once (at b1 a warp of four streams its 4-6 tiles one or two at a time).
-int decode_block_shape() {
-  static const int shape = env_is("LMSERVE_CUDA_DECODE_SHAPE", "4x4") ? 1
-                           : env_is("LMSERVE_CUDA_DECODE_SHAPE", "8x2") ? 2
-                           : env_is("LMSERVE_CUDA_DECODE_SHAPE", "8x3") ? 3
-                                                                        : 0;
-  return shape;
-}
-
 template <int D, Kv K, Act A, int W, int St>
 void launch_blocks(const AttnArgs& a, dim3 grid, cudaStream_t s) {
   launch_pdl(decode_mma_kernel<D, K, A, false, W, St>, grid, dim3(32 * W), Shape<D, K, W, St>::kSmem, s, a);
@@ -416,11 +411,10 @@ void launch_one(const AttnArgs& args, cudaStream_t s) {
   }
   a.heads_first = decode_heads_first() && a.num_items <= 65535;  // gridDim.y's limit
   const dim3 grid(a.heads_first ? heads : items, a.heads_first ? items : heads, static_cast<unsigned>(a.splits));
-  switch (decode_block_shape()) {
-    case 1: launch_blocks<D, K, A, 4, 4>(a, grid, s); break;
-    case 2: launch_blocks<D, K, A, 8, 2>(a, grid, s); break;
-    case 3: launch_blocks<D, K, A, 8, 3>(a, grid, s); break;
-    default: launch_blocks<D, K, A, kWarps, kStages>(a, grid, s); break;
+  if (a.wide_blocks) {
+    launch_blocks<D, K, A, kWideWarps, kStages>(a, grid, s);
+  } else {
+    launch_blocks<D, K, A, kWarps, kStages>(a, grid, s);
   }
 }
 
@@ -433,9 +427,7 @@ void allow_blocks() {
 template <int D, Kv K, Act A>
 void allow_one() {
   allow_blocks<D, K, A, kWarps, kStages>();
-  allow_blocks<D, K, A, 4, 4>();
-  allow_blocks<D, K, A, 8, 2>();
-  allow_blocks<D, K, A, 8, 3>();
+  allow_blocks<D, K, A, kWideWarps, kStages>();
   cudaFuncSetAttribute(decode_mma_kernel<D, K, A, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape<D, K>::kRingBytes));
 }
 
@@ -486,6 +478,12 @@ struct Allow {
 
 bool decode_mma_supported(int head_dim, Kv kv, Act act, int group) {
   return decode_mma_enabled() && group >= 1 && group <= 16 && with_case(head_dim, kv, act, Noop{});
+}
+
+bool decode_wide_blocks(std::int64_t units, int sms) {
+  static const bool never = env_is("LMSERVE_CUDA_DECODE_WIDE", "0"), always = env_is("LMSERVE_CUDA_DECODE_WIDE", "1");
+  if (never || always) return always;
+  return units * kDecodeWideUnitsPerSm <= sms;
 }
 
 bool decode_warp_units(std::int64_t units, int sms) {
