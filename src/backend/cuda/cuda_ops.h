@@ -81,6 +81,7 @@ struct AttentionInput {
   int nh = 0, nkv = 0, D = 0;
   int splits = 1;  // context splits for single-token sequences (decode)
   bool warp_units = false;  // AttnArgs::warp_units (the tensor-core decode kernel's one warp per unit)
+  bool wide_blocks = false;  // AttnArgs::wide_blocks (its blocks of 8 warps)
 };
 std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out);
 

@@ -5,9 +5,10 @@
 // streams through its own ring of kStages shared-memory stages by cp.async, synchronising only
 // itself. Per tile it computes S = Q K^T, the online softmax of flash attention and O += P V with
 // the running max, sum and O in registers. Two ways to map units to warps:
-//  - block units (AttnArgs::warp_units false): one block of 4 warps per unit; warp w takes tiles
-//    w, w + 4, ..., and the four partial results are merged through shared memory at the end.
-//    For few units (small batches), where four warps per unit keep the SMs busy.
+//  - block units (AttnArgs::warp_units false): one block of 4 warps per unit (8 with
+//    AttnArgs::wide_blocks); warp w takes tiles w, w + W, ..., and the warps' partial results are
+//    merged through shared memory at the end. For few units (small batches), where four warps per
+//    unit keep the SMs busy.
 //  - warp units (true): one warp per unit, four units (consecutive KV heads of an item) per
 //    block, no merge and no block barrier. For large batches of short contexts: a block-unit
 //    block at ~200 keys gives each warp ~3 tiles, so its start (the item's metadata and block
@@ -51,19 +52,24 @@ namespace {
 // 2.79 TB/s, each warp stalled on its own dependencies (4.6 cycles per instruction). With two,
 // 3 blocks (12 warps) fit by shared memory (74 KB each) and registers (<= 168, kMinBlocks).
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 2, kHalfTileBytes = 4096, kMinBlocks = 3;
+// Wide block units (AttnArgs::wide_blocks): twice the warps, so twice a unit's tiles in flight and
+// half as many per warp in turn. 8 x 2 stages of 8.5 KB (bf16, D = 128) is 139 KB: one block per
+// SM, which pays only where the units leave most SMs idle anyway. H200 (docs/perf.md), b1 with
+// 4 x 2, 4 x 4, 8 x 2 and 8 x 3 (warps x stages): 4.540, 4.485, 4.466 and 4.469 ms a step.
+constexpr int kWideWarps = 8;
 
 template <Kv K>
 constexpr bool kFp8 = K == Kv::kE5M2 || K == Kv::kE4M3;
 
-template <int D, Kv K>
+template <int D, Kv K, int W = kWarps, int St = kStages>
 struct Shape {
   static constexpr int kRowBytes = D * kKvElemBytes<K>;
   static constexpr int kUnits = kRowBytes / 16;                                              // 16-byte units per row
   static constexpr int kStride = kRowBytes + 16;                                             // padded: fewer bank conflicts
   static constexpr int kKeys = kHalfTileBytes / kRowBytes < 32 ? kHalfTileBytes / kRowBytes : 32;  // keys per warp tile
   static constexpr int kStageBytes = 2 * kKeys * kStride;                                    // K rows, then V rows
-  static constexpr std::size_t kRingBytes = static_cast<std::size_t>(kWarps) * kStages * kStageBytes;
-  static constexpr std::size_t kMergeBytes = static_cast<std::size_t>(kWarps) * 16 * (D + 2) * sizeof(float);
+  static constexpr std::size_t kRingBytes = static_cast<std::size_t>(W) * St * kStageBytes;
+  static constexpr std::size_t kMergeBytes = static_cast<std::size_t>(W) * 16 * (D + 2) * sizeof(float);
   static constexpr std::size_t kSmem = kRingBytes > kMergeBytes ? kRingBytes : kMergeBytes;
   static_assert(kKeys % 16 == 0 && (kKeys * kUnits) % 32 == 0, "whole k-steps, whole rounds of copies");
 };
@@ -141,9 +147,10 @@ __device__ __forceinline__ void store_warp_unit(const AttnArgs& a, const float (
   }
 }
 
-template <int D, Kv K, Act A, bool kWarpUnits>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnArgs a) {
-  using S = Shape<D, K>;
+template <int D, Kv K, Act A, bool kWarpUnits, int W = kWarps, int St = kStages>
+__global__ void __launch_bounds__(32 * W, W == kWarps ? kMinBlocks : 1) decode_mma_kernel(AttnArgs a) {
+  static_assert(!kWarpUnits || (W == kWarps && St == kStages), "warp units: the one shape");
+  using S = Shape<D, K, W, St>;
   using M = MmaType<kMmaAct<K, A>>;
   constexpr int KD = D / 16, ND = D / 8, NF = S::kKeys / 8, KSTEPS = S::kKeys / 16;
   constexpr int QW = D / 4;  // dims of a K row one thread reads
@@ -151,11 +158,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   extern __shared__ __align__(16) unsigned char smem[];
   const int split = blockIdx.z, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, q = lane >> 2, c = lane & 3;
-  const int unit = blockIdx.x * kWarps + warp;  // warp units: this warp's (item, KV head)
+  const int unit = blockIdx.x * W + warp;  // warp units: this warp's (item, KV head)
   const int item = kWarpUnits ? unit / a.nkv : (a.heads_first ? blockIdx.y : blockIdx.x);
   const int g = kWarpUnits ? unit % a.nkv : (a.heads_first ? blockIdx.x : blockIdx.y);
   // The unit's tiles are first, first + strides, ...: all of them for a warp unit.
-  constexpr int strides = kWarpUnits ? 1 : kWarps;
+  constexpr int strides = kWarpUnits ? 1 : W;
   const int first = kWarpUnits ? 0 : warp;
   const int G = a.nh / a.nkv;
   // Until the wait for the QKV/RoPE kernel (pdl_wait below) this kernel reads only what the host
@@ -173,9 +180,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   const char* vc = static_cast<const char*>(a.kv_ptrs[2 * a.layer + 1]);
   const int tiles = (end - begin + S::kKeys - 1) / S::kKeys;
   const int mine = tiles > first ? (tiles - first + strides - 1) / strides : 0;  // this warp's tiles
-  unsigned char* ring = smem + static_cast<std::size_t>(warp) * kStages * S::kStageBytes;
+  unsigned char* ring = smem + static_cast<std::size_t>(warp) * St * S::kStageBytes;
 
-  // This warp's k-th tile (the unit's tile first + strides k) into stage k % kStages: one commit group per
+  // This warp's k-th tile (the unit's tile first + strides k) into stage k % St: one commit group per
   // call, empty past the warp's last tile, so that the waits count tiles.
   auto issue = [&](int k) {
     if (k < mine) {
@@ -185,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
         const int p = k0 + lane;
         slot = static_cast<int>(BlockIndex(a.block_size).slot(bt, p));
       }
-      unsigned char* dk = ring + (k % kStages) * S::kStageBytes;
+      unsigned char* dk = ring + (k % St) * S::kStageBytes;
       unsigned char* dv = dk + S::kKeys * S::kStride;
 #pragma unroll
       for (int i = 0; i < S::kKeys * S::kUnits / 32; ++i) {
@@ -210,14 +217,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-  // The first tiles' copies before the wait where they hold only earlier steps' keys, so that
-  // they stream while the kernel before finishes; the others after it.
-  static_assert(kStages == 2, "one tile ahead: the early copies are tile 0's");
-  const bool early = mine > 0 && min(begin + first * S::kKeys + S::kKeys, end) < kv_len;
-  if (early) issue(0);
+  // The warp's first St - 1 tiles: before the wait those that hold only earlier steps' keys (all
+  // but a tile with the context's last key, which the kernel before writes), so that they stream
+  // while the kernel before finishes; the others after it.
+  int ahead = 0;
+  while (ahead < St - 1 && ahead < mine && min(begin + (first + strides * ahead) * S::kKeys + S::kKeys, end) < kv_len) issue(ahead++);
   pdl_wait();
   pdl_release();
-  if (!early) issue(0);
+  while (ahead < St - 1) issue(ahead++);
 
   // Q after the first tiles' copies are issued: its loads' latency hides under theirs.
   const float kscale = a.k_scale ? a.k_scale[g] : 1.0f, vscale = a.v_scale ? a.v_scale[g] : 1.0f;
@@ -238,10 +245,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   }
 
   for (int k = 0; k < mine; ++k) {
-    cp_async_wait<kStages - 2>();  // this lane's copies of tile k have landed
-    __syncwarp();                  // ... and every lane's; the stage of tile k - 1 is free
-    issue(k + kStages - 1);
-    const unsigned char* tk = ring + (k % kStages) * S::kStageBytes;
+    cp_async_wait<St - 2>();  // this lane's copies of tile k have landed
+    __syncwarp();             // ... and every lane's; the stage of tile k - 1 is free
+    issue(k + St - 1);
+    const unsigned char* tk = ring + (k % St) * S::kStageBytes;
     const unsigned char* tv = tk + S::kKeys * S::kStride;
     const int t0 = begin + (first + strides * k) * S::kKeys;
 
@@ -349,14 +356,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) decode_mma_kernel(AttnAr
   }
   __syncthreads();
   const float* parts = reinterpret_cast<const float*>(smem);
-  for (int e = tid; e < G * D; e += kThreads) {
+  for (int e = tid; e < G * D; e += 32 * W) {
     const int h = e / D, d = e % D;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, parts[(w * 16 + h) * (D + 2) + D]);
+    for (int w = 0; w < W; ++w) mx = fmaxf(mx, parts[(w * 16 + h) * (D + 2) + D]);
     float l = 0.0f, acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float* p = parts + (w * 16 + h) * (D + 2);
       if (p[D] == -INFINITY) continue;  // a warp without keys
       const float wgt = exp2f(p[D] - mx);
@@ -388,6 +395,11 @@ bool decode_heads_first() {
   return on;
 }
 
+template <int D, Kv K, Act A, int W, int St>
+void launch_blocks(const AttnArgs& a, dim3 grid, cudaStream_t s) {
+  launch_pdl(decode_mma_kernel<D, K, A, false, W, St>, grid, dim3(32 * W), Shape<D, K, W, St>::kSmem, s, a);
+}
+
 template <int D, Kv K, Act A>
 void launch_one(const AttnArgs& args, cudaStream_t s) {
   AttnArgs a = args;
@@ -399,12 +411,23 @@ void launch_one(const AttnArgs& args, cudaStream_t s) {
   }
   a.heads_first = decode_heads_first() && a.num_items <= 65535;  // gridDim.y's limit
   const dim3 grid(a.heads_first ? heads : items, a.heads_first ? items : heads, static_cast<unsigned>(a.splits));
-  launch_pdl(decode_mma_kernel<D, K, A, false>, grid, dim3(kThreads), Shape<D, K>::kSmem, s, a);
+  if (a.wide_blocks) {
+    launch_blocks<D, K, A, kWideWarps, kStages>(a, grid, s);
+  } else {
+    launch_blocks<D, K, A, kWarps, kStages>(a, grid, s);
+  }
+}
+
+template <int D, Kv K, Act A, int W, int St>
+void allow_blocks() {
+  cudaFuncSetAttribute(decode_mma_kernel<D, K, A, false, W, St>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(Shape<D, K, W, St>::kSmem));
 }
 
 template <int D, Kv K, Act A>
 void allow_one() {
-  cudaFuncSetAttribute(decode_mma_kernel<D, K, A, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape<D, K>::kSmem));
+  allow_blocks<D, K, A, kWarps, kStages>();
+  allow_blocks<D, K, A, kWideWarps, kStages>();
   cudaFuncSetAttribute(decode_mma_kernel<D, K, A, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape<D, K>::kRingBytes));
 }
 
@@ -455,6 +478,12 @@ struct Allow {
 
 bool decode_mma_supported(int head_dim, Kv kv, Act act, int group) {
   return decode_mma_enabled() && group >= 1 && group <= 16 && with_case(head_dim, kv, act, Noop{});
+}
+
+bool decode_wide_blocks(std::int64_t units, int sms) {
+  static const bool never = env_is("LMSERVE_CUDA_DECODE_WIDE", "0"), always = env_is("LMSERVE_CUDA_DECODE_WIDE", "1");
+  if (never || always) return always;
+  return units * kDecodeWideUnitsPerSm <= sms;
 }
 
 bool decode_warp_units(std::int64_t units, int sms) {

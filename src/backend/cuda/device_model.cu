@@ -596,6 +596,7 @@ class CudaModel final : public DeviceModel {
       at.num_single = num_single;
       at.splits = splits_for(num_single);
       at.warp_units = decode_warp_units(static_cast<std::int64_t>(num_single) * nkv, sms_);
+      at.wide_blocks = decode_wide_blocks(static_cast<std::int64_t>(num_single) * nkv, sms_);
       at.partial = partial_.as<float>();
       at.out = attn_.p;
       at.act = act_;

@@ -105,6 +105,9 @@ struct AttnArgs {
   // (decode_mma.cu says when each pays; the model decides with decode_warp_units). Other kernels
   // ignore it.
   bool warp_units = false;
+  // The tensor-core decode kernel's block units only: blocks of 8 warps instead of 4 (decode_mma.cu,
+  // kWideWarps; the model decides with decode_wide_blocks).
+  bool wide_blocks = false;
 };
 // AttnArgs::warp_units for a step of `units` one-token (item, KV head) pairs on a device of
 // `sms` SMs: at kDecodeWarpUnitsPerSm units per SM and more (12 warps run per SM, so two waves
@@ -113,6 +116,12 @@ struct AttnArgs {
 // never / always, for A/B runs.
 constexpr int kDecodeWarpUnitsPerSm = 24;
 bool decode_warp_units(std::int64_t units, int sms);
+// AttnArgs::wide_blocks for a step of `units` one-token (item, KV head) pairs on `sms` SMs: at
+// most one unit per kDecodeWideUnitsPerSm SMs (b1 to b4 of an 8-KV-head model on the H200's 132).
+// H200: b1 4.540 -> 4.466 ms a step with them, b64 5.978 -> 6.483 (docs/perf.md).
+// LMSERVE_CUDA_DECODE_WIDE=0 / 1 says never / always, for A/B runs.
+constexpr int kDecodeWideUnitsPerSm = 4;
+bool decode_wide_blocks(std::int64_t units, int sms);
 bool attention_supports(int head_dim, int group);
 // Raises the attention kernels' shared-memory limits on the current device: once per device
 // before the first launch_attention (not inside a CUDA graph capture).
