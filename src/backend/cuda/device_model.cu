@@ -352,12 +352,7 @@ class CudaModel final : public DeviceModel {
   }
 
   // Key splits for the decode kernel's one-token items (none in a step without them).
-  int splits_for(int single_items) const {
-    if (single_items <= 0) return 1;
-    const std::int64_t work = static_cast<std::int64_t>(single_items) * d_.kv_heads;
-    if (work >= 4 * sms_) return 1;
-    return static_cast<int>(std::min<std::int64_t>(16, (4 * sms_ + work - 1) / work));
-  }
+  int splits_for(int single_items) const { return decode_splits(static_cast<std::int64_t>(single_items) * d_.kv_heads, sms_); }
 
   std::string allocate_activations() {
     const std::size_t T = static_cast<std::size_t>(max_tokens_), R = static_cast<std::size_t>(max_seqs_);
