@@ -22,12 +22,7 @@ bool norm_fold() {
 
 }  // namespace
 
-int CudaModel::splits_for(int single_items) const {
-  if (single_items <= 0) return 1;
-  const std::int64_t work = static_cast<std::int64_t>(single_items) * d_.kv_heads;
-  if (work >= 4 * sms_) return 1;
-  return static_cast<int>(std::min<std::int64_t>(16, (4 * sms_ + work - 1) / work));
-}
+int CudaModel::splits_for(int single_items) const { return decode_splits(static_cast<std::int64_t>(single_items) * d_.kv_heads, sms_); }
 
 std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, int num_single) {
   char* m = meta_.as<char>();
