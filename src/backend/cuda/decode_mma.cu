@@ -5,10 +5,10 @@
 // streams through its own ring of kStages shared-memory stages by cp.async, synchronising only
 // itself. Per tile it computes S = Q K^T, the online softmax of flash attention and O += P V with
 // the running max, sum and O in registers. Two ways to map units to warps:
-//  - block units (AttnArgs::warp_units false): one block of 4 warps per unit (8 with
+//  - block units (AttnArgs::warp_units false): one block of W = 4 warps per unit (8 with
 //    AttnArgs::wide_blocks); warp w takes tiles w, w + W, ..., and the warps' partial results are
-//    merged through shared memory at the end. For few units (small batches), where four warps per
-//    unit keep the SMs busy.
+//    merged through shared memory at the end. For few units (small batches), where four or eight
+//    warps per unit keep the SMs busy.
 //  - warp units (true): one warp per unit, four units (consecutive KV heads of an item) per
 //    block, no merge and no block barrier. For large batches of short contexts: a block-unit
 //    block at ~200 keys gives each warp ~3 tiles, so its start (the item's metadata and block

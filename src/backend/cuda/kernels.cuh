@@ -121,7 +121,7 @@ int decode_splits(std::int64_t units, int sms);
 bool decode_warp_units(std::int64_t units, int sms);
 // AttnArgs::wide_blocks for a step of `units` one-token (item, KV head) pairs on `sms` SMs: at
 // most one unit per kDecodeWideUnitsPerSm SMs (b1 to b4 of an 8-KV-head model on the H200's 132).
-// H200: b1 4.540 -> 4.466 ms a step with them, b64 5.978 -> 6.483 (docs/perf.md).
+// H200 (docs/perf.md): b1 4.540 -> 4.466 ms a step with them; forced at b64, 5.978 -> 6.483.
 // LMSERVE_CUDA_DECODE_WIDE=0 / 1 says never / always, for A/B runs.
 constexpr int kDecodeWideUnitsPerSm = 4;
 bool decode_wide_blocks(std::int64_t units, int sms);
