@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -71,23 +72,82 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
     }
     return Status::ok();
   };
-  auto decode = [&](std::int64_t pos) -> Status {
-    std::vector<std::int32_t> tokens(next), positions(static_cast<std::size_t>(B), static_cast<std::int32_t>(pos)), rows(static_cast<std::size_t>(B));
-    std::vector<std::int64_t> slots(static_cast<std::size_t>(B));
+  // A decode step's arrays, which stay put from prepare() to wait(): two of them when steps overlap.
+  struct DecodeStep {
+    std::vector<std::int32_t> tokens, positions, rows, picked;
+    std::vector<std::int64_t> slots;
     std::vector<backend::SeqBatch> seqs;
-    for (std::int64_t s = 0; s < B; ++s) {
-      slots[static_cast<std::size_t>(s)] = slot(s, pos);
-      rows[static_cast<std::size_t>(s)] = static_cast<std::int32_t>(s);
-      seqs.push_back({static_cast<std::int32_t>(s), 1, static_cast<std::int32_t>(pos + 1), tables[static_cast<std::size_t>(s)]});
+    std::vector<backend::RowSampling> greedy;
+    std::vector<float> logits;
+    // The step at `pos` for every sequence, its tokens `next`. Every row is greedy: a backend with
+    // device sampling returns tokens instead of logits.
+    backend::Batch fill(std::int64_t pos, std::int64_t B, std::int64_t V, const std::vector<std::int32_t>& next,
+                        const std::function<std::int64_t(std::int64_t, std::int64_t)>& slot_of,
+                        const std::vector<std::vector<std::int32_t>>& tables) {
+      const auto n = static_cast<std::size_t>(B);
+      tokens = next;
+      positions.assign(n, static_cast<std::int32_t>(pos));
+      rows.resize(n);
+      slots.resize(n);
+      seqs.clear();
+      for (std::int64_t s = 0; s < B; ++s) {
+        slots[static_cast<std::size_t>(s)] = slot_of(s, pos);
+        rows[static_cast<std::size_t>(s)] = static_cast<std::int32_t>(s);
+        seqs.push_back({static_cast<std::int32_t>(s), 1, static_cast<std::int32_t>(pos + 1), tables[static_cast<std::size_t>(s)]});
+      }
+      logits.resize(n * static_cast<std::size_t>(V));
+      greedy.assign(n, {.mode = backend::RowSampling::Mode::kGreedy});
+      picked.assign(n, -1);
+      return {tokens, positions, slots, seqs, rows, greedy, picked};
     }
-    logits.resize(static_cast<std::size_t>(B * V));
-    // Every row is greedy: a backend with device sampling returns tokens instead of logits.
-    std::vector<backend::RowSampling> greedy(static_cast<std::size_t>(B), {.mode = backend::RowSampling::Mode::kGreedy});
-    std::vector<std::int32_t> picked(static_cast<std::size_t>(B), -1);
-    LMSERVE_RETURN_IF_ERROR(b.forward({tokens, positions, slots, seqs, rows, greedy, picked}, logits));
-    for (std::int64_t s = 0; s < B; ++s) {
-      const auto k = static_cast<std::size_t>(s);
-      next[k] = picked[k] >= 0 ? picked[k] : argmax(&logits[static_cast<std::size_t>(s * V)], V);
+    // Each sequence's token from this step.
+    void take(std::int64_t B, std::int64_t V, std::vector<std::int32_t>* next) const {
+      for (std::int64_t s = 0; s < B; ++s) {
+        const auto k = static_cast<std::size_t>(s);
+        (*next)[k] = picked[k] >= 0 ? picked[k] : argmax(&logits[static_cast<std::size_t>(s * V)], V);
+      }
+    }
+  };
+  DecodeStep steps[2];
+  const std::function<std::int64_t(std::int64_t, std::int64_t)> slot_of = slot;
+  auto decode = [&](std::int64_t pos) -> Status {
+    DecodeStep& d = steps[0];
+    const backend::Batch batch = d.fill(pos, B, V, next, slot_of, tables);
+    LMSERVE_RETURN_IF_ERROR(b.forward(batch, d.logits));
+    d.take(B, V, &next);
+    return Status::ok();
+  };
+  // Steps at positions pos0 .. pos0 + count - 1, each prepared while the one before runs (the
+  // placeholders are the tokens before; the sampled ones are written in and patched at launch).
+  auto decode_overlapped = [&](std::int64_t pos0, std::int64_t count, std::vector<double>* times) -> Status {
+    auto t = Clock::now();
+    const backend::Batch first = steps[0].fill(pos0, B, V, next, slot_of, tables);  // before the logits' span is taken
+    LMSERVE_RETURN_IF_ERROR(b.prepare(first, steps[0].logits));
+    LMSERVE_RETURN_IF_ERROR(b.launch({}));
+    std::vector<backend::TokenPatch> patches(static_cast<std::size_t>(B));
+    for (std::int64_t i = 0; i < count; ++i) {
+      DecodeStep& cur = steps[i % 2];
+      DecodeStep& nxt = steps[(i + 1) % 2];
+      const bool more = i + 1 < count;
+      if (more) {
+        const backend::Batch batch = nxt.fill(pos0 + i + 1, B, V, next, slot_of, tables);
+        if (Status st = b.prepare(batch, nxt.logits); !st.is_ok()) {
+          (void)b.wait();  // the step in flight reads cur's arrays until it is done
+          return st;
+        }
+      }
+      LMSERVE_RETURN_IF_ERROR(b.wait());
+      cur.take(B, V, &next);
+      const auto now = Clock::now();
+      times->push_back(std::chrono::duration<double>(now - t).count());
+      t = now;
+      if (!more) break;
+      for (std::int64_t s = 0; s < B; ++s) {
+        const auto k = static_cast<std::size_t>(s);
+        nxt.tokens[k] = next[k];
+        patches[k] = {static_cast<std::int32_t>(s), next[k]};
+      }
+      LMSERVE_RETURN_IF_ERROR(b.launch(patches));
     }
     return Status::ok();
   };
@@ -99,11 +159,17 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
   auto t0 = Clock::now();
   LMSERVE_RETURN_IF_ERROR(prefill());
   r.prefill_seconds = seconds_since(t0);
-  for (std::int64_t i = 0; i < M - 1; ++i) {
-    auto t = Clock::now();
-    LMSERVE_RETURN_IF_ERROR(decode(N + i));
-    r.step_seconds.push_back(seconds_since(t));
+  r.overlapped = o.overlap && b.asynchronous();
+  if (r.overlapped) {
+    LMSERVE_RETURN_IF_ERROR(decode_overlapped(N, M - 1, &r.step_seconds));
+  } else {
+    for (std::int64_t i = 0; i < M - 1; ++i) {
+      auto t = Clock::now();
+      LMSERVE_RETURN_IF_ERROR(decode(N + i));
+      r.step_seconds.push_back(seconds_since(t));
+    }
   }
+  r.last_tokens = next;
   r.mean_step = std::accumulate(r.step_seconds.begin(), r.step_seconds.end(), 0.0) / static_cast<double>(r.step_seconds.size());
   r.p50_step = percentile(r.step_seconds, 0.5);
   r.p99_step = percentile(r.step_seconds, 0.99);

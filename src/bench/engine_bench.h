@@ -4,9 +4,12 @@
 // latency: batch_size sequences of input_len random tokens are prefilled (in chunks of at most
 // max_tokens_per_step tokens), then output_len - 1 decode steps run with greedy tokens; every
 // step is timed end to end (forward and the argmax: on the device with device sampling, only
-// the tokens crossing to the host; else logits to the host, argmax there). With a copy bandwidth, the
-// bound of a step is (weight bytes + KV bytes read) / bandwidth: what a memory-bound decode
-// step cannot beat.
+// the tokens crossing to the host; else logits to the host, argmax there). On an asynchronous
+// backend (Backend::asynchronous) with `overlap`, as the engine's asynchronous scheduling runs
+// it, step k + 1 is prepared while the device runs step k and launched with step k's tokens
+// patched in; a step's time is then from one step's end to the next one's. With a copy
+// bandwidth, the bound of a step is (weight bytes + KV bytes read) / bandwidth: what a
+// memory-bound decode step cannot beat.
 //
 // throughput: num_prompts requests of random tokens submitted at once to an Engine (greedy,
 // ignore_eos, exactly output_len tokens each, or per-request lengths); the clock runs from
@@ -29,6 +32,7 @@ struct LatencyOptions {
   std::int64_t max_tokens_per_step = 8192;
   std::uint64_t seed = 0;
   double copy_bandwidth = 0;  // bytes/s; 0: no bound
+  bool overlap = true;        // stage step k + 1 during step k where the backend is asynchronous
 };
 
 struct LatencyResult {
@@ -37,6 +41,8 @@ struct LatencyResult {
   double mean_step = 0, p50_step = 0, p99_step = 0;
   double bound_seconds = 0;  // of the mean step; 0 without a bandwidth
   double weight_bytes = 0, kv_bytes_per_step = 0;
+  bool overlapped = false;                 // the decode steps were staged during the ones before
+  std::vector<std::int32_t> last_tokens;  // each sequence's token from the last decode step
 };
 
 Result<LatencyResult> run_latency(backend::Backend& backend, const LatencyOptions& options);

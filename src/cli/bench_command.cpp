@@ -123,6 +123,7 @@ Command add_bench_command(CLI::App& app) {
   latency->add_option("--input-len", lat->input_len, "prompt tokens per sequence")->capture_default_str();
   latency->add_option("--output-len", lat->output_len, "tokens generated per sequence")->capture_default_str();
   latency->add_option("--seed", lat->seed, "random prompt tokens")->capture_default_str();
+  add_async_scheduling_option(*latency, &lat->async_scheduling);
   auto* throughput = app.add_subcommand("throughput", "requests/s and tokens/s of many requests through the engine");
   thr->model.add_to(*throughput);
   throughput->add_option("--num-prompts", thr->num_prompts, "requests")->capture_default_str();
@@ -162,7 +163,7 @@ Command add_bench_command(CLI::App& app) {
       auto m = o.model.load(blocks_needed * o.model.block_size);
       if (!m) return fail("latency", m.error());
       print_memory(*m->backend);
-      bench::LatencyOptions lo{o.batch_size, o.input_len, o.output_len, o.model.max_num_batched_tokens, o.seed, 0};
+      bench::LatencyOptions lo{o.batch_size, o.input_len, o.output_len, o.model.max_num_batched_tokens, o.seed, 0, o.async_scheduling};
       if (m->backend->name() == "cuda") lo.copy_bandwidth = backend::measure_copy_bandwidth(0);
       std::optional<GpuPowerRecorder> recorder;
       if (m->backend->name() == "cuda") recorder.emplace(0, std::chrono::milliseconds(50));
@@ -173,8 +174,9 @@ Command add_bench_command(CLI::App& app) {
                   static_cast<long long>(o.output_len));
       std::printf("prefill %.2f ms (%.0f tokens/s)\n", r->prefill_seconds * 1e3,
                   static_cast<double>(o.batch_size * o.input_len) / r->prefill_seconds);
-      std::printf("decode step: mean %.3f ms, p50 %.3f ms, p99 %.3f ms, %.0f output tokens/s\n", r->mean_step * 1e3, r->p50_step * 1e3,
-                  r->p99_step * 1e3, static_cast<double>(o.batch_size) / r->mean_step);
+      std::printf("decode step: mean %.3f ms, p50 %.3f ms, p99 %.3f ms, %.0f output tokens/s%s\n", r->mean_step * 1e3, r->p50_step * 1e3,
+                  r->p99_step * 1e3, static_cast<double>(o.batch_size) / r->mean_step,
+                  r->overlapped ? " (each step staged during the one before)" : "");
       if (r->bound_seconds > 0) {
         std::printf("bandwidth bound: %.3f ms per step (weights %.2f GB + KV %.3f GB at a measured %.0f GB/s copy); mean step / bound = %.2f\n",
                     r->bound_seconds * 1e3, r->weight_bytes / 1e9, r->kv_bytes_per_step / 1e9, lo.copy_bandwidth / 1e9,

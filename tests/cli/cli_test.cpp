@@ -170,6 +170,12 @@ TEST(Cli, BenchLatencyAndThroughputReportTheirNumbers) {
   ASSERT_EQ(lat.exit_code, 0) << lat.output;
   EXPECT_TRUE(std::regex_search(lat.output, std::regex(R"(prefill [0-9.]+ ms)"))) << lat.output;
   EXPECT_TRUE(std::regex_search(lat.output, std::regex(R"(decode step: mean [0-9.]+ ms, p50 [0-9.]+ ms, p99 [0-9.]+ ms)"))) << lat.output;
+  // The CPU backend is not asynchronous: no step is staged during the one before, either way.
+  for (const char* flag : {" --async-scheduling", " --no-async-scheduling"}) {
+    CommandRun l = run("bench latency --model " + model_dir() + " --device cpu --batch-size 1 --input-len 4 --output-len 3 --threads 2" + flag);
+    ASSERT_EQ(l.exit_code, 0) << l.output;
+    EXPECT_TRUE(std::regex_search(l.output, std::regex(R"(output tokens/s\n)"))) << l.output;
+  }
   CommandRun thr = run("bench throughput --model " + model_dir() + " --device cpu --num-prompts 6 --input-len 16 --output-len 5 --threads 2");
   ASSERT_EQ(thr.exit_code, 0) << thr.output;
   // Exactly num_prompts x output_len tokens (ignore_eos), counted from the engine's usage.
