@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -79,49 +78,45 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
     std::vector<backend::SeqBatch> seqs;
     std::vector<backend::RowSampling> greedy;
     std::vector<float> logits;
-    // The step at `pos` for every sequence, its tokens `next`. Every row is greedy: a backend with
-    // device sampling returns tokens instead of logits.
-    backend::Batch fill(std::int64_t pos, std::int64_t B, std::int64_t V, const std::vector<std::int32_t>& next,
-                        const std::function<std::int64_t(std::int64_t, std::int64_t)>& slot_of,
-                        const std::vector<std::vector<std::int32_t>>& tables) {
-      const auto n = static_cast<std::size_t>(B);
-      tokens = next;
-      positions.assign(n, static_cast<std::int32_t>(pos));
-      rows.resize(n);
-      slots.resize(n);
-      seqs.clear();
-      for (std::int64_t s = 0; s < B; ++s) {
-        slots[static_cast<std::size_t>(s)] = slot_of(s, pos);
-        rows[static_cast<std::size_t>(s)] = static_cast<std::int32_t>(s);
-        seqs.push_back({static_cast<std::int32_t>(s), 1, static_cast<std::int32_t>(pos + 1), tables[static_cast<std::size_t>(s)]});
-      }
-      logits.resize(n * static_cast<std::size_t>(V));
-      greedy.assign(n, {.mode = backend::RowSampling::Mode::kGreedy});
-      picked.assign(n, -1);
-      return {tokens, positions, slots, seqs, rows, greedy, picked};
-    }
-    // Each sequence's token from this step.
-    void take(std::int64_t B, std::int64_t V, std::vector<std::int32_t>* next) const {
-      for (std::int64_t s = 0; s < B; ++s) {
-        const auto k = static_cast<std::size_t>(s);
-        (*next)[k] = picked[k] >= 0 ? picked[k] : argmax(&logits[static_cast<std::size_t>(s * V)], V);
-      }
-    }
   };
   DecodeStep steps[2];
-  const std::function<std::int64_t(std::int64_t, std::int64_t)> slot_of = slot;
+  // d as the step at `pos` for every sequence, its tokens `next`. Every row is greedy: a backend
+  // with device sampling returns tokens instead of logits.
+  auto fill = [&](DecodeStep& d, std::int64_t pos) -> backend::Batch {
+    const auto n = static_cast<std::size_t>(B);
+    d.tokens = next;
+    d.positions.assign(n, static_cast<std::int32_t>(pos));
+    d.rows.resize(n);
+    d.slots.resize(n);
+    d.seqs.clear();
+    for (std::int64_t s = 0; s < B; ++s) {
+      d.slots[static_cast<std::size_t>(s)] = slot(s, pos);
+      d.rows[static_cast<std::size_t>(s)] = static_cast<std::int32_t>(s);
+      d.seqs.push_back({static_cast<std::int32_t>(s), 1, static_cast<std::int32_t>(pos + 1), tables[static_cast<std::size_t>(s)]});
+    }
+    d.logits.resize(n * static_cast<std::size_t>(V));
+    d.greedy.assign(n, {.mode = backend::RowSampling::Mode::kGreedy});
+    d.picked.assign(n, -1);
+    return {d.tokens, d.positions, d.slots, d.seqs, d.rows, d.greedy, d.picked};
+  };
+  // Each sequence's token from step d.
+  auto take = [&](const DecodeStep& d) {
+    for (std::int64_t s = 0; s < B; ++s) {
+      const auto k = static_cast<std::size_t>(s);
+      next[k] = d.picked[k] >= 0 ? d.picked[k] : argmax(&d.logits[static_cast<std::size_t>(s * V)], V);
+    }
+  };
   auto decode = [&](std::int64_t pos) -> Status {
-    DecodeStep& d = steps[0];
-    const backend::Batch batch = d.fill(pos, B, V, next, slot_of, tables);
-    LMSERVE_RETURN_IF_ERROR(b.forward(batch, d.logits));
-    d.take(B, V, &next);
+    const backend::Batch batch = fill(steps[0], pos);
+    LMSERVE_RETURN_IF_ERROR(b.forward(batch, steps[0].logits));
+    take(steps[0]);
     return Status::ok();
   };
   // Steps at positions pos0 .. pos0 + count - 1, each prepared while the one before runs (the
   // placeholders are the tokens before; the sampled ones are written in and patched at launch).
   auto decode_overlapped = [&](std::int64_t pos0, std::int64_t count, std::vector<double>* times) -> Status {
     auto t = Clock::now();
-    const backend::Batch first = steps[0].fill(pos0, B, V, next, slot_of, tables);  // before the logits' span is taken
+    const backend::Batch first = fill(steps[0], pos0);  // before the logits' span is taken
     LMSERVE_RETURN_IF_ERROR(b.prepare(first, steps[0].logits));
     LMSERVE_RETURN_IF_ERROR(b.launch({}));
     std::vector<backend::TokenPatch> patches(static_cast<std::size_t>(B));
@@ -130,14 +125,14 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
       DecodeStep& nxt = steps[(i + 1) % 2];
       const bool more = i + 1 < count;
       if (more) {
-        const backend::Batch batch = nxt.fill(pos0 + i + 1, B, V, next, slot_of, tables);
+        const backend::Batch batch = fill(nxt, pos0 + i + 1);
         if (Status st = b.prepare(batch, nxt.logits); !st.is_ok()) {
           (void)b.wait();  // the step in flight reads cur's arrays until it is done
           return st;
         }
       }
       LMSERVE_RETURN_IF_ERROR(b.wait());
-      cur.take(B, V, &next);
+      take(cur);
       const auto now = Clock::now();
       times->push_back(std::chrono::duration<double>(now - t).count());
       t = now;
