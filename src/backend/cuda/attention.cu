@@ -433,6 +433,12 @@ void configure_attention_kernels() {
   allow_decode_rings<128>();
 }
 
+int decode_splits(std::int64_t units, int sms) {
+  if (units <= 0) return 1;
+  if (units >= 4 * static_cast<std::int64_t>(sms)) return 1;
+  return static_cast<int>(std::min<std::int64_t>(16, (4 * static_cast<std::int64_t>(sms) + units - 1) / units));
+}
+
 bool attention_supports(int head_dim, int group) {
   return (head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128) && group >= 1 && group <= kAttnRows;
 }

@@ -123,5 +123,13 @@ double matmul_rate(int device, double seconds = 0);
 // cycling through copies of W that together exceed the L2 many times over, so that each product
 // reads its weights from memory as a decode step does. 0 on failure.
 double product_seconds(int device, int m, int n, int k, bool gate_up, int reps);
+// Seconds one layer's decode attention takes on `device` (launch_attention, as a step runs it) at
+// Llama-3.1-8B's shape (32 query heads, 8 KV heads of 128, bf16 Q and output, KV blocks of 16):
+// `items` one-token sequences of `context` keys each, the cache in `kv` (PlanOptions::kv's order),
+// the splits and warp units by the model's rules, blocks of 8 warps by the rule (wide < 0) or
+// never / always (0 / 1). The mean of `reps` launches back to back, cycling through caches of
+// layers that together exceed the L2 many times over. The kernel alone: in a step part of its
+// start hides behind the kernel before it (programmatic dependent launch). 0 on failure.
+double decode_attention_seconds(int device, int items, int context, int kv, int wide, int reps);
 
 }  // namespace lmserve::cuda

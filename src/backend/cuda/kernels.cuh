@@ -115,6 +115,9 @@ struct AttnArgs {
 // faster at 1,024 x 8 and 512 x 8 units (docs/perf.md). LMSERVE_CUDA_DECODE_WARPS=0 / 1 says
 // never / always, for A/B runs.
 constexpr int kDecodeWarpUnitsPerSm = 24;
+// AttnArgs::splits for a step of `units` one-token (item, KV head) pairs on `sms` SMs: enough
+// splits of each context for ~4 blocks per SM, at most 16; one from 4 x SMs units on.
+int decode_splits(std::int64_t units, int sms);
 bool decode_warp_units(std::int64_t units, int sms);
 // AttnArgs::wide_blocks for a step of `units` one-token (item, KV head) pairs on `sms` SMs: at
 // most one unit per kDecodeWideUnitsPerSm SMs (b1 to b4 of an 8-KV-head model on the H200's 132).

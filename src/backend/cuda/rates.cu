@@ -1,10 +1,11 @@
 // The device's measured ceilings (device_model.h): the copy bandwidth and the bf16 matrix-product
-// rate, burst or sustained, that `bench` divides its figures by; and one layer product's time
-// (tests/bench/cuda_benchmark.cpp).
+// rate, burst or sustained, that `bench` divides its figures by; and the time of one layer product
+// and of one layer's decode attention (tests/bench/cuda_benchmark.cpp).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "backend/cuda/device_buffer.cuh"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/kernels.cuh"
 
 namespace lmserve::cuda {
 
@@ -136,6 +138,109 @@ double product_seconds(int device, int m, int n, int k, bool gate_up, int reps) 
   cudaEventDestroy(e1);
   cudaStreamDestroy(s);
   if (!error.empty() || cudaGetLastError() != cudaSuccess || ms <= 0) return 0;
+  return ms / 1000.0 / reps;
+}
+
+namespace {
+
+// Bytes of a KV cache: finite values of every cache dtype in about [-1, 1] (an fp8 byte's
+// exponent kept below its all-ones codes, a 16-bit pair's high byte likewise), from a hash.
+__global__ void fill_cache_bytes_kernel(unsigned char* p, std::int64_t n, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = static_cast<unsigned char>((h & 0x80u) | ((h >> 8) & 0x3Bu));
+  }
+}
+
+}  // namespace
+
+double decode_attention_seconds(int device, int items, int context, int kv, int wide, int reps) {
+  constexpr int kNh = 32, kNkv = 8, kD = 128, kBlock = 16;  // Llama-3.1-8B's attention, blocks of 16
+  if (cudaSetDevice(device) != cudaSuccess || items <= 0 || context <= 0 || kv < 0 || kv > 4 || reps <= 0) return 0;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) return 0;
+  configure_attention_kernels();
+  const Kv K = static_cast<Kv>(kv);
+  const std::size_t elem = K == Kv::kF32 ? 4 : (K == Kv::kE5M2 || K == Kv::kE4M3 ? 1 : 2);
+  const int per_item = (context + kBlock - 1) / kBlock;  // cache blocks of an item
+  const std::size_t cache_bytes = static_cast<std::size_t>(items) * per_item * kBlock * kNkv * kD * elem;  // K (or V) of a layer
+  // Layers for at least 512 MB of K and V in all (ten times an H200's L2), as a step reads them.
+  const int layers = static_cast<int>(std::max<std::size_t>(1, (512ull << 20) / (2 * cache_bytes) + 1));
+  std::vector<DeviceBuffer> caches(2 * static_cast<std::size_t>(layers));
+  std::vector<void*> ptrs;
+  for (DeviceBuffer& c : caches) {
+    if (!c.alloc(cache_bytes).empty()) return 0;
+    fill_cache_bytes_kernel<<<1024, 256>>>(c.as<unsigned char>(), static_cast<std::int64_t>(cache_bytes), static_cast<std::uint32_t>(ptrs.size()) + 5u);
+    ptrs.push_back(c.p);
+  }
+  // Item i: one token at position context - 1 of sequence i, whose blocks are i * per_item, ...
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(items), context - 1), index(static_cast<std::size_t>(items)), ones(index.size(), 1),
+      tables(static_cast<std::size_t>(items) * per_item);
+  for (int i = 0; i < items; ++i) index[static_cast<std::size_t>(i)] = i;
+  for (std::size_t b = 0; b < tables.size(); ++b) tables[b] = static_cast<std::int32_t>(b);
+  const std::int64_t units = static_cast<std::int64_t>(items) * kNkv;
+  const int splits = decode_splits(units, sms);
+  const std::size_t act_bytes_all = static_cast<std::size_t>(items) * kNh * kD * 2;
+  DeviceBuffer kv_ptrs, pos, idx, cnt, bt, stride, q, out, partial;
+  auto upload = [](DeviceBuffer& b, const void* host, std::size_t bytes) {
+    return b.alloc(bytes).empty() && cudaMemcpy(b.p, host, bytes, cudaMemcpyHostToDevice) == cudaSuccess;
+  };
+  const std::int32_t stride_value = per_item;
+  if (!upload(kv_ptrs, ptrs.data(), ptrs.size() * sizeof(void*)) || !upload(pos, positions.data(), positions.size() * 4) ||
+      !upload(idx, index.data(), index.size() * 4) || !upload(cnt, ones.data(), ones.size() * 4) || !upload(bt, tables.data(), tables.size() * 4) ||
+      !upload(stride, &stride_value, 4) || !q.alloc(act_bytes_all).empty() || !out.alloc(act_bytes_all).empty() ||
+      !partial.alloc(static_cast<std::size_t>(units) * splits * kAttnRows * (kD + 2) * 4).empty()) {
+    return 0;
+  }
+  fill_random_bf16_kernel<<<1024, 256>>>(q.as<std::uint16_t>(), static_cast<std::int64_t>(act_bytes_all / 2), 6u);
+  AttnArgs a;
+  a.q = q.p;
+  a.kv_ptrs = kv_ptrs.as<void*>();
+  a.kv = K;
+  a.positions = pos.as<std::int32_t>();
+  a.item_token = idx.as<std::int32_t>();
+  a.item_count = cnt.as<std::int32_t>();
+  a.item_seq = idx.as<std::int32_t>();
+  a.num_items = items;
+  a.block_tables = bt.as<std::int32_t>();
+  a.bt_stride = stride.as<std::int32_t>();
+  a.block_size = kBlock;
+  a.nh = kNh;
+  a.nkv = kNkv;
+  a.D = kD;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  a.num_single = items;
+  a.splits = splits;
+  a.warp_units = decode_warp_units(units, sms);
+  a.wide_blocks = wide < 0 ? decode_wide_blocks(units, sms) : wide == 1;
+  a.partial = partial.as<float>();
+  a.out = out.p;
+  a.act = Act::kBF16;
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 0;
+  cudaDeviceSynchronize();
+  int layer = 0;
+  auto attend = [&] {
+    a.layer = layer++ % layers;
+    launch_attention(a, s);
+  };
+  for (int l = 0; l < layers; ++l) attend();  // every layer's cache touched once
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0, s);
+  for (int r = 0; r < reps; ++r) attend();
+  cudaEventRecord(e1, s);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  if (cudaGetLastError() != cudaSuccess || ms <= 0) return 0;
   return ms / 1000.0 / reps;
 }
 
