@@ -19,16 +19,17 @@ namespace lmserve::cuda {
 
 namespace {
 
-// Milliseconds that `reps` runs of work() take on the default stream (after one untimed run).
+// Milliseconds that `reps` runs of work() take on stream s (the default stream unless given),
+// after one untimed run; 0 if a CUDA call failed.
 template <typename Work>
-float elapsed_ms(int reps, Work&& work) {
+float elapsed_ms(int reps, Work&& work, cudaStream_t s = nullptr) {
   work();
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  cudaEventRecord(e0);
+  cudaEventRecord(e0, s);
   for (int i = 0; i < reps; ++i) work();
-  cudaEventRecord(e1);
+  cudaEventRecord(e1, s);
   cudaEventSynchronize(e1);
   float ms = 0;
   cudaEventElapsedTime(&ms, e0, e1);
@@ -125,19 +126,9 @@ double product_seconds(int device, int m, int n, int k, bool gate_up, int reps) 
     if (error.empty()) error = std::move(e);
   };
   for (int c = 0; c < copies; ++c) product();  // plans made, every copy touched once
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0, s);
-  for (int r = 0; r < reps; ++r) product();
-  cudaEventRecord(e1, s);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const float ms = elapsed_ms(reps, product, s);
   cudaStreamDestroy(s);
-  if (!error.empty() || cudaGetLastError() != cudaSuccess || ms <= 0) return 0;
+  if (!error.empty() || ms <= 0) return 0;
   return ms / 1000.0 / reps;
 }
 
@@ -228,19 +219,9 @@ double decode_attention_seconds(int device, int items, int context, int kv, int 
     launch_attention(a, s);
   };
   for (int l = 0; l < layers; ++l) attend();  // every layer's cache touched once
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0, s);
-  for (int r = 0; r < reps; ++r) attend();
-  cudaEventRecord(e1, s);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const float ms = elapsed_ms(reps, attend, s);
   cudaStreamDestroy(s);
-  if (cudaGetLastError() != cudaSuccess || ms <= 0) return 0;
+  if (ms <= 0) return 0;
   return ms / 1000.0 / reps;
 }
 
