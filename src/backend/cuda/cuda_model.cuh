@@ -50,7 +50,6 @@ class CudaModel final : public DeviceModel {
   std::string prepare(const StepInput& in) override;
   std::string launch(const std::int32_t* patch_index, const std::int32_t* patch_token, int patches) override;
   std::string finish(StepTimes* times) override;
-  std::string forward(const StepInput& in, StepTimes* times) override;
 
  private:
   // A step between prepare() and finish(): its input (the caller's arrays stay valid until

@@ -258,12 +258,6 @@ std::string CudaModel::finish(StepTimes* times) {
   return {};
 }
 
-std::string CudaModel::forward(const StepInput& in, StepTimes* times) {
-  LMSERVE_TRY(prepare(in));
-  LMSERVE_TRY(launch(nullptr, nullptr, 0));
-  return finish(times);
-}
-
 std::string CudaModel::describe(std::size_t total) const {
   auto gib = [](double b) { return std::to_string(b / (1024.0 * 1024 * 1024)).substr(0, 6) + " GiB"; };
   return "total " + gib(static_cast<double>(total)) + ", weights " + gib(static_cast<double>(weight_bytes_)) + ", activations " +

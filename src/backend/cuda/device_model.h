@@ -87,14 +87,19 @@ class DeviceModel {
   // Copies `bytes` (already in the act dtype) to `slot` of `layer`, starting at element `offset`.
   virtual std::string set_weight(Slot slot, std::int64_t layer, std::int64_t offset, const void* host, std::size_t bytes) = 0;
   virtual std::string plan(const PlanOptions& options, MemoryPlan* out) = 0;
-  virtual std::string forward(const StepInput& in, StepTimes* times) = 0;
-  // forward() in three calls (backend.h, Backend::prepare / launch / wait): prepare stages `in`,
+  // A step in three calls (backend.h, Backend::prepare / launch / wait): prepare stages `in`,
   // whose arrays stay valid until finish(), and may run while the step before is in flight;
   // launch writes tokens[patch_index[i]] = patch_token[i] into the staged copy and starts the
   // step after the one before; finish waits for it and writes its sampled_tokens and logits.
   virtual std::string prepare(const StepInput& in) = 0;
   virtual std::string launch(const std::int32_t* patch_index, const std::int32_t* patch_token, int patches) = 0;
   virtual std::string finish(StepTimes* times) = 0;
+  // One step start to end, with no patches.
+  std::string forward(const StepInput& in, StepTimes* times) {
+    if (std::string e = prepare(in); !e.empty()) return e;
+    if (std::string e = launch(nullptr, nullptr, 0); !e.empty()) return e;
+    return finish(times);
+  }
   // Copies n whole KV blocks between the cache and host memory from alloc_mapped_host(), on the
   // model's stream (after the steps before, before the next): to_host, block blocks[i] to
   // host[i], else host[i] to block blocks[i]. A host block holds K then V of layer 0, then of
