@@ -82,25 +82,54 @@ Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<backend::Backend>
   return engine;
 }
 
+namespace {
+Unexpected<SubmitError> invalid_request(const std::string& msg) {
+  return Unexpected<SubmitError>(SubmitError{Status(StatusCode::kInvalidArgument, msg)});
+}
+}  // namespace
+
+std::optional<Unexpected<SubmitError>> Engine::check(const GenerateRequest& g) const {
+  const std::int64_t vocab = backend_->config().vocab_size;
+  if (g.prompt.empty()) return invalid_request("prompt must contain at least one token");
+  for (auto t : g.prompt) {
+    if (t < 0 || t >= vocab) return invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary");
+  }
+  if (Status s = g.params.validate(vocab, options_.max_n); !s.is_ok()) return invalid_request(s.message());
+  return std::nullopt;
+}
+
 Expected<Submitted, SubmitError> Engine::submit(GenerateRequest g) {
+  if (auto bad = check(g)) return *bad;
+  std::lock_guard lock(mu_);
+  auto sub = submit_locked(g);
+  if (sub) work_cv_.notify_one();
+  return sub;
+}
+
+std::vector<Expected<Submitted, SubmitError>> Engine::submit_all(const std::vector<GenerateRequest>& requests) {
+  std::vector<std::optional<Unexpected<SubmitError>>> bad;
+  for (const auto& g : requests) bad.push_back(check(g));
+  std::vector<Expected<Submitted, SubmitError>> out;
+  std::lock_guard lock(mu_);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (bad[i]) {
+      out.emplace_back(*bad[i]);
+    } else {
+      out.push_back(submit_locked(requests[i]));
+    }
+  }
+  work_cv_.notify_one();
+  return out;
+}
+
+Expected<Submitted, SubmitError> Engine::submit_locked(const GenerateRequest& g) {
   auto reject = [&](Rejection r, StatusCode code, const std::string& msg, AdmissionBlock cause = AdmissionBlock::kNone) {
     ++rejections_[static_cast<std::size_t>(r)];
     return Unexpected<SubmitError>(SubmitError{Status(code, msg), r, cause});
   };
-  auto invalid = [](const std::string& msg) {
-    return Unexpected<SubmitError>(SubmitError{Status(StatusCode::kInvalidArgument, msg)});
-  };
-  const std::int64_t vocab = backend_->config().vocab_size;
-  if (g.prompt.empty()) return invalid("prompt must contain at least one token");
-  for (auto t : g.prompt) {
-    if (t < 0 || t >= vocab) return invalid("prompt token id " + std::to_string(t) + " is outside the vocabulary");
-  }
-  if (Status s = g.params.validate(vocab, options_.max_n); !s.is_ok()) return invalid(s.message());
-
-  std::lock_guard lock(mu_);
   if (!accepting_ || dead_) return reject(Rejection::kShuttingDown, StatusCode::kUnavailable, "the engine is shutting down");
   int lane = g.lane.empty() ? static_cast<int>(options_.scheduler.lanes.size()) - 1 : scheduler_->lane_index(g.lane);
-  if (lane < 0) return invalid("unknown lane '" + g.lane + "'");
+  if (lane < 0) return invalid_request("unknown lane '" + g.lane + "'");
 
   const RequestId first = next_id_;
   auto stream = std::make_shared<RequestStream>(g.params.n);
@@ -159,7 +188,6 @@ Expected<Submitted, SubmitError> Engine::submit(GenerateRequest g) {
   }
   for (auto& L : lives) live_.emplace(L->req->id, std::move(L));
   next_id_ += static_cast<RequestId>(g.params.n);
-  work_cv_.notify_one();
   return Submitted{first, stream};
 }
 

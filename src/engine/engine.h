@@ -210,6 +210,10 @@ class Engine {
                                                 std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options);
 
   Expected<Submitted, SubmitError> submit(GenerateRequest request);
+  // Submits the requests in order, all under one hold of the engine's lock: the loop's next
+  // step sees every one accepted, as an offline batch starts (bench throughput's run, vLLM's
+  // LLM.generate). Each gets the result submit() would give it at that point in the order.
+  std::vector<Expected<Submitted, SubmitError>> submit_all(const std::vector<GenerateRequest>& requests);
   void abort(RequestId id);
   EngineStats stats() const;
   bool alive() const;
@@ -225,6 +229,9 @@ class Engine {
  private:
   Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options);
   void loop();
+  // submit()'s checks that need no lock (the prompt's tokens, the sampling parameters).
+  std::optional<Unexpected<SubmitError>> check(const GenerateRequest& g) const;
+  Expected<Submitted, SubmitError> submit_locked(const GenerateRequest& g);  // mu_ held
   struct StepBuffers;
   // One step of the loop: completes the step in flight (launching one first when none is),
   // with the next planned and launched ahead of the completion where it may be. settle: only
