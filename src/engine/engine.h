@@ -7,7 +7,7 @@
 //   while (sub->stream->next(&event)) { ... event.text ... event.finish ... }
 //   engine->abort(sub->id);                                       // client went away
 //
-// Threading: submit, abort, stats and shutdown may be called from any thread at any time.
+// Threading: submit, submit_all, abort, stats and shutdown may be called from any thread at any time.
 // The loop thread owns the scheduler, KV blocks and backend: schedule -> forward -> sample ->
 // update -> emit; on an asynchronous backend the next step's schedule and inputs are made while
 // the device runs this one (EngineOptions::async_scheduling). Each request's events arrive in
