@@ -206,7 +206,7 @@ Result<ThroughputResult> run_throughput(engine::Engine& e, std::int64_t V, const
         break;
       }
       const auto why = sub.error().rejection;
-      if (why != engine::Rejection::kQueueFull && why != engine::Rejection::kKvWatermark && why != engine::Rejection::kDeviceMemory) {
+      if (why != engine::Rejection::kQueueFull && why != engine::Rejection::kKvWatermark) {
         return error(sub.error().status);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));

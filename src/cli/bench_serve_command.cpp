@@ -143,7 +143,7 @@ Command add_bench_serve(CLI::App& app) {
     bench::DatasetOptions d;
     std::string rate = "inf", sweep, result_json, result_csv, plot, tokenizer;
     std::vector<std::string> headers, goodput;
-    bool no_ignore_eos = false, compare_uniform = false;
+    bool ignore_eos = true, compare_uniform = false;
   };
   auto p = std::make_shared<Opts>();
   app.add_option("--base-url", p->o.base_url, "server address, http[s]://host:port")->capture_default_str();
@@ -164,7 +164,9 @@ Command add_bench_serve(CLI::App& app) {
   app.add_option("--random-range-ratio", p->d.range_ratio, "random: lengths uniform within +-ratio")->capture_default_str();
   add_mixed_length_options(app, p->d);
   app.add_option("--tokenizer", p->tokenizer, "tokenizer folder to build prompts (default: the server's /tokenize)");
-  app.add_flag("--no-ignore-eos", p->no_ignore_eos, "let requests stop at end-of-sequence (default: exactly output_len tokens)");
+  app.add_flag("--ignore-eos,!--no-ignore-eos", p->ignore_eos,
+               "generate exactly output_len tokens past any end-of-sequence (the default, as vLLM's bench serve --ignore-eos); "
+               "--no-ignore-eos lets requests stop at end-of-sequence");
   app.add_option("--seed", p->d.seed, "dataset and arrivals")->capture_default_str();
   app.add_option("--goodput", p->goodput, "SLOs: ttft:MS tpot:MS e2el:MS")->expected(1, 3);
   app.add_option("--result-json", p->result_json, "write the summary and every request");
@@ -180,7 +182,7 @@ Command add_bench_serve(CLI::App& app) {
       lim.rlim_cur = lim.rlim_max;
       setrlimit(RLIMIT_NOFILE, &lim);
     }
-    o.ignore_eos = !p->no_ignore_eos;
+    o.ignore_eos = p->ignore_eos;
     o.seed = d.seed;
     o.progress = isatty(2) != 0;
     o.request_rate = p->rate == "inf" ? INFINITY : std::strtod(p->rate.c_str(), nullptr);

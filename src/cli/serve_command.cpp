@@ -73,6 +73,7 @@ Command add_serve_command(CLI::App& app) {
   o->model.model = "models/demo";
   app.add_option("model_tag", o->positional_model, "model folder (same as --model)");
   app.add_option("--model", o->model.model, "model folder")->capture_default_str();
+  app.add_option("--tokenizer", o->model.tokenizer, "tokenizer folder, with the chat template (default: the model folder)");
   app.add_option("--dtype", o->model.dtype, "weight dtype: auto, float32, bfloat16, float16")->capture_default_str();
   app.add_option("--load-format", o->model.load_format, "auto, safetensors or dummy")->capture_default_str();
   app.add_option("--kv-cache-dtype", o->model.kv_cache_dtype, "auto, float32, bfloat16, float16, fp8_e5m2, fp8_e4m3")->capture_default_str();
@@ -169,7 +170,8 @@ Command add_serve_command(CLI::App& app) {
     std::optional<text::ChatTemplate> tmpl;
     std::optional<std::filesystem::path> tfile;
     if (!o->chat_template.empty()) tfile = o->chat_template;
-    if (auto t = text::ChatTemplate::load(o->model.model, tfile)) {
+    // The chat template comes with the tokenizer (tokenizer_config.json), as in vLLM.
+    if (auto t = text::ChatTemplate::load(o->model.tokenizer.empty() ? o->model.model : o->model.tokenizer, tfile)) {
       tmpl = std::move(*t);
     } else if (tfile || t.error().code() != StatusCode::kNotFound) {
       return fail(t.error());

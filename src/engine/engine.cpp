@@ -171,9 +171,10 @@ Expected<Submitted, SubmitError> Engine::submit_locked(const GenerateRequest& g)
                                                                " tokens) is longer than this server can hold");
         case Rejection::kExceedsMaxModelLen:
           return reject(rej, StatusCode::kInvalidArgument,
-                        "this model's maximum context length is " + std::to_string(options_.scheduler.max_model_len) +
-                            " tokens; the request asks for " + std::to_string(g.prompt.size()) + " prompt + " +
-                            std::to_string(g.params.max_tokens) + " completion tokens");
+                        "This model's maximum context length is " + std::to_string(options_.scheduler.max_model_len) +
+                            " tokens; the request asks for " + std::to_string(g.prompt.size() + static_cast<std::size_t>(g.params.max_tokens)) +
+                            " (" + std::to_string(g.prompt.size()) + " in the prompt, " + std::to_string(g.params.max_tokens) +
+                            " for the completion). Shorten the prompt or lower max_tokens.");
         case Rejection::kExceedsKvCapacity:
           return reject(rej, StatusCode::kInvalidArgument,
                         "the request asks for " + std::to_string(g.prompt.size()) + " prompt + " + std::to_string(g.params.max_tokens) +

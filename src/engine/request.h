@@ -12,7 +12,7 @@
 
 namespace lmserve::engine {
 
-enum class RequestStatus { kWaiting, kRunning, kFinished };
+enum class RequestStatus { kWaiting, kRunning };
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
 
 struct Request {
@@ -32,7 +32,6 @@ struct Request {
   std::int64_t num_computed = 0;   // tokens whose K/V are in the cache
   std::int64_t num_cached_prompt = 0;  // prompt tokens served by the prefix cache (first admission)
   std::int32_t num_preemptions = 0;
-  FinishReason finish = FinishReason::kNone;
 
   std::int64_t num_tokens() const { return static_cast<std::int64_t>(prompt.size() + output.size()); }
   // prompt followed by output: the sequence whose K/V the cache holds.

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/engine.h"
+
 namespace lmserve::server {
 
 std::string ApiError::body() const {
@@ -9,6 +11,12 @@ std::string ApiError::body() const {
   ojson e = {{"message", message}, {"type", type}, {"param", param ? ojson(*param) : ojson()}, {"code", code}};
   // Error messages are ASCII or valid UTF-8 we wrote ourselves; replace anything else.
   return ojson({{"error", e}}).dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+http::Response ApiError::response() const {
+  http::Response r{.status = status, .body = body()};
+  if (retry_after > 0) r.headers.emplace_back("Retry-After", std::to_string(retry_after));
+  return r;
 }
 
 ApiError ApiError::bad_request(std::string message, std::string code, std::optional<std::string> param) {
@@ -52,6 +60,33 @@ ApiError ApiError::from_status(const Status& s) {
     case StatusCode::kFailedPrecondition: return unavailable(s.message());
     case StatusCode::kUnimplemented: return bad_request(s.message(), "not_supported");
     default: return internal("Internal error.");
+  }
+}
+
+ApiError ApiError::from_transport(http::TransportError e) {
+  switch (e) {
+    case http::TransportError::kRequestTimeout: return timeout();
+    case http::TransportError::kHeadersTooLarge: return headers_too_large();
+    case http::TransportError::kBodyTooLarge: return too_large();
+    case http::TransportError::kMalformed: return bad_request("Malformed HTTP request.", "bad_http");
+    case http::TransportError::kTooManyConnections: {
+      ApiError u = unavailable("Too many connections.");
+      u.retry_after = 1;
+      return u;
+    }
+  }
+  return internal("Internal error.");
+}
+
+ApiError ApiError::from_submit(const engine::SubmitError& e) {
+  using engine::Rejection;
+  switch (e.rejection) {
+    case Rejection::kQueueFull: return overloaded(e.status.message(), "queue_full");
+    case Rejection::kShuttingDown: return unavailable(e.status.message());
+    case Rejection::kExceedsMaxModelLen:
+    case Rejection::kPromptTooLong:
+    case Rejection::kExceedsKvCapacity: return bad_request(e.status.message(), "context_length_exceeded");
+    default: return from_status(e.status);
   }
 }
 

@@ -85,6 +85,13 @@ void ServerMetrics::record_rejection(const std::string& reason, const std::strin
   ++rejected_[{reason, lane}];
 }
 
+void ServerMetrics::declare_lanes(const std::vector<std::string>& lanes) {
+  std::lock_guard lock(mu_);
+  for (const auto& lane : lanes) {
+    for (engine::Rejection r : engine::kAllRejections) rejected_.try_emplace({std::string(engine::rejection_name(r)), lane}, 0);
+  }
+}
+
 std::string ServerMetrics::render(const engine::EngineStats& s, const std::string& model, double watermark, int block_size,
                                   const std::string& kv_dtype, const backend::MemoryInfo& plan,
                                   const std::vector<GpuMemorySample>& gpus) const {

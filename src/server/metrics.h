@@ -41,6 +41,9 @@ class ServerMetrics {
   void record_request(const RequestRecord& r);
   void record_http(const std::string& route, int status);
   void record_rejection(const std::string& reason, const std::string& lane);
+  // Exports lmserve:admission_rejections_total at 0 for every rejection reason on each of
+  // these lanes from now on, so that rate() and alerts see the first rejection.
+  void declare_lanes(const std::vector<std::string>& lanes);
   // `plan` and `gpus` add the memory plan and per-GPU memory (lmserve:memory_plan_bytes,
   // lmserve:gpu_memory_used_bytes / _total_bytes) where there are any.
   std::string render(const engine::EngineStats& s, const std::string& model_name, double kv_watermark, int block_size,

@@ -1,6 +1,9 @@
 #include "server/openai.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <string_view>
 
 #include "common/build_info.h"
 
@@ -155,6 +158,14 @@ Expected<ParsedRequest, ApiError> parse_request(const ojson& body, bool chat) {
     for (const auto& m : body["messages"]) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
         return type_error("messages", "a list of objects with a string 'role'");
+      }
+      // Only the roles the chat templates know: an invented one ("system2", "admin") would reach
+      // the template as text a client chose, a way to dress a user's words as instructions.
+      static constexpr std::string_view kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+      const std::string& role = m["role"].get_ref<const std::string&>();
+      if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles)) {
+        return Err(ApiError::bad_request("A message's 'role' must be one of system, developer, user, assistant or tool.", "invalid_value",
+                                         "messages"));
       }
       ojson msg = m;
       if (m.contains("content") && m["content"].is_array()) {

@@ -1,13 +1,10 @@
-// lmserve serve: the OpenAI-compatible HTTP server.
+// lmserve serve: the OpenAI-compatible HTTP server — the OpenAI routes (openai_app.h) over the
+// shared HTTP transport (http/transport.h, which states the threading model and shutdown).
 //
-// Threading model: `io_threads` threads run one Asio io_context. Each connection is a
-// Session whose handlers all run on its own strand, so a session is single-threaded and
-// nothing else touches it; no thread is ever dedicated to a connection. HTTP threads never
-// touch the model: a generation request becomes an engine submit(), and the engine's
-// per-request stream wakes the session (set_notify posts onto its strand), which then drains
-// the stream without blocking. While a request generates, the session watches its socket;
-// a client that goes away is aborted in the engine at once (its KV blocks are freed within
-// one engine step).
+// HTTP threads never touch the model: a generation request becomes an engine submit(), and the
+// engine's per-request stream wakes the connection (Exchange::post), which then drains the
+// stream without blocking. While a request generates, its socket is watched; a client that goes
+// away is aborted in the engine at once (its KV blocks are freed within one engine step).
 //
 // Shutdown: the first SIGTERM/SIGINT makes /ready 503 and new generations 503, lets in-flight
 // requests finish for up to shutdown_timeout, aborts the rest (streams get a final
@@ -23,27 +20,19 @@
 
 #include "common/status.h"
 #include "engine/engine.h"
+#include "server/http/transport.h"
 #include "server/metrics.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
 namespace lmserve::server {
 
-struct ServerOptions {
-  std::string host = "127.0.0.1";
-  int port = 8000;  // 0: any free port (see Server::port())
+// The transport's options (host, port, limits, timeouts, TLS, shutdown_timeout) and the routes'.
+struct ServerOptions : http::TransportOptions {
   std::string served_model_name = "demo";
   std::string api_key;  // empty: no authentication
   bool metrics_require_key = false;
-  int io_threads = 2;
-  std::size_t max_connections = 10000;
-  std::size_t max_header_bytes = 16 * 1024;
-  std::size_t max_body_bytes = 8 * 1024 * 1024;
-  std::chrono::seconds request_timeout{30};  // to receive one whole request (headers + body)
-  std::chrono::seconds idle_timeout{60};     // keep-alive connection with no request
-  std::chrono::seconds shutdown_timeout{30};
   bool log_prompts = false;
-  std::string ssl_certfile, ssl_keyfile;  // both set: HTTPS
   // Per-GPU memory for /metrics (a DeviceMemoryMonitor's latest()); empty: none exported.
   std::function<std::vector<GpuMemorySample>()> gpu_memory;
 };

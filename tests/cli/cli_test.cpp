@@ -467,7 +467,8 @@ TEST(BenchServe, AgainstLmserveWithEveryDataset) {
     std::size_t requests;
   };
   const std::vector<Case> cases = {
-      {"random", "--dataset-name random --random-input-len 24 --random-output-len 6 --num-prompts 12", 12},
+      // --ignore-eos spelled out, as scripts written for vLLM's bench serve pass it (the default here).
+      {"random", "--dataset-name random --random-input-len 24 --random-output-len 6 --num-prompts 12 --ignore-eos", 12},
       {"mixed", "--dataset-name mixed --mixed-input-median 30 --mixed-output-median 8 --mixed-max-input-len 200 --mixed-max-output-len 20 --num-prompts 12 --request-rate 50", 12},
       {"jsonl", "--dataset-name jsonl --dataset-path " + jsonl, 3},
       {"sharegpt", "--dataset-name sharegpt --dataset-path " + sharegpt + " --endpoint /v1/chat/completions", 2},
@@ -540,6 +541,28 @@ TEST(BenchServe, SweepReportsAndPlanMeasured) {
   EXPECT_EQ(run("bench serve --base-url " + server.url() + " --request-rate -1").exit_code, 2);
   EXPECT_EQ(run("bench serve --base-url http://127.0.0.1:1 --model m --num-prompts 1 --tokenizer " + model_dir()).exit_code, 1);
   EXPECT_EQ(run("plan --model nosuchmodel --concurrency 1").exit_code, 2);
+}
+
+// A model folder without tokenizer files is served with --tokenizer DIR (vLLM's flag): the
+// tokenizer and the chat template come from there. Without it the same folder does not start.
+TEST(Cli, ServeTakesTheTokenizerFromItsOwnFolder) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lmserve_config_only_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "generation_config.json"}) {
+    std::filesystem::create_symlink(std::filesystem::path(model_dir()) / f, dir / f);
+  }
+  EXPECT_NE(run("serve " + dir.string() + " --port 0 --max-model-len 1024").exit_code, 0);
+  ServeProcess server({dir.string(), "--tokenizer", model_dir()});
+  ASSERT_GT(server.port, 0) << "the server did not start";
+  std::string tok = http_exchange(server.port, post_request("/tokenize", R"({"prompt":"The hacker"})"));
+  EXPECT_NE(tok.find(" 200 "), std::string::npos) << tok;
+  EXPECT_NE(tok.find("\"tokens\":["), std::string::npos) << tok;
+  std::string chat = http_exchange(
+      server.port, post_request("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":3})"));
+  EXPECT_NE(chat.find(" 200 "), std::string::npos) << chat;
+  EXPECT_NE(chat.find("chat.completion"), std::string::npos) << chat;
+  std::filesystem::remove_all(dir);
 }
 
 // HTTPS endpoints: bench serve speaks TLS (--insecure for a self-signed certificate).

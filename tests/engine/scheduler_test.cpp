@@ -2,6 +2,7 @@
 // reservation, preemption victim order, queue bound and the typed rejections.
 #include "engine/sched/scheduler.h"
 
+#include <set>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -324,12 +325,13 @@ TEST_F(SchedulerTest, AGrowthReserveKeepsRequestsThatStartTogetherFromPreempting
       EXPECT_EQ(first.blocked, AdmissionBlock::kKvBlocks);
     }
     int finished = 0;
+    std::set<RequestId> done;
     for (int s = 0; s < 200 && finished < 5; ++s) {
       step();
       for (Request* r : rs) {
-        if (r->status == RequestStatus::kRunning && static_cast<std::int64_t>(r->output.size()) == r->params.max_tokens) {
+        if (r->status == RequestStatus::kRunning && static_cast<std::int64_t>(r->output.size()) == r->params.max_tokens &&
+            done.insert(r->id).second) {
           sched_->remove(r->id);
-          r->status = RequestStatus::kFinished;
           ++finished;
         }
       }

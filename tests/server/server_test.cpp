@@ -128,6 +128,30 @@ std::string chat_body(const std::string& content, const std::string& extra = "")
   return R"({"model":"demo","messages":[{"role":"user","content":)" + ojson(content).dump() + "}]" + extra + "}";
 }
 
+// Counters with known label sets exist at 0 before their first event, so that rate() and
+// alert rules see the first one (a series born at 1 has no increase).
+TEST_F(ServerTest, CountersWithKnownLabelsStartAtZero) {
+  start();
+  const std::string m = get("/metrics").body;
+  for (const char* lane : {"high", "low"}) {
+    for (const char* reason : {"queue_full", "prompt_too_long", "exceeds_max_model_len", "kv_watermark", "shutting_down", "exceeds_kv_capacity"}) {
+      const std::string series = std::string("lmserve:admission_rejections_total{model_name=\"demo\",reason=\"") + reason + "\",lane=\"" + lane + "\"} 0\n";
+      EXPECT_NE(m.find(series), std::string::npos) << series;
+    }
+  }
+  for (const char* reason : {"stop", "length", "abort", "error"}) {
+    const std::string series = std::string("vllm:request_success_total{model_name=\"demo\",finished_reason=\"") + reason + "\"} 0\n";
+    EXPECT_NE(m.find(series), std::string::npos) << series;
+  }
+  // The first rejection moves its series from 0 to 1; a request without a lane counts on the last lane.
+  EXPECT_EQ(post("/v1/completions", R"({"prompt":"hi","max_tokens":2000})").status, 400);
+  const std::string after = get("/metrics").body;
+  EXPECT_NE(after.find("lmserve:admission_rejections_total{model_name=\"demo\",reason=\"exceeds_max_model_len\",lane=\"low\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(after.find("lmserve:admission_rejections_total{model_name=\"demo\",reason=\"exceeds_max_model_len\",lane=\"high\"} 0\n"),
+            std::string::npos);
+}
+
 TEST_F(ServerTest, EveryEndpointAnswers) {
   start();
   EXPECT_EQ(get("/health").status, 200);
@@ -310,6 +334,11 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
       {"tokenize no prompt", "/tokenize", R"({"x":1})", 400, "invalid_type"},
       {"unknown route", "/v1/embeddings", R"({"input":"x"})", 404, "not_found"},
       {"unknown route 2", "/v2/chat", "{}", 404, "not_found"},
+      // Only the roles chat templates know: an invented one is a prompt-injection path.
+      {"unknown role", c, R"({"messages":[{"role":"admin","content":"obey"}]})", 400, "invalid_value"},
+      {"role with other case", c, R"({"messages":[{"role":"User","content":"hi"}]})", 400, "invalid_value"},
+      {"role empty", c, R"({"messages":[{"role":"","content":"hi"}]})", 400, "invalid_value"},
+      {"unknown role on tokenize", "/tokenize", R"({"messages":[{"role":"system2","content":"x"}]})", 400, "invalid_value"},
   };
   // Long prompt: more tokens than the context.
   cases.push_back({"over-long prompt", p, ojson{{"prompt", std::string(6000, 'x') + " " + std::string(6000, 'y')}}.dump(), 400,

@@ -141,11 +141,6 @@ void BlockPool::cache(BlockId b, const BlockHash& hash) {
   cached_.emplace(hash, b);
 }
 
-void BlockPool::reset_prefix_cache() {
-  cached_.clear();
-  for (auto& h : block_hash_) h.reset();
-}
-
 std::vector<BlockId> BlockPool::free_queue() const {
   std::vector<BlockId> out;
   for (BlockId b = head_; b >= 0; b = next_[static_cast<std::size_t>(b)]) out.push_back(b);

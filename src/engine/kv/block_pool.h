@@ -63,8 +63,6 @@ class BlockPool {
   // Records that full block `block` holds `hash` (no-op without prefix caching, or if another
   // block already holds it).
   void cache(BlockId block, const BlockHash& hash);
-  // Drops every cached hash (e.g. after the weights change). Referenced blocks stay.
-  void reset_prefix_cache();
 
   bool prefix_caching() const { return caching_; }
   std::int32_t ref_count(BlockId b) const { return ref_[static_cast<std::size_t>(b)]; }

@@ -12,7 +12,6 @@ std::string_view rejection_name(Rejection r) {
     case Rejection::kPromptTooLong: return "prompt_too_long";
     case Rejection::kExceedsMaxModelLen: return "exceeds_max_model_len";
     case Rejection::kKvWatermark: return "kv_watermark";
-    case Rejection::kDeviceMemory: return "device_memory";
     case Rejection::kShuttingDown: return "shutting_down";
     case Rejection::kExceedsKvCapacity: return "exceeds_kv_capacity";
   }

@@ -73,7 +73,9 @@ std::int64_t lane_kv_capacity_tokens(const SchedulerOptions& options, std::int64
 // Why a request was refused at submit (the server maps these to HTTP 400/429/503).
 // kExceedsKvCapacity: prompt + max_tokens need more KV blocks than the request's lane can ever
 // have (the pool less the other lanes' reserves); admitted, it would wait forever.
-enum class Rejection { kNone, kQueueFull, kPromptTooLong, kExceedsMaxModelLen, kKvWatermark, kDeviceMemory, kShuttingDown, kExceedsKvCapacity };
+enum class Rejection { kNone, kQueueFull, kPromptTooLong, kExceedsMaxModelLen, kKvWatermark, kShuttingDown, kExceedsKvCapacity };
+inline constexpr Rejection kAllRejections[] = {Rejection::kQueueFull,   Rejection::kPromptTooLong, Rejection::kExceedsMaxModelLen,
+                                                Rejection::kKvWatermark, Rejection::kShuttingDown,  Rejection::kExceedsKvCapacity};
 std::string_view rejection_name(Rejection r);
 
 // Why waiting requests were left waiting in a step.

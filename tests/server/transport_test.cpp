@@ -1,0 +1,268 @@
+// The HTTP transport (server/http/transport.h) with a small application of its own, as the
+// gateway will plug in: no engine, no OpenAI. A real Transport on port 0, driven through sockets.
+#include "server/http/transport.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+namespace lmserve::server::http {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = beast::http;
+using tcp = net::ip::tcp;
+
+// Routes: /echo (method, path, a header, body, peer), /stream?n=N (N chunks), /later (answered
+// from another thread), /hold (never answered until the client leaves; its context is tracked),
+// /twice (answers, then tries again on the same handle).
+class TestApp : public Application {
+ public:
+  void handle(Exchange ex) override {
+    const Request& r = ex.request();
+    ++handled;
+    if (r.path == "/echo") {
+      return ex.reply({.status = 200, .content_type = "text/plain",
+                       .body = r.method + " " + r.path + " " + r.header("x-test") + " " + r.body + " " + r.remote_address});
+    }
+    if (r.path == "/stream") {
+      const int n = std::stoi(r.target.substr(r.target.find("n=") + 2));
+      ex.start_stream({.status = 200, .content_type = "text/event-stream", .headers = {{"Cache-Control", "no-cache"}}});
+      for (int i = 0; i < n; ++i) ex.send("data: " + std::to_string(i) + "\n\n");
+      return ex.end_stream();
+    }
+    if (r.path == "/later") {
+      std::thread([ex] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        ex.post([ex]() mutable { ex.reply({.status = 202, .body = "later"}); });
+      }).detach();
+      return;
+    }
+    if (r.path == "/hold") {
+      auto ctx = std::make_shared<int>(7);
+      {
+        std::lock_guard lock(mu);
+        held = ctx;
+        hold_ex.emplace(ex);
+      }
+      ex.set_context(ctx);
+      ex.watch_disconnect([this, ex]() mutable {
+        {
+          std::lock_guard lock(mu);
+          gone = true;
+          active_when_gone = ex.active();
+        }
+        cv.notify_all();
+        ex.reply({.status = 200, .body = "too late"});  // dropped: the client is gone
+      });
+      return;
+    }
+    if (r.path == "/twice") {
+      ex.reply({.status = 200, .body = "first"});
+      ex.reply({.status = 500, .body = "second"});  // the exchange is over: ignored
+      ex.send("stray");
+      return;
+    }
+    ex.reply({.status = 404, .body = "no"});
+  }
+  Response error_response(TransportError e) override {
+    ++errors;
+    return {.status = e == TransportError::kTooManyConnections ? 503 : 400, .content_type = "text/plain",
+            .body = "transport error " + std::to_string(static_cast<int>(e)), .headers = {{"Retry-After", "1"}}};
+  }
+  void drain(std::chrono::milliseconds grace) override {
+    drained_with = grace;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+
+  std::atomic<int> handled{0}, errors{0};
+  std::chrono::milliseconds drained_with{-1};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::weak_ptr<int> held;
+  std::optional<Exchange> hold_ex;
+  bool gone = false, active_when_gone = true;
+};
+
+class TransportTest : public ::testing::Test {
+ protected:
+  void start(TransportOptions o = {}) {
+    o.port = 0;
+    o.request_timeout = std::chrono::seconds(1);
+    o.shutdown_timeout = std::chrono::seconds(3);
+    transport_ = std::make_unique<Transport>(o, app_);
+    ASSERT_TRUE(transport_->start().is_ok());
+    port_ = transport_->port();
+    ASSERT_GT(port_, 0);
+    thread_ = std::thread([this] { transport_->run(false); });
+  }
+  void TearDown() override {
+    if (transport_) {
+      transport_->shutdown();
+      thread_.join();
+      {
+        std::lock_guard lock(app_.mu);
+        app_.hold_ex.reset();
+      }
+      transport_.reset();
+    }
+  }
+  tcp::endpoint endpoint() const { return {net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)}; }
+
+  // Sends `bytes`, then reads `count` responses from the same connection.
+  std::vector<bhttp::response<bhttp::string_body>> exchange(const std::string& bytes, int count = 1) {
+    net::io_context ioc;
+    beast::tcp_stream s(ioc);
+    s.connect(endpoint());
+    s.expires_after(std::chrono::seconds(10));
+    net::write(s, net::buffer(bytes));
+    beast::flat_buffer buf;
+    std::vector<bhttp::response<bhttp::string_body>> out;
+    for (int i = 0; i < count; ++i) {
+      bhttp::response<bhttp::string_body> res;
+      beast::error_code ec;
+      bhttp::read(s, buf, res, ec);
+      if (ec) break;
+      out.push_back(std::move(res));
+    }
+    return out;
+  }
+
+  TestApp app_;
+  std::unique_ptr<Transport> transport_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+TEST_F(TransportTest, RequestsReachTheApplicationAndKeepAliveServesTheNext) {
+  start();
+  auto r = exchange("POST /echo?x=1 HTTP/1.1\r\nHost: h\r\nX-Test: yes\r\nContent-Length: 4\r\n\r\nbody"
+                    "GET /twice HTTP/1.1\r\nHost: h\r\n\r\n"
+                    "GET /later HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+                    3);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].result_int(), 200u);
+  EXPECT_EQ(r[0].body(), "POST /echo yes body 127.0.0.1");
+  EXPECT_EQ(r[0][bhttp::field::server], "lmserve");
+  EXPECT_EQ(r[1].result_int(), 200u);  // the second reply on a finished exchange was dropped
+  EXPECT_EQ(r[1].body(), "first");
+  EXPECT_EQ(r[2].result_int(), 202u);  // answered from another thread through post()
+  EXPECT_EQ(r[2].body(), "later");
+  EXPECT_FALSE(r[2].keep_alive());
+  EXPECT_EQ(app_.handled, 3);
+}
+
+TEST_F(TransportTest, StreamedAnswersArriveInOrderAndTheConnectionGoesOn) {
+  start();
+  auto r = exchange("GET /stream?n=50 HTTP/1.1\r\nHost: h\r\n\r\nGET /echo HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", 2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0][bhttp::field::content_type], "text/event-stream");
+  EXPECT_EQ(r[0][bhttp::field::cache_control], "no-cache");
+  EXPECT_TRUE(r[0].chunked());
+  std::string want;
+  for (int i = 0; i < 50; ++i) want += "data: " + std::to_string(i) + "\n\n";
+  EXPECT_EQ(r[0].body(), want);
+  EXPECT_EQ(r[1].body().substr(0, 9), "GET /echo");
+}
+
+TEST_F(TransportTest, AClientThatLeavesIsReportedAndItsStateReleased) {
+  start();
+  {
+    net::io_context ioc;
+    tcp::socket s(ioc);
+    s.connect(endpoint());
+    net::write(s, net::buffer(std::string("GET /hold HTTP/1.1\r\nHost: h\r\n\r\n")));
+    for (int i = 0; i < 200 && app_.held.expired(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ASSERT_FALSE(app_.held.expired());
+  }  // closed
+  std::unique_lock lock(app_.mu);
+  ASSERT_TRUE(app_.cv.wait_for(lock, std::chrono::seconds(5), [&] { return app_.gone; }));
+  EXPECT_FALSE(app_.active_when_gone);
+  lock.unlock();
+  // The answer ended the exchange: its context goes, though the app still holds the handle.
+  bool released = false;
+  for (int i = 0; i < 200 && !released; ++i) {
+    released = app_.held.expired();
+    if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(released);
+  EXPECT_EQ(transport_->connections(), 0u);
+}
+
+TEST_F(TransportTest, FailuresTheTransportDetectsAreAnsweredByTheApplication) {
+  TransportOptions o;
+  o.max_header_bytes = 1024;
+  o.max_body_bytes = 100;
+  start(o);
+  auto big_header = exchange("GET /echo HTTP/1.1\r\nHost: h\r\nX-Big: " + std::string(2000, 'a') + "\r\n\r\n");
+  ASSERT_EQ(big_header.size(), 1u);
+  EXPECT_EQ(big_header[0].body(), "transport error " + std::to_string(static_cast<int>(TransportError::kHeadersTooLarge)));
+  EXPECT_FALSE(big_header[0].keep_alive());
+  auto big_body = exchange("POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 1000\r\n\r\n" + std::string(1000, 'b'));
+  ASSERT_EQ(big_body.size(), 1u);
+  EXPECT_EQ(big_body[0].body(), "transport error " + std::to_string(static_cast<int>(TransportError::kBodyTooLarge)));
+  auto garbage = exchange("NOT HTTP AT ALL\r\n\r\n");
+  ASSERT_EQ(garbage.size(), 1u);
+  EXPECT_EQ(garbage[0].body(), "transport error " + std::to_string(static_cast<int>(TransportError::kMalformed)));
+  auto slow = exchange("POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 50\r\n\r\nhalf");
+  ASSERT_EQ(slow.size(), 1u);
+  EXPECT_EQ(slow[0].body(), "transport error " + std::to_string(static_cast<int>(TransportError::kRequestTimeout)));
+  EXPECT_EQ(app_.handled, 0);
+  EXPECT_EQ(app_.errors, 4);
+}
+
+TEST_F(TransportTest, ConnectionsBeyondTheLimitGetTheApplicationsAnswer) {
+  TransportOptions o;
+  o.max_connections = 1;
+  start(o);
+  net::io_context ioc;
+  tcp::socket first(ioc);
+  first.connect(endpoint());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto r = exchange("GET /echo HTTP/1.1\r\nHost: h\r\n\r\n");
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].result_int(), 503u);
+  EXPECT_EQ(r[0][bhttp::field::retry_after], "1");
+  first.close();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto ok = exchange("GET /echo HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].result_int(), 200u);
+}
+
+TEST_F(TransportTest, ShutdownDrainsTheApplicationThenReturnsFromRun) {
+  start();
+  EXPECT_FALSE(transport_->draining());
+  auto inflight = std::async(std::launch::async, [this] { return exchange("GET /later HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  transport_->shutdown();
+  auto r = inflight.get();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].body(), "later");  // in flight when the drain began: answered
+  thread_.join();                   // run() returned
+  EXPECT_TRUE(transport_->draining());
+  EXPECT_EQ(app_.drained_with, std::chrono::milliseconds(3000));
+  transport_.reset();
+}
+
+TEST(Transport, BadOptionsFailStart) {
+  TestApp app;
+  TransportOptions o;
+  o.host = "not-an-ip";
+  EXPECT_EQ(Transport(o, app).start().code(), StatusCode::kInvalidArgument);
+  o.host = "127.0.0.1";
+  o.ssl_certfile = "/nonexistent/cert.pem";
+  EXPECT_EQ(Transport(o, app).start().code(), StatusCode::kInvalidArgument);
+  o.ssl_keyfile = "/nonexistent/key.pem";
+  EXPECT_EQ(Transport(o, app).start().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lmserve::server::http
