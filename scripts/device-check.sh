@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # Part-1 CUDA checks on the GPU machine, in one call (carry ".device/carry", made by
 # scripts/device-bundle.sh):
-# backend_compare (and its attention sweep once more with the CUDA-core decode kernel), the
-# engine tests on CUDA, compute-sanitizer.
+# backend_compare (its attention sweep covers each decode kernel and unit shape by its own
+# arguments), the engine tests on CUDA, compute-sanitizer.
 # Logs go to $OUT; a summary table is printed last. SANITIZE=0 skips compute-sanitizer;
-# MMA_SWEEP=0 skips the sweep with the CUDA-core decode kernel, MT1_SWEEP=0 the one with the
-# one-m-tile prefill kernel, WARPS_SWEEP=0 the model and engine runs with the decode warp units;
 # MEM_FILTER / RACE_FILTER narrow the sanitizer runs (racecheck is slow: minutes on model tests);
 # RACE_ARGS adds compute-sanitizer options. Not --kernel-name-exclude kns=nvjet: with it (H200,
 # CUDA 13.0) only the cuBLAS kernels ran and the tests of our kernels failed.
@@ -16,28 +14,8 @@ row() { printf '%-44s %s\n' "$1" "$2" >> "$OUT/summary.txt"; }
 $B/bin/lmserve version --self-test > "$OUT/version.log" 2>&1; row "version --self-test" "rc=$?"
 timeout 300 $B/tests/backend_compare_test > "$OUT/compare.log" 2>&1; rc=$?
 row "backend_compare_test" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare.log" | head -2 | tr '\n' ' ')"
-# The CUDA-core decode kernel, where the tensor-core one (decode_mma.cu) runs by default
-# (MMA_SWEEP=0 skips it, for a change that leaves that kernel alone).
-if [[ ${MMA_SWEEP:-1} == 1 ]]; then
-  LMSERVE_CUDA_DECODE_MMA=0 timeout 300 $B/tests/backend_compare_test --gtest_filter='*KvOps*' > "$OUT/compare_no_decode_mma.log" 2>&1; rc=$?
-  row "backend_compare KvOps, DECODE_MMA=0" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare_no_decode_mma.log" | head -2 | tr '\n' ' ')"
-fi
-# The prefill kernel with one m-tile per warp (attention.cu, PrefillShape<1>), where the one
-# with two runs by default (MT1_SWEEP=0 skips it).
-if [[ ${MT1_SWEEP:-1} == 1 ]]; then
-  LMSERVE_CUDA_PREFILL_MT=1 timeout 300 $B/tests/backend_compare_test --gtest_filter='*KvOps*' > "$OUT/compare_prefill_mt1.log" 2>&1; rc=$?
-  row "backend_compare KvOps, PREFILL_MT=1" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare_prefill_mt1.log" | head -2 | tr '\n' ' ')"
-fi
 LMSERVE_TEST_BACKEND=cuda timeout 300 $B/tests/engine_e2e_test > "$OUT/engine_cuda.log" 2>&1; rc=$?
 row "engine_e2e_test on CUDA" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda.log" | head -2 | tr '\n' ' ')"
-# The model and the engine with the tensor-core decode kernel's warp units at every batch size,
-# where by default only large batches take them (WARPS_SWEEP=0 skips it).
-if [[ ${WARPS_SWEEP:-1} == 1 ]]; then
-  LMSERVE_CUDA_DECODE_WARPS=1 timeout 300 $B/tests/backend_compare_test --gtest_filter='*CudaModel*:*CudaBackend*' > "$OUT/compare_warp_units.log" 2>&1; rc=$?
-  row "backend_compare model, DECODE_WARPS=1" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/compare_warp_units.log" | head -2 | tr '\n' ' ')"
-  LMSERVE_CUDA_DECODE_WARPS=1 LMSERVE_TEST_BACKEND=cuda timeout 300 $B/tests/engine_e2e_test > "$OUT/engine_cuda_warp_units.log" 2>&1; rc=$?
-  row "engine_e2e_test on CUDA, DECODE_WARPS=1" "rc=$rc $(grep -E '^\[  (PASSED|FAILED)' "$OUT/engine_cuda_warp_units.log" | head -2 | tr '\n' ' ')"
-fi
 if [[ ${SANITIZE:-1} == 1 ]]; then
   CS=/usr/local/cuda/bin/compute-sanitizer
   timeout 400 $CS --tool memcheck --error-exitcode 9 $B/tests/backend_compare_test --gtest_filter="${MEM_FILTER:-*ActOps*:*KvOps*bs16_gqa4*:*KvOps*bs32_gqa8*:*Padded*:*Rejects*:*DeviceSampl*:*demo*}" > "$OUT/memcheck.log" 2>&1

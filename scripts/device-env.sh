@@ -1,4 +1,4 @@
-# Sourced by the GPU-machine scripts (device-check.sh, device-bench.sh, device-products.sh):
+# Sourced by the GPU-machine scripts (device-check.sh, device-bench.sh):
 # what scripts/device-bundle.sh packed, unpacked afresh into .device/bundle (the GPU machine may
 # keep an old one; BUNDLE picks another packed file, e.g. one made with NAME=...), its libraries
 # on the search path, B its folder, and $OUT (default /tmp/out) made.

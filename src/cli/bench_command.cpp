@@ -119,6 +119,7 @@ Command add_bench_command(CLI::App& app) {
   app.require_subcommand(1);
   auto* latency = app.add_subcommand("latency", "prefill time and decode step time of one batch (with the memory-bandwidth bound on a GPU)");
   lat->model.add_to(*latency);
+  lat->model.add_measurement_options(*latency);
   latency->add_option("--batch-size", lat->batch_size, "sequences decoded together")->capture_default_str();
   latency->add_option("--input-len", lat->input_len, "prompt tokens per sequence")->capture_default_str();
   latency->add_option("--output-len", lat->output_len, "tokens generated per sequence")->capture_default_str();
@@ -126,6 +127,7 @@ Command add_bench_command(CLI::App& app) {
   add_async_scheduling_option(*latency, &lat->async_scheduling);
   auto* throughput = app.add_subcommand("throughput", "requests/s and tokens/s of many requests through the engine");
   thr->model.add_to(*throughput);
+  thr->model.add_measurement_options(*throughput);
   throughput->add_option("--num-prompts", thr->num_prompts, "requests")->capture_default_str();
   throughput->add_option("--input-len", thr->input_len, "prompt tokens per request")->capture_default_str();
   throughput->add_option("--output-len", thr->output_len, "tokens generated per request")->capture_default_str();

@@ -24,6 +24,14 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_flag("--host-sampling", host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
 }
 
+void ModelOptions::add_measurement_options(CLI::App& app) {
+  app.add_flag("--step-report", step_report,
+               "CUDA backend: print where the backend's forward passes spent their time (staging, launch, wait, device) at exit");
+  app.add_option("--profile-step", profile_step,
+                 "CUDA backend: bracket one step with cudaProfilerStart/Stop for `ncu --profile-from-start off`: N (the N-th "
+                 "step), decode:N or prefill:N");
+}
+
 void add_kv_growth_reserve_option(CLI::App& app, double* reserve) {
   app.add_option("--kv-growth-reserve", *reserve,
                  "admit a request only if the KV cache can also hold this share of every running request's remaining max_tokens (at most "
@@ -99,6 +107,8 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
     co.max_model_len = max_model_len;
     co.enforce_eager = enforce_eager;
     co.device_sampling = !host_sampling;
+    co.step_report = step_report;
+    co.profile_step = profile_step;
     auto b = backend::make_cuda_backend(out.weights, co);
     if (b) {
       out.backend = std::move(*b);

@@ -46,8 +46,13 @@ struct ModelOptions {
   std::int64_t max_num_seqs = 256;
   std::int64_t max_num_batched_tokens = 8192;
   std::int64_t max_model_len = 0;  // 0: the model's
+  // Measurement on the CUDA backend (bench only): CudaBackendOptions::step_report, profile_step.
+  bool step_report = false;
+  std::string profile_step;
 
   void add_to(CLI::App& app);
+  // --step-report and --profile-step, for `bench latency` and `bench throughput`.
+  void add_measurement_options(CLI::App& app);
 
   // The GPU load() will run on (CUDA device 0), or nothing when it will use the CPU.
   std::optional<DeviceInfo> gpu() const;

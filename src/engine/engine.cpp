@@ -41,9 +41,6 @@ struct Engine::Live {
 Engine::Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options)
     : backend_(std::move(backend)), tokenizer_(std::move(tokenizer)), options_(std::move(options)) {
   eos_ids_ = backend_->config().eos_token_ids;
-  // LMSERVE_OVERLAP_OUTPUTS=0: every row's outputs in the step, for A/B runs of one binary.
-  if (const char* v = std::getenv("LMSERVE_OVERLAP_OUTPUTS"); v != nullptr && std::string_view(v) == "0") options_.overlap_outputs = false;
-  if (const char* v = std::getenv("LMSERVE_ASYNC_SCHEDULING"); v != nullptr && std::string_view(v) == "0") options_.async_scheduling = false;
   const auto& kvc = backend_->kv_config();
   kv_ = std::make_unique<KvCacheManager>(kvc.num_blocks, kvc.block_size, options_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);

@@ -100,14 +100,14 @@ struct EngineOptions {
   std::function<bool()> device_memory_ok;
   int sampler_threads = 0;  // 0: up to 8 cores sample a step's rows in parallel
   // Steps with at least this many rows process their outputs (detokenization, stop strings)
-  // on the sampler threads too; below it waking them costs more than it saves (on the H200
-  // machine a wake-up of the pool took ~0.3 ms and a row's output ~2.5 us).
+  // on the sampler threads too; below it waking them costs more than it saves (docs/perf.md,
+  // "parallel output processing").
   std::size_t parallel_output_rows = 128;
   // In a step of at least parallel_output_rows rows, the rows of requests without stop strings
   // end by their tokens alone (OutputProcessor::finish_by_token): the step ends them at once,
-  // and their text and events go out on other threads while the next step runs on the device
-  // (on the H200 this output work took ~1 ms of each 1,024-row step, the device idle meanwhile).
-  // false (or LMSERVE_OVERLAP_OUTPUTS=0 in the environment): all of it in the step, as before.
+  // and their text and events go out on other threads while the next step runs on the device,
+  // which would otherwise wait for that host work (docs/perf.md, "outputs overlapped").
+  // false: all of it in the step.
   bool overlap_outputs = true;
   // Asynchronous scheduling: on a backend that is asynchronous() (Backend::launch returns
   // before the device is done), the engine plans step N+1 (schedules it, builds and stages its
@@ -115,8 +115,7 @@ struct EngineOptions {
   // N sampled written into it; N's outputs follow. A request that N ended (end-of-sequence, a
   // stop token or string) then has one row of N+1 computed for nothing, its result dropped. Rows the backend leaves to the
   // host (penalties, logit_bias, logprobs, unmet min_tokens) are sampled between N's end and
-  // N+1's start, where their tokens are needed. false (or LMSERVE_ASYNC_SCHEDULING=0 in the
-  // environment): one step at a time.
+  // N+1's start, where their tokens are needed. false (--no-async-scheduling): one step at a time.
   bool async_scheduling = true;
   // Host memory that preempted requests' KV may wait in (Backend::set_host_blocks), so they
   // resume where they stopped instead of computing their tokens again; taken only as it is

@@ -424,18 +424,21 @@ TEST_P(KvOps, PagedAttentionDecodeAndChunkedPrefill) {
     // decode, decode with the context split, chunked prefill, long chunks; the two decodes again
     // with one warp per (item, KV head, split) in the tensor-core decode kernel (10 units: the
     // last block has two spare warps; split, most units past their context), and again with its
-    // blocks of 8 warps.
-    for (int mode = 0; mode < 8; ++mode) {
+    // blocks of 8 warps; and with the CUDA-core decode kernel, the fallback for the shapes the
+    // tensor-core one does not take.
+    for (int mode = 0; mode < 10; ++mode) {
       static const char* const kModes[] = {" decode", " split decode", " chunked prefill", " long chunks", " decode, warp units",
-                                           " split decode, warp units", " decode, wide blocks", " split decode, wide blocks"};
+                                           " split decode, warp units", " decode, wide blocks", " split decode, wide blocks",
+                                           " decode, CUDA cores", " split decode, CUDA cores"};
       SCOPED_TRACE(std::string(act_name(act)) + kModes[mode]);
       ops::AttentionInput in;
       in.nh = nh;
       in.nkv = nkv;
       in.D = D;
-      in.splits = mode == 1 || mode == 5 || mode == 7 ? 8 : 1;
+      in.splits = mode == 1 || mode == 5 || mode == 7 || mode == 9 ? 8 : 1;
       in.warp_units = mode == 4 || mode == 5;
-      in.wide_blocks = mode >= 6;
+      in.wide_blocks = mode == 6 || mode == 7;
+      in.cuda_core_decode = mode >= 8;
       in.tables = tables;
       std::vector<backend::SeqBatch> seqs;
       for (std::size_t s = 0; s < contexts.size(); ++s) {

@@ -134,8 +134,9 @@ void BM_EngineHostStep(benchmark::State& state) {
   }
   constexpr int kIn = 128, kOut = 64;
   // ENGINE_BENCH_DEVICE_MS: a device step of that many ms (the wall time per step then shows
-  // how much host work stays outside it; LMSERVE_OVERLAP_OUTPUTS=0 for the engine without the
-  // outputs' overlap, LMSERVE_ASYNC_SCHEDULING=0 without planning the next step during this one).
+  // how much host work stays outside it; ENGINE_BENCH_OVERLAP_OUTPUTS=0 for the engine without
+  // the outputs' overlap, ENGINE_BENCH_ASYNC_SCHEDULING=0 without planning the next step during
+  // this one: EngineOptions::overlap_outputs and async_scheduling).
   const char* device_ms = std::getenv("ENGINE_BENCH_DEVICE_MS");
   auto backend = std::make_unique<InstantBackend>(*config, batch * (kIn + kOut) / 16 + batch, decides, device_ms ? std::strtod(device_ms, nullptr) : 0.0);
   engine::EngineOptions o;
@@ -145,6 +146,8 @@ void BM_EngineHostStep(benchmark::State& state) {
   o.scheduler.kv_watermark = 0.99;
   // For A/B runs of the parallel output processing (EngineOptions::parallel_output_rows).
   if (const char* v = std::getenv("ENGINE_BENCH_PARALLEL_OUTPUT_ROWS")) o.parallel_output_rows = std::strtoull(v, nullptr, 10);
+  if (const char* v = std::getenv("ENGINE_BENCH_OVERLAP_OUTPUTS")) o.overlap_outputs = std::string_view(v) != "0";
+  if (const char* v = std::getenv("ENGINE_BENCH_ASYNC_SCHEDULING")) o.async_scheduling = std::string_view(v) != "0";
   o.scheduler.lanes = {{"default", 0, 0, 4096}};
   auto eng = engine::Engine::create(std::move(backend), *tok, o);
   double host = 0, steps = 0, wall = 0, ahead = 0;

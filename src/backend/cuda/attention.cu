@@ -365,7 +365,7 @@ template <int D>
 void run_attention(const AttnArgs& a, cudaStream_t s) {
   const int group = a.nh / a.nkv;
   AttnArgs rest = a;  // what the prefill kernels take
-  const bool mma = a.num_single > 0 && decode_mma_supported(D, a.kv, a.act, group);
+  const bool mma = a.num_single > 0 && !a.cuda_core_decode && decode_mma_supported(D, a.kv, a.act, group);
   if (a.num_single > 0 && (mma || group <= 8)) {
     AttnArgs d = a;
     d.num_items = a.num_single;

@@ -180,7 +180,7 @@ __device__ __forceinline__ void online_softmax(const float (&s)[NF][4], float (&
 
 // The tensor-core decode kernel (decode_mma.cu) for the one-token items of a step: whether it
 // runs for a model (16-bit acts, head dim 64 or 128, a KV cache of the act's type or fp8,
-// group <= 16, not turned off by LMSERVE_CUDA_DECODE_MMA=0), its launch (grid items x KV heads
+// group <= 16, unless AttnArgs::cuda_core_decode), its launch (grid items x KV heads
 // x splits; partials in AttnArgs::partial when splits > 1, like the CUDA-core kernel), and its
 // shared-memory limit (once per device, with configure_attention_kernels).
 bool decode_mma_supported(int head_dim, Kv kv, Act act, int group);
@@ -189,7 +189,7 @@ void configure_decode_mma();
 
 // The tensor-core prefill kernel (prefill_mma.cu) for the items of a step other than its
 // one-token ones: whether it runs for a model (16-bit acts, head dim 64 or 128), and its launch
-// (grid items x KV heads, unsplit; LMSERVE_CUDA_PREFILL_MT picks its shape).
+// (grid items x KV heads, unsplit).
 bool prefill_mma_supported(int head_dim, Act act);
 void launch_prefill_mma(const AttnArgs& a, cudaStream_t s);
 

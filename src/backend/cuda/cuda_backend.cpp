@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -299,6 +300,18 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   p.device_sampling = o.device_sampling;
   p.k_scales = o.k_scales;
   p.v_scales = o.v_scales;
+  p.step_report = o.step_report;
+  if (!o.profile_step.empty()) {
+    const std::string& v = o.profile_step;
+    p.profile_step_kind = v.rfind("decode:", 0) == 0 ? 1 : (v.rfind("prefill:", 0) == 0 ? 2 : 0);
+    const std::string n = p.profile_step_kind == 0 ? v : v.substr(v.find(':') + 1);
+    char* end = nullptr;
+    const long step = std::strtol(n.c_str(), &end, 10);
+    if (n.empty() || *end != '\0' || step < 1 || step > 1000000) {
+      return error(StatusCode::kInvalidArgument, "--profile-step must be N, decode:N or prefill:N with N >= 1");
+    }
+    p.profile_step = static_cast<int>(step);
+  }
   if (o.kv_dtype == KvDtype::kFp8E4M3 && o.k_scales.empty()) {
     // The CPU backend's calibration batch: 256 tokens from the same generator.
     std::mt19937 rng(20261130);

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -35,6 +36,12 @@ struct CudaBackendOptions {
   // only their tokens cross to the host; off: every row's logits come back.
   bool device_sampling = true;
   std::vector<float> k_scales, v_scales;       // fp8_e4m3, [layer * num_kv_heads + head]
+  // Measurement (bench's --step-report and --profile-step): a table of where forward() spends
+  // its time, on stderr when the backend goes; and one step, "N", "decode:N" or "prefill:N" (the
+  // N-th forward of any kind, of one-token items only, or of the others), bracketed by
+  // cudaProfilerStart/Stop for `ncu --profile-from-start off`. Empty: none.
+  bool step_report = false;
+  std::string profile_step;
 };
 
 // Unavailable when this build has no CUDA or no GPU can be used; InvalidArgument for options

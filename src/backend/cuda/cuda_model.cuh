@@ -123,7 +123,7 @@ class CudaModel final : public DeviceModel {
   std::int64_t max_model_len_ = 0, num_blocks_ = 0, kv_blocks_now_ = 1;
   int num_single_ = 0;  // of the staged items, the one-token ones (they come first)
   bool calibrating_ = false, host_rows_ = false;
-  int steps_ = 0;  // forward() calls of the kind LMSERVE_CUDA_PROFILE_STEP counts
+  int steps_ = 0;  // forward() calls of the kind PlanOptions::profile_step counts
   // prepare / launch / finish: the step prepared, the one in flight; the staging region's copy
   // (staged_event_) and the step's end (done_event_).
   Step next_, inflight_;
@@ -132,7 +132,7 @@ class CudaModel final : public DeviceModel {
   std::vector<int> buckets_;
   std::map<int, cudaGraphExec_t> graphs_;
   std::vector<float> k_scales_host_, v_scales_host_;
-  StepReport report_;  // LMSERVE_CUDA_STEP_REPORT
+  StepReport report_;  // PlanOptions::step_report
 };
 
 }  // namespace lmserve::cuda

@@ -329,6 +329,7 @@ std::string attention(int act, const AttentionInput& in, const KvCacheHost& cach
   at.splits = num_single > 0 ? std::max(1, in.splits) : 1;
   at.warp_units = in.warp_units;
   at.wide_blocks = in.wide_blocks;
+  at.cuda_core_decode = in.cuda_core_decode;
   at.partial = static_cast<float*>(a.alloc(static_cast<std::size_t>(std::max(1, at.num_items)) * in.nkv * at.splits * kAttnRows * (in.D + 2) * 4));
   at.out = a.alloc(static_cast<std::size_t>(T) * in.nh * in.D * static_cast<std::size_t>(act_bytes(A)));
   at.act = A;

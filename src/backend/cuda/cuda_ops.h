@@ -82,6 +82,7 @@ struct AttentionInput {
   int splits = 1;  // context splits for single-token sequences (decode)
   bool warp_units = false;  // AttnArgs::warp_units (the tensor-core decode kernel's one warp per unit)
   bool wide_blocks = false;  // AttnArgs::wide_blocks (its blocks of 8 warps)
+  bool cuda_core_decode = false;  // AttnArgs::cuda_core_decode (the CUDA-core decode kernel where the tensor-core one applies)
 };
 std::string attention(int act, const AttentionInput& in, const KvCacheHost& cache, std::vector<float>* out);
 

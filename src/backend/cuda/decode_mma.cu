@@ -384,17 +384,6 @@ __global__ void __launch_bounds__(32 * W, W == kWarps ? kMinBlocks : 1) decode_m
   }
 }
 
-bool decode_mma_enabled() {
-  static const bool on = !env_is("LMSERVE_CUDA_DECODE_MMA", "0");
-  return on;
-}
-
-// LMSERVE_CUDA_DECODE_GRID=items: the grid (items, nkv, splits) of before, for A/B runs.
-bool decode_heads_first() {
-  static const bool on = !env_is("LMSERVE_CUDA_DECODE_GRID", "items");
-  return on;
-}
-
 template <int D, Kv K, Act A, int W, int St>
 void launch_blocks(const AttnArgs& a, dim3 grid, cudaStream_t s) {
   launch_pdl(decode_mma_kernel<D, K, A, false, W, St>, grid, dim3(32 * W), Shape<D, K, W, St>::kSmem, s, a);
@@ -409,7 +398,7 @@ void launch_one(const AttnArgs& args, cudaStream_t s) {
     launch_pdl(decode_mma_kernel<D, K, A, true>, grid, dim3(kThreads), Shape<D, K>::kRingBytes, s, a);
     return;
   }
-  a.heads_first = decode_heads_first() && a.num_items <= 65535;  // gridDim.y's limit
+  a.heads_first = a.num_items <= 65535;  // gridDim.y's limit
   const dim3 grid(a.heads_first ? heads : items, a.heads_first ? items : heads, static_cast<unsigned>(a.splits));
   if (a.wide_blocks) {
     launch_blocks<D, K, A, kWideWarps, kStages>(a, grid, s);
@@ -477,20 +466,12 @@ struct Allow {
 }  // namespace
 
 bool decode_mma_supported(int head_dim, Kv kv, Act act, int group) {
-  return decode_mma_enabled() && group >= 1 && group <= 16 && with_case(head_dim, kv, act, Noop{});
+  return group >= 1 && group <= 16 && with_case(head_dim, kv, act, Noop{});
 }
 
-bool decode_wide_blocks(std::int64_t units, int sms) {
-  static const bool never = env_is("LMSERVE_CUDA_DECODE_WIDE", "0"), always = env_is("LMSERVE_CUDA_DECODE_WIDE", "1");
-  if (never || always) return always;
-  return units * kDecodeWideUnitsPerSm <= sms;
-}
+bool decode_wide_blocks(std::int64_t units, int sms) { return units * kDecodeWideUnitsPerSm <= sms; }
 
-bool decode_warp_units(std::int64_t units, int sms) {
-  static const bool never = env_is("LMSERVE_CUDA_DECODE_WARPS", "0"), always = env_is("LMSERVE_CUDA_DECODE_WARPS", "1");
-  if (never || always) return always;
-  return units >= static_cast<std::int64_t>(kDecodeWarpUnitsPerSm) * sms;
-}
+bool decode_warp_units(std::int64_t units, int sms) { return units >= static_cast<std::int64_t>(kDecodeWarpUnitsPerSm) * sms; }
 
 void launch_decode_mma(const AttnArgs& a, cudaStream_t s) {
   with_case(a.D, a.kv, a.act, Launch{a, s});

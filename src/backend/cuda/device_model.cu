@@ -23,7 +23,7 @@ std::size_t align_up(std::size_t n) { return (n + 255) / 256 * 256; }
 
 CudaModel::~CudaModel() {
   cudaSetDevice(device_);
-  if (StepReport::enabled()) report_.print(gemm_);
+  if (o_.step_report) report_.print(gemm_);
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
   if (stage_) cudaFreeHost(stage_);
   if (host_logits_) cudaFreeHost(host_logits_);
@@ -197,18 +197,13 @@ std::string CudaModel::launch(const std::int32_t* patch_index, const std::int32_
     tokens[patch_index[i]] = patch_token[i];
   }
   LMSERVE_CUDA_TRY(cudaSetDevice(device_));
-  // LMSERVE_CUDA_PROFILE_STEP=N brackets the N-th step with cudaProfilerStart/Stop, so that
-  // `ncu --profile-from-start off` (with --enforce-eager: kernel by kernel) sees one step;
-  // decode:N and prefill:N count only steps of one-token items, or only the others.
-  static const std::pair<int, int> profile = [] {  // (kind: 0 any, 1 decode, 2 prefill; N)
-    const std::string v = std::getenv("LMSERVE_CUDA_PROFILE_STEP") ? std::getenv("LMSERVE_CUDA_PROFILE_STEP") : "";
-    const int kind = v.rfind("decode:", 0) == 0 ? 1 : (v.rfind("prefill:", 0) == 0 ? 2 : 0);
-    return std::pair{kind, std::atoi(v.c_str() + (kind == 0 ? 0 : v.find(':') + 1))};
-  }();
+  // PlanOptions::profile_step brackets one step with cudaProfilerStart/Stop, so that
+  // `ncu --profile-from-start off` (with --enforce-eager: kernel by kernel) sees that step alone.
   const int kind = in.num_tokens == in.num_seqs ? 1 : 2;
-  const bool profiled = profile.second > 0 && (profile.first == 0 || profile.first == kind) && ++steps_ == profile.second;
+  const bool profiled =
+      o_.profile_step > 0 && (o_.profile_step_kind == 0 || o_.profile_step_kind == kind) && ++steps_ == o_.profile_step;
   if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStart());
-  s.report = StepReport::enabled() && !calibrating_;
+  s.report = o_.step_report && !calibrating_;
   if (s.report) LMSERVE_TRY(report_.mark(0, stream_));
   LMSERVE_CUDA_TRY(cudaMemcpyAsync(meta_.p, stage_, staged_bytes_, cudaMemcpyHostToDevice, stream_));
   LMSERVE_CUDA_TRY(cudaEventRecord(staged_event_, stream_));

@@ -45,6 +45,10 @@ struct PlanOptions {
   bool device_sampling = false;  // rows with a SampleSpec mode > 0 are decided on the device
   std::vector<float> k_scales, v_scales;
   std::vector<std::int32_t> calibration_tokens;  // fp8_e4m3 without scales
+  // Measurement, set by `bench` (backend/cuda/cuda_backend.h, CudaBackendOptions): the step
+  // report, and the profiled step (kind 0 any, 1 decode, 2 prefill; its n-th forward; 0: none).
+  bool step_report = false;
+  int profile_step_kind = 0, profile_step = 0;
 };
 
 struct MemoryPlan {

@@ -192,16 +192,10 @@ __device__ __forceinline__ void kv_load8(const void* p, std::int64_t i, float (&
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_release() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
-// Whether the environment variable `name` is set to `value` (the backend's A/B switches, read
-// once each into a static).
-bool env_is(const char* name, const char* value);
-
-// Whether launch_pdl() asks for programmatic dependent launch: yes unless LMSERVE_CUDA_PDL=0.
-bool pdl_enabled();
-
-// kernel<<<grid, block, smem, s>>>(args...) with programmatic stream serialization allowed
-// (pdl_enabled()): every kernel launched so must call pdl_wait() before it reads or writes
-// memory that an earlier kernel of the stream writes or reads.
+// kernel<<<grid, block, smem, s>>>(args...) with programmatic stream serialization allowed, so
+// that its preamble overlaps the previous kernel's tail: every kernel launched so must call
+// pdl_wait() before it reads or writes memory that an earlier kernel of the stream writes or
+// reads (docs/perf.md, "programmatic dependent launch").
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t s, Args... args) {
   cudaLaunchAttribute attr{};
@@ -213,7 +207,7 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t sm
   config.dynamicSmemBytes = smem;
   config.stream = s;
   config.attrs = &attr;
-  config.numAttrs = pdl_enabled() ? 1 : 0;
+  config.numAttrs = 1;
   cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 

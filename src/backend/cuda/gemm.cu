@@ -13,9 +13,9 @@ namespace {
 // ---- thin products: a weight-streaming kernel -------------------------------------------
 // With one or two token rows a step is bound by reading W once, not by the tensor cores: each
 // warp streams kGemvRows rows of W with 16-byte loads (the X rows, small and shared by every
-// warp, come through L1/L2) and keeps float32 sums for up to N token rows. Measured on the
-// H200 (docs/perf.md): 6.68 -> 6.03 ms per 8B decode step at one row, but 9.6 -> 15.9 ms at
-// eight, where the per-byte instruction count outgrows the memory time: so at most two.
+// warp, come through L1/L2) and keeps float32 sums for up to N token rows. At most two: past
+// that the per-byte instruction count outgrows the memory time (docs/perf.md, "the
+// weight-streaming kernel").
 // Each lane issues kGemvLoads loads per row before using any (8 KB in flight per warp), and
 // where W has few rows S warps share a pair of rows, each summing every S-th stretch of k, so
 // that at least kGemvWarpsPerSm warps per multiprocessor stream (the 4096-row projections of
@@ -248,16 +248,10 @@ int multiprocessors() {
 
 // The two-buffer loop (gemv_kernel's kPipe) for two token rows, whose use of a buffer takes
 // twice the instructions, and for long rows (k >= kGemvPipeK), where a warp loops over many
-// buffers; one buffer of kGemvLoads otherwise. H200, tests/bench/cuda_benchmark (docs/perf.md):
-// at one row down (k = 14,336) 31.4 -> 30.4 us, the k = 4,096 products within +-1% either way;
-// at two rows down 41.3 -> 36.9 us, the others equal or faster. LMSERVE_CUDA_GEMV_PIPE=0 / 1:
-// never / always, for A/B runs.
+// buffers; one buffer of kGemvLoads otherwise, where the second buffer bought nothing
+// (docs/perf.md, "the weight-streaming kernel's buffers").
 constexpr int kGemvPipeK = 8192;
-bool gemv_pipe(int n, int k) {
-  static const bool never = env_is("LMSERVE_CUDA_GEMV_PIPE", "0"), always = env_is("LMSERVE_CUDA_GEMV_PIPE", "1");
-  if (never || always) return always;
-  return n >= 2 || k >= kGemvPipeK;
-}
+bool gemv_pipe(int n, int k) { return n >= 2 || k >= kGemvPipeK; }
 
 // Returns the blocks launched (a kFoldOut product's partials per token row).
 template <Act A, int S, bool kSwiGlu, int kFold = kFoldNone>
@@ -272,15 +266,6 @@ int launch_gemv_split(const std::uint16_t* w, const std::uint16_t* x, void* y, i
   return static_cast<int>(blocks);
 }
 
-// After the coverage rule, more warps per row pair where that fills the last wave of blocks
-// better (gemv_warps_per_pair): at b1 the QKV projection's 768 blocks were 1.45 waves of 4 blocks
-// per SM (ncu: 2.73 TB/s) and gate/up's 1,792 were 3.39; with the rule b1 measured 4.700 ms per
-// step against 4.803 (H200, docs/perf.md). LMSERVE_CUDA_GEMV_WAVES=0 turns it off.
-bool gemv_waves() {
-  static const bool on = !env_is("LMSERVE_CUDA_GEMV_WAVES", "0");
-  return on;
-}
-
 template <Act A, bool kSwiGlu>
 int gemv_slots() {  // blocks resident at once over the GPU (every instance has ~64 registers)
   static const int slots = [] {
@@ -291,29 +276,15 @@ int gemv_slots() {  // blocks resident at once over the GPU (every instance has 
   return slots;
 }
 
-// LMSERVE_CUDA_GEMV_SPLIT=1|2|4|8: that many warps per row pair for every product instead of
-// gemv_warps_per_pair's rule (for sweeps with tests/bench/cuda_benchmark.cpp); 0 when unset or
-// another value.
-int gemv_split_override() {
-  static const int s = [] {
-    const char* v = std::getenv("LMSERVE_CUDA_GEMV_SPLIT");
-    const int n = v ? std::atoi(v) : 0;
-    return n == 1 || n == 2 || n == 4 || n == 8 ? n : 0;
-  }();
-  return s;
-}
-
 // Warps per row pair: the fewest that give kGemvWarpsPerSm warps per multiprocessor (at most 8);
-// with gemv_waves(), then the one of it, 2x, 4x ... 8 whose whole waves of blocks take least
-// time (a block of S warps per pair does 1/S of the work of one with a warp per pair), if 5%
-// less than the fewest.
+// then the one of it, 2x, 4x ... 8 whose whole waves of blocks take least time (a block of S
+// warps per pair does 1/S of the work of one with a warp per pair), if 5% less than the fewest:
+// a last wave of blocks left part-empty costs a whole wave (docs/perf.md, "GEMV waves").
 template <Act A, bool kSwiGlu>
 int gemv_warps_per_pair(std::int64_t pairs) {
-  if (const int forced = gemv_split_override()) return forced;
   const std::int64_t want = static_cast<std::int64_t>(kGemvWarpsPerSm) * multiprocessors();
   int S = 1;
   while (S < 8 && S * pairs < want) S *= 2;
-  if (!gemv_waves()) return S;
   const std::int64_t slots = gemv_slots<A, kSwiGlu>(), warps = kGemvThreads / 32;
   auto cost = [&](int s) {
     const std::int64_t blocks = (pairs + warps / s - 1) / (warps / s);
@@ -340,19 +311,6 @@ int launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cuda
     case 4: return launch_gemv_split<A, 4, kSwiGlu, kFold>(W, X, y, m, n, k, store, fold, s);
     default: return launch_gemv_split<A, 8, kSwiGlu, kFold>(W, X, y, m, n, k, store, fold, s);
   }
-}
-
-// LMSERVE_CUDA_GEMM_BUCKETS=0: a plan per exact n (a heuristic query for every new token count),
-// as before the buckets; for A/B runs.
-bool gemm_buckets() {
-  static const bool on = !env_is("LMSERVE_CUDA_GEMM_BUCKETS", "0");
-  return on;
-}
-
-// LMSERVE_CUDA_GEMM_TUNE=0: prepare() takes the heuristic's first algorithm, untimed.
-bool gemm_tune() {
-  static const bool on = !env_is("LMSERVE_CUDA_GEMM_TUNE", "0");
-  return on;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
@@ -510,7 +468,6 @@ std::string Gemm::plan_for(int m, int n, int k, Act act, Act out, bool exact, Pl
 }
 
 std::string Gemm::prepare(int m, int k, Act act, int max_n, const Operands* tune, Act out) {
-  if (!gemm_tune()) tune = nullptr;
   for (int n = kGemvMaxN + 1; n <= max_n; n = n_bucket(n) + 1) {
     const int bucket = n_bucket(n);
     auto key = std::make_tuple(m, bucket, k, static_cast<int>(act), static_cast<int>(out));
@@ -522,10 +479,7 @@ std::string Gemm::prepare(int m, int k, Act act, int max_n, const Operands* tune
   return {};
 }
 
-Act Gemm::product_dtype(Act act) {
-  static const bool f32 = env_is("LMSERVE_CUDA_F32_PRODUCTS", "1");
-  return f32 ? Act::kF32 : act;
-}
+Act Gemm::product_dtype(Act act) { return act; }
 
 bool Gemm::thin(const void* w, const void* x, int n, int k, Act act) { return can_fold(n, k, act) && aligned16(w) && aligned16(x); }
 
@@ -608,16 +562,11 @@ std::string Gemm::run_gate_up_silu_folded(const void* w, const void* g, void* ou
   return {};
 }
 
-bool Gemm::residual_in_epilogue() {
-  static const bool on = !env_is("LMSERVE_CUDA_RESIDUAL_GEMM", "0");
-  return on;
-}
-
 std::string Gemm::run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, float beta, cudaStream_t s) {
   const float alpha = 1.0f;
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   // The bucket's algorithm first; if cuBLASLt refuses it for this n, the heuristic's for n.
-  for (bool exact : {!gemm_buckets(), true}) {
+  for (bool exact : {false, true}) {
     Plan* p = nullptr;
     if (std::string e = plan_for(m, n, k, act, out, exact, &p); !e.empty()) return e;
     st = cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo, workspace_, workspace_bytes_, s);

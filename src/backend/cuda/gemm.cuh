@@ -3,9 +3,8 @@
 // of our own (gemm.cu); otherwise cuBLASLt (bf16/f16 tensor cores, or exact float32 without
 // TF32). Plans (layouts + the heuristic's algorithm) are cached per (m, k, dtype) and bucket of
 // n (powers of two and 1.5x them): a step's token count changes from step to step, and a plan
-// per new count cost the step its time on the host (on the H200, ~27 ms per eager step at 1,024
-// sequences, of which the heuristic queries were a few percent; the first run of each new
-// algorithm is the likely rest, not measured apart). prepare() makes the plans of every
+// per new count costs each new count its time on the host (docs/perf.md, "cuBLASLt plans per
+// bucket"). prepare() makes the plans of every
 // bucket up to a size at start-up, timing the heuristic's first candidates. Not thread-safe:
 // one per backend.
 #pragma once
@@ -38,10 +37,6 @@ class Gemm {
   // D = Y in place; the weight-streaming kernel adds its sums): a layer's output joins the
   // float32 residual stream without a pass of its own and without being rounded to act first.
   std::string run_add(const void* w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
-  // Whether the model adds o_proj's and down's products into the residual by run_add (the
-  // default) or has them written in product_dtype(act) and added by the next norm kernel
-  // (LMSERVE_CUDA_RESIDUAL_GEMM=0, the path before 2026-12-01, for A/B runs).
-  static bool residual_in_epilogue();
   // Up to this many rows of 16-bit X (k % 8 == 0, 16-byte aligned), a product streams W through
   // a kernel of our own instead of cuBLASLt.
   static constexpr int kStreamRows = 2;
@@ -58,7 +53,7 @@ class Gemm {
     bool accumulate = false;  // time the products as run_add runs them (beta = 1; y's values change)
   };
   // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing). With
-  // `tune` (and unless LMSERVE_CUDA_GEMM_TUNE=0), each bucket's algorithm is the fastest of the
+  // `tune`, each bucket's algorithm is the fastest of the
   // heuristic's first candidates, timed on those buffers at the bucket's n (at most max_n).
   // `out`: the products' output dtype (float32 for run(), product_dtype(act) for
   // run_gate_up_silu() and the layer products).
@@ -91,8 +86,7 @@ class Gemm {
   // run_gate_up_silu on g, gate and up scaled by inv before the SiLU.
   std::string run_gate_up_silu_folded(const void* w, const void* g, void* out, int I, int n, int k, Act act, const NormFold& fold, cudaStream_t s);
   // The dtype of a layer's products (QKV, o_proj, gate/up, down; not the logits): act, as vLLM
-  // keeps them, or float32 with LMSERVE_CUDA_F32_PRODUCTS=1 (the path before 2026-12-01, for
-  // A/B runs). The model sizes the products' buffers by it.
+  // keeps them. The model sizes the products' buffers by it.
   static Act product_dtype(Act act);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
@@ -117,7 +111,7 @@ class Gemm {
   std::map<std::tuple<int, int, int, int, int>, Plan> plans_;  // (m, bucket of n or -n if exact, k, act, out)
 
  public:
-  // Plans made and the seconds their heuristic queries took (LMSERVE_CUDA_STEP_REPORT).
+  // Plans made and the seconds their heuristic queries took (bench's --step-report).
   int plans_made() const { return plans_made_; }
   double plan_seconds() const { return plan_seconds_; }
   // Plans whose algorithm was timed, and of them those where it is not the heuristic's first.

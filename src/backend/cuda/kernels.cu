@@ -13,16 +13,6 @@ namespace lmserve::cuda {
 
 int act_bytes(Act a) { return a == Act::kF32 ? 4 : 2; }
 
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::string(v) == value;
-}
-
-bool pdl_enabled() {
-  static const bool on = !env_is("LMSERVE_CUDA_PDL", "0");
-  return on;
-}
-
 namespace {
 
 template <Act A>
@@ -291,8 +281,7 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a, i
 
 // gu in G: the act (Gemm::product_dtype: the gate / up product comes out of cuBLASLt in the
 // model's dtype, as vLLM's does, which halves this kernel's reads and the GEMM's writes for
-// 16-bit models; at 1,024 rows of Llama-3.1-8B a float32 gu was 117 MB each way and this kernel
-// took 34.2 us a layer at the copy rate) or float32 (LMSERVE_CUDA_F32_PRODUCTS=1).
+// 16-bit models against float32 products) or float32 (float32 models).
 template <Act A, Act G>
 __global__ void silu_mul_kernel(const void* gu, int I, void* out) {
   pdl_wait();

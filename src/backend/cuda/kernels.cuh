@@ -108,21 +108,22 @@ struct AttnArgs {
   // The tensor-core decode kernel's block units only: blocks of 8 warps instead of 4 (decode_mma.cu,
   // kWideWarps; the model decides with decode_wide_blocks).
   bool wide_blocks = false;
+  // The CUDA-core decode kernel even where the tensor-core one applies (tests compare the two);
+  // the model leaves it false.
+  bool cuda_core_decode = false;
 };
 // AttnArgs::warp_units for a step of `units` one-token (item, KV head) pairs on a device of
 // `sms` SMs: at kDecodeWarpUnitsPerSm units per SM and more (12 warps run per SM, so two waves
-// of them and more; fewer would leave the last wave part-empty). On the H200 warp units were
-// faster at 1,024 x 8 and 512 x 8 units (docs/perf.md). LMSERVE_CUDA_DECODE_WARPS=0 / 1 says
-// never / always, for A/B runs.
+// of them and more; fewer would leave the last wave part-empty; docs/perf.md, "warp units").
 constexpr int kDecodeWarpUnitsPerSm = 24;
 // AttnArgs::splits for a step of `units` one-token (item, KV head) pairs on `sms` SMs: enough
 // splits of each context for ~4 blocks per SM, at most 16; one from 4 x SMs units on.
 int decode_splits(std::int64_t units, int sms);
 bool decode_warp_units(std::int64_t units, int sms);
 // AttnArgs::wide_blocks for a step of `units` one-token (item, KV head) pairs on `sms` SMs: at
-// most one unit per kDecodeWideUnitsPerSm SMs (b1 to b4 of an 8-KV-head model on the H200's 132).
-// H200 (docs/perf.md): b1 4.540 -> 4.466 ms a step with them; forced at b64, 5.978 -> 6.483.
-// LMSERVE_CUDA_DECODE_WIDE=0 / 1 says never / always, for A/B runs.
+// most one unit per kDecodeWideUnitsPerSm SMs (b1 to b4 of an 8-KV-head model on 132 SMs), where
+// few blocks run and each must stream its keys faster; slower at more units (docs/perf.md,
+// "decode attention at b1 in blocks of 8 warps").
 constexpr int kDecodeWideUnitsPerSm = 4;
 bool decode_wide_blocks(std::int64_t units, int sms);
 bool attention_supports(int head_dim, int group);

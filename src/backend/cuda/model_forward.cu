@@ -12,15 +12,6 @@
 #include "backend/cuda/device_util.cuh"
 
 namespace lmserve::cuda {
-namespace {
-
-// Gemm::NormFold at one or two rows; LMSERVE_CUDA_NORM_FOLD=0: the norm kernels, for A/B runs.
-bool norm_fold() {
-  static const bool on = !env_is("LMSERVE_CUDA_NORM_FOLD", "0");
-  return on;
-}
-
-}  // namespace
 
 int CudaModel::splits_for(int single_items) const { return decode_splits(static_cast<std::int64_t>(single_items) * d_.kv_heads, sms_); }
 
@@ -36,9 +27,9 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   const Act prod = Gemm::product_dtype(act_);  // the layer products' dtype (out_, qkv_, gu_)
   // o_proj and down add into the residual x_ themselves, or write out_ for the next norm to add.
   // Not at one or two rows: there the weight-streaming kernel's last step would wait on the
-  // residual's load, and the norm kernel it spares moves a few KB (H200: b1 4.807 ms a step
-  // against 4.753).
-  const bool fused = Gemm::residual_in_epilogue() && T > Gemm::kStreamRows;
+  // residual's load, for a norm kernel that moves a few KB (docs/perf.md, "residual in the
+  // epilogue").
+  const bool fused = T > Gemm::kStreamRows;
   float* x = x_.as<float>();
   auto residual_product = [&](const void* w, const void* in, int m, int k) {
     return fused ? gemm_.run_add(w, in, x, m, T, k, act_, stream_) : gemm_.run(w, in, out_.p, prod, m, T, k, act_, stream_);
@@ -47,7 +38,7 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   // o_proj and down add into x and leave g = x * w and partial sums of squares in h_ and
   // fold_ss_, and QKV and gate/up scale their sums by the norm's inverse RMS; no norm kernel
   // runs in a layer. The final norm (head) stays.
-  const bool fold = norm_fold() && Gemm::can_fold(T, H, act_) && Gemm::can_fold(T, qd, act_) && Gemm::can_fold(T, I, act_);
+  const bool fold = Gemm::can_fold(T, H, act_) && Gemm::can_fold(T, qd, act_) && Gemm::can_fold(T, I, act_);
   const void* pending = fused || fold ? nullptr : out_.p;  // what the next norm adds to x_ first
   Gemm::NormFold nf;
   nf.H = H;

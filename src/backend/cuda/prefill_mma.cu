@@ -328,14 +328,6 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
   }
 }
 
-// Two m-tiles per warp (PrefillShape<2>: 4 warps x 32 rows, two blocks per SM) by default; it
-// measured 62.4% of the matrix rate at 8k against 59.6% with one (H200, docs/perf.md).
-// LMSERVE_CUDA_PREFILL_MT=1 picks the kernel with one m-tile per warp (8 warps x 16 rows).
-int prefill_m_tiles() {
-  static const int mt = env_is("LMSERVE_CUDA_PREFILL_MT", "1") ? 1 : 2;
-  return mt;
-}
-
 template <int D, Kv K, Act A, int MT>
 void launch_shape(const AttnArgs& a, cudaStream_t s) {
   constexpr std::size_t smem = mma_smem_bytes<D, A, MT>();
@@ -348,13 +340,11 @@ void launch_shape(const AttnArgs& a, cudaStream_t s) {
   prefill_mma_kernel<D, K, A, MT><<<grid, PrefillShape<MT>::kThreads, smem, s>>>(a);
 }
 
+// Two m-tiles per warp (PrefillShape<2>: 4 warps x 32 rows, two blocks per SM): it beat one
+// m-tile per warp (8 warps x 16 rows) at 8k (docs/perf.md, "prefill attention with two m-tiles").
 template <int D, Kv K, Act A>
 void run_prefill_mma(const AttnArgs& a, cudaStream_t s) {
-  if (prefill_m_tiles() == 2) {
-    launch_shape<D, K, A, 2>(a, s);
-  } else {
-    launch_shape<D, K, A, 1>(a, s);
-  }
+  launch_shape<D, K, A, 2>(a, s);
 }
 
 template <int D>

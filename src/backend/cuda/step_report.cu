@@ -12,11 +12,6 @@ StepReport::~StepReport() {
   }
 }
 
-bool StepReport::enabled() {
-  static const bool on = env_is("LMSERVE_CUDA_STEP_REPORT", "1");
-  return on;
-}
-
 std::string StepReport::mark(int i, cudaStream_t s) {
   cudaEvent_t& e = events_[static_cast<std::size_t>(i)];
   cudaError_t err = e ? cudaSuccess : cudaEventCreate(&e);

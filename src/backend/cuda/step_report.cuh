@@ -1,4 +1,4 @@
-// LMSERVE_CUDA_STEP_REPORT=1: where the CUDA backend's forward() spends its time, as a table on
+// `bench --step-report` (PlanOptions::step_report): where the CUDA backend's forward() spends its time, as a table on
 // stderr at exit, for decode graphs and eager steps: staging the metadata, launching (the rest
 // of the host's time in forward()), waiting for the device, and the device's own span from the
 // metadata copy to the end of the last layer (two CUDA events per step) — a span longer than
@@ -23,7 +23,6 @@ class StepReport {
   StepReport& operator=(const StepReport&) = delete;
   ~StepReport();
 
-  static bool enabled();
   // Records event `i` (0: before the metadata copy, 1: after the last layer's launch) on `s`.
   std::string mark(int i, cudaStream_t s);
   // After the step's device work is complete: adds the step (its host times in seconds, the
