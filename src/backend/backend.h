@@ -23,12 +23,11 @@
 #include <string_view>
 #include <vector>
 
+#include "backend/dtypes.h"
 #include "common/status.h"
 #include "model/weights.h"
 
 namespace lmserve::backend {
-
-enum class KvDtype { kFloat32, kBFloat16, kFloat16, kFp8E5M2, kFp8E4M3 };
 
 // "auto" (the model's dtype; float32 for float32 models), "float32", "bfloat16", "float16",
 // "fp8" / "fp8_e5m2", "fp8_e4m3".

@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 
-#include "backend/cuda/cuda_backend.h"
-#include "backend/gpu_power.h"
+#include "backend/device/gpu_power.h"
+#include "bench/device_rates.h"
 #include "bench/engine_bench.h"
 #include "bench/load.h"
 #include "cli/commands.h"
@@ -166,7 +166,7 @@ Command add_bench_command(CLI::App& app) {
       if (!m) return fail("latency", m.error());
       print_memory(*m->backend);
       bench::LatencyOptions lo{o.batch_size, o.input_len, o.output_len, o.model.max_num_batched_tokens, o.seed, 0, o.async_scheduling};
-      if (m->backend->name() == "cuda") lo.copy_bandwidth = backend::measure_copy_bandwidth(0);
+      if (m->backend->name() == "cuda") lo.copy_bandwidth = bench::measure_copy_bandwidth(0);
       std::optional<GpuPowerRecorder> recorder;
       if (m->backend->name() == "cuda") recorder.emplace(0, std::chrono::milliseconds(50));
       auto r = bench::run_latency(*m->backend, lo);
@@ -238,7 +238,7 @@ Command add_bench_command(CLI::App& app) {
     const std::int64_t vocab = m->weights->config().vocab_size;
     const model::ModelConfig config = m->weights->config();
     const bool on_gpu = m->backend->name() == "cuda";
-    const double matmul_rate = on_gpu ? backend::measure_matmul_rate(0) : 0;
+    const double matmul_rate = on_gpu ? bench::measure_matmul_rate(0) : 0;
     auto e = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
     if (!e) return fail("throughput", e.error());
     // A run with the GPU's clocks and power sampled beside it; the summary is printed with it.
@@ -258,7 +258,7 @@ Command add_bench_command(CLI::App& app) {
     std::string power, uniform_power;
     auto r = run(to, &power);
     if (!r) return fail("throughput", r.error());
-    const double sustained_rate = on_gpu && o.sustain_seconds > 0 ? backend::measure_matmul_rate(0, o.sustain_seconds) : 0;
+    const double sustained_rate = on_gpu && o.sustain_seconds > 0 ? bench::measure_matmul_rate(0, o.sustain_seconds) : 0;
     if (o.dataset == "mixed") {
       std::printf("==== mixed: log-normal lengths, medians %.0f in / %.0f out, sigma %.2f, clipped at %lld / %lld\n", o.mix.input_median,
                   o.mix.output_median, o.mix.input_sigma, static_cast<long long>(o.mix.max_input_len), static_cast<long long>(o.mix.max_output_len));

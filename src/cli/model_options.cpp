@@ -4,7 +4,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/devices.h"
+#include "backend/device/devices.h"
 
 namespace lmserve::cli {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "backend/devices.h"
+#include "backend/device/devices.h"
 #include "common/status.h"
 #include "model/weights.h"
 #include "text/tokenizer.h"

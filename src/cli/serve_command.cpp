@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/device_memory.h"
+#include "backend/device/device_memory.h"
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "cli/yaml_config.h"

@@ -2,7 +2,7 @@
 #include <memory>
 #include <string>
 
-#include "backend/devices.h"
+#include "backend/device/devices.h"
 #include "cli/commands.h"
 #include "common/build_info.h"
 

@@ -36,8 +36,6 @@
 
 #include "backend/backend.h"
 #include "common/status.h"
-#include "common/thread_pool.h"
-#include "engine/output/output_processor.h"
 #include "engine/request.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sched/scheduler.h"
@@ -142,6 +140,8 @@ struct SubmitError {
   AdmissionBlock cause = AdmissionBlock::kNone;  // for kQueueFull: what keeps the queue from draining
 };
 
+class EngineCore;
+
 struct EngineStats {
   std::int64_t running = 0;
   std::vector<std::pair<std::string, std::int64_t>> waiting_per_lane;
@@ -216,123 +216,18 @@ class Engine {
   void abort(RequestId id);
   EngineStats stats() const;
   bool alive() const;
-  const model::ModelConfig& model_config() const { return backend_->config(); }
-  const backend::KvCacheConfig& kv_config() const { return backend_->kv_config(); }
+  const model::ModelConfig& model_config() const;
+  const backend::KvCacheConfig& kv_config() const;
   // The backend's start-up memory plan (fixed once created).
-  backend::MemoryInfo memory_plan() const { return backend_->memory(); }
-  const EngineOptions& options() const { return options_; }
+  backend::MemoryInfo memory_plan() const;
+  const EngineOptions& options() const;
 
   // Stops admissions, waits up to `grace` for running work, aborts the rest, joins the loop.
   void shutdown(std::chrono::milliseconds grace = std::chrono::milliseconds(0));
 
  private:
-  Engine(std::unique_ptr<backend::Backend> backend, std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options);
-  void loop();
-  // submit()'s checks that need no lock (the prompt's tokens, the sampling parameters).
-  std::optional<Unexpected<SubmitError>> check(const GenerateRequest& g) const;
-  Expected<Submitted, SubmitError> submit_locked(const GenerateRequest& g);  // mu_ held
-  struct StepBuffers;
-  // One step of the loop: completes the step in flight (launching one first when none is),
-  // with the next planned and launched ahead of the completion where it may be. settle: only
-  // complete the step in flight, if any. *progressed: a step was launched or completed.
-  Status step(bool settle, bool* progressed);
-  // Schedules a step into `sb`, builds its inputs and has the backend prepare them. With
-  // `before` (the step in flight), decode rows whose token `before` samples are listed in
-  // sb.pending. *any: something was scheduled.
-  Status plan(StepBuffers& sb, const StepBuffers* before, bool* any);
-  // Starts a planned step (sb.patches written) and advances the scheduler past it.
-  Status launch(StepBuffers& sb);
-  // A done step's tokens in sb.results: the backend's, and the rows left to the host sampled.
-  Status take_tokens(StepBuffers& sb);
-  // A done step's outputs and ends (after take_tokens). Rows of `ahead` (launched already) whose
-  // request ends here are marked dead there.
-  void complete(StepBuffers& sb, StepBuffers* ahead);
-  // Whether the next step may be planned while this one runs.
-  bool may_plan_ahead() const;
-  // Ends `r`: its last event carries `text` and, when given, the token that ended it.
-  void finish(Request* r, FinishReason reason, const std::string& text, const std::string& stop_reason,
-              const std::string& err = "", const SampleResult* last = nullptr);
-  // The scheduler side of an end: out of the queues (its KV blocks freed), waiting siblings
-  // released, counted. finish() does this and the last event; a deferred row's event follows.
-  void retire(Request* r, std::int32_t choice_index);
-  // Waits for the deferred outputs in flight (step(), overlap_outputs) and drops the requests
-  // they ended. Every path that touches a request's output processor or stream, or scans live_,
-  // calls it first.
-  void drain_outputs();
-
-  struct Live;  // per-request engine state (stream, output processor, rng)
-
-  std::unique_ptr<backend::Backend> backend_;
-  std::shared_ptr<const text::Tokenizer> tokenizer_;
-  EngineOptions options_;
-  std::vector<std::int32_t> eos_ids_;
-
-  mutable std::mutex mu_;  // guards everything below; the loop drops it around forward()
-  std::condition_variable work_cv_, idle_cv_;
-  std::unique_ptr<KvCacheManager> kv_;
-  std::unique_ptr<Scheduler> scheduler_;
-  std::unordered_map<RequestId, std::unique_ptr<Live>> live_;
-  std::vector<RequestId> to_abort_;
-  RequestId next_id_ = 1;
-  std::uint64_t arrivals_ = 0;
-  bool accepting_ = true, stop_ = false, dead_ = false;
-  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0, computed_tokens_ = 0;
-  double forward_seconds_ = 0, host_seconds_ = 0, staging_seconds_ = 0;
-  EngineStats::StepSizes step_sizes_;
-  EngineStats::HostPhases host_phases_;
-  // A step's plan, inputs and per-row state, reused step to step so that a step of a thousand
-  // sequences does not allocate a thousand times. Two: the step in flight and the one planned
-  // ahead of it (step_[cur_] is the one in flight or next to run).
-  struct StepBuffers {
-    SchedulerOutput out;
-    std::vector<std::int32_t> tokens, positions, logits_rows, tables, sampled_tokens;
-    std::vector<std::int64_t> slots;
-    std::vector<std::size_t> table_start, host_rows, sync_rows;
-    std::vector<backend::SeqBatch> seqs;
-    std::vector<Request*> sampled;
-    std::vector<Live*> lives;
-    std::vector<backend::RowSampling> sample_rows;
-    std::vector<SampleResult> results;
-    std::vector<OutputProcessor::Update> updates;
-    // Planned ahead: (token index, row of the step before) for each token the step before
-    // samples, and the same written as patches at launch.
-    std::vector<std::pair<std::size_t, std::size_t>> pending;
-    std::vector<backend::TokenPatch> patches;
-    // Per sampled row: its token is in its request's output already (a placeholder until the
-    // step is done); its request ended while the step was in flight (the row is dropped).
-    std::vector<char> appended, dead;
-    // Logits rows, never value-initialised: at 1,024 rows of a 128k vocabulary a zero-filled
-    // std::vector spent ~0.3-0.8 s of a run writing 525 MB that a backend sampling on the device
-    // never reads (the `inputs` phase, 2 ms per step on the H200). Untouched pages cost nothing.
-    std::unique_ptr<float[]> logits;
-    std::size_t logits_capacity = 0;
-    bool launched = false;
-    double backend_seconds = 0;  // the engine thread's time in launch() and wait()
-  } step_[2];
-  int cur_ = 0;
-  std::uint64_t planned_ahead_ = 0;
-  std::unique_ptr<ThreadPool> sampler_pool_;
-  // Rows whose text and events go out while the next step runs (overlap_outputs): a step fills
-  // deferred_ after draining the previous one's, then hands it to emitter_; requests it ended
-  // are out of the scheduler already and leave live_ at the drain (retired_).
-  struct DeferredRow {
-    Request* r = nullptr;
-    Live* live = nullptr;
-    SampleResult res;
-    std::int64_t num_output = 0;
-    std::int64_t cached_prompt = 0;
-    FinishReason finish = FinishReason::kNone;
-    std::string stop_reason, text;
-    RequestStream::Times times;  // an ended row's, for its last event
-  };
-  void emit(std::vector<DeferredRow>& rows) const;  // on the emitter thread: no engine state
-  std::vector<DeferredRow> deferred_;
-  std::vector<RequestId> retired_;
-  BackgroundTask emitter_;
-  std::vector<std::uint64_t> rejections_;
-  std::vector<std::uint64_t> limit_episodes_;
-  AdmissionBlock last_block_ = AdmissionBlock::kNone;
-  std::thread thread_;
+  explicit Engine(std::unique_ptr<EngineCore> core);
+  std::unique_ptr<EngineCore> core_;  // engine_core.h: the loop, the scheduler, the requests' state
 };
 
 }  // namespace lmserve::engine

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "backend/devices.h"
+#include "backend/device/devices.h"
 #include "backend/step_buffers.h"
 
 namespace lmserve::plan {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/device_memory.h"
+#include "backend/device/device_memory.h"
 #include "engine/engine.h"
 
 namespace lmserve::server {

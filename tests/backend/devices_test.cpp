@@ -1,10 +1,10 @@
-#include "backend/devices.h"
+#include "backend/device/devices.h"
 
 #include <atomic>
 #include <thread>
 
-#include "backend/device_memory.h"
-#include "backend/gpu_power.h"
+#include "backend/device/device_memory.h"
+#include "backend/device/gpu_power.h"
 
 #include <gtest/gtest.h>
 

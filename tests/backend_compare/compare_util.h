@@ -9,26 +9,28 @@
 #include <string>
 #include <vector>
 
-#include "backend/devices.h"
+#include "backend/device/devices.h"
+#include "backend/dtypes.h"
 #include "common/numeric.h"
 
 namespace lmserve::compare {
 
 // act codes of cuda_ops.h
-inline constexpr int kF32 = 0, kBF16 = 1, kF16 = 2;
+using Act = backend::ActDtype;
+inline constexpr Act kF32 = Act::kFloat32, kBF16 = Act::kBFloat16, kF16 = Act::kFloat16;
 
-inline const char* act_name(int a) { return a == kF32 ? "float32" : (a == kBF16 ? "bfloat16" : "float16"); }
+inline const char* act_name(Act a) { return a == kF32 ? "float32" : (a == kBF16 ? "bfloat16" : "float16"); }
 
 // The relative L2 bound each act dtype is held to.
-inline double tolerance(int act) { return act == kF32 ? 1e-5 : 1e-2; }
+inline double tolerance(Act act) { return act == kF32 ? 1e-5 : 1e-2; }
 
-inline float round_to(int act, float v) {
+inline float round_to(Act act, float v) {
   if (act == kBF16) return bf16_to_float(float_to_bf16(v));
   if (act == kF16) return f16_to_float(float_to_f16(v));
   return v;
 }
 
-inline std::vector<float> rounded(int act, std::vector<float> v) {
+inline std::vector<float> rounded(Act act, std::vector<float> v) {
   for (float& x : v) x = round_to(act, x);
   return v;
 }

@@ -10,7 +10,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_ops.h"
-#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/model/cuda_ops.h"
 #include "compare_util.h"
 
 namespace lmserve::compare {
@@ -21,11 +21,12 @@ namespace ops = cuda::ops;
 
 model::Tensor f32_tensor(const std::vector<float>& v) { return model::Tensor{model::DType::kF32, {static_cast<std::int64_t>(v.size())}, v.data(), "t"}; }
 
-class ActOps : public ::testing::TestWithParam<int> {};
+class ActOps : public ::testing::TestWithParam<Act> {};
 
 TEST_P(ActOps, Embed) {
   LMSERVE_REQUIRE_GPU();
-  const int act = GetParam(), V = 300, H = 96;
+  const Act act = GetParam();
+  const int V = 300, H = 96;
   std::mt19937 rng(1);
   auto table = rounded(act, random_vec(rng, static_cast<std::size_t>(V * H)));
   std::vector<std::int32_t> tokens = {0, 299, 17, 17, 150};
@@ -38,7 +39,7 @@ TEST_P(ActOps, Embed) {
 
 TEST_P(ActOps, AddRmsNorm) {
   LMSERVE_REQUIRE_GPU();
-  const int act = GetParam();
+  const Act act = GetParam();
   std::mt19937 rng(2);
   for (int H : {64, 198, 200, 4096, 4100, 20000}) {  // 198: not float4; 20000: the row re-read
     for (int T : {1, 7}) {
@@ -70,7 +71,7 @@ TEST_P(ActOps, AddRmsNorm) {
 
 TEST_P(ActOps, Gemm) {
   LMSERVE_REQUIRE_GPU();
-  const int act = GetParam();
+  const Act act = GetParam();
   std::mt19937 rng(3);
   // n <= 2 with k % 8 == 0 takes the weight-streaming kernel for 16-bit dtypes (on the H200 with
   // 1, 2, 4 or 8 warps per row pair: 7001, 4101, 2001 and 301 rows; its two-buffer loop at two
@@ -110,7 +111,7 @@ TEST_P(ActOps, Gemm) {
 // queries the heuristic in a step).
 TEST_P(ActOps, GemmPlansAreSharedByTokenCountsOfABucket) {
   LMSERVE_REQUIRE_GPU();
-  const int act = GetParam();
+  const Act act = GetParam();
   std::mt19937 rng(4);
   const int m = 200, k = 136;
   const std::vector<int> ns = {40, 33, 48, 47, 100, 97, 130, 3, 700, 513, 49, 16, 17};
@@ -145,7 +146,7 @@ TEST_P(ActOps, GemmPlansAreSharedByTokenCountsOfABucket) {
 
 TEST_P(ActOps, GateUpSilu) {
   LMSERVE_REQUIRE_GPU();
-  const int act = GetParam();
+  const Act act = GetParam();
   std::mt19937 rng(5);
   // n <= 2: one weight-streaming pass for 16-bit dtypes (1, 2, 4, 8 warps per row pair by the
   // output count on the H200: 7001, 4100, 2000, 300); n = 3, 64 and float32: cuBLASLt into the
@@ -170,8 +171,8 @@ TEST_P(ActOps, GateUpSilu) {
 // act, as the norm kernel leaves it) and products: only act's rounding falls elsewhere.
 TEST_P(ActOps, NormFoldedIntoTheProductsAroundIt) {
   LMSERVE_REQUIRE_GPU();
-  const int act = GetParam();
-  if (act == 0) GTEST_SKIP() << "the weight-streaming kernel takes 16-bit rows only";
+  const Act act = GetParam();
+  if (act == kF32) GTEST_SKIP() << "the weight-streaming kernel takes 16-bit rows only";
   std::mt19937 rng(11);
   const float eps = 1e-5f;
   // H = 4096 after an o_proj-like (k 4096) and a down-like product (k 14336: the two-buffer
@@ -215,7 +216,8 @@ TEST_P(ActOps, NormFoldedIntoTheProductsAroundIt) {
 
 TEST_P(ActOps, SiluMul) {
   LMSERVE_REQUIRE_GPU();
-  const int act = GetParam(), T = 5;
+  const Act act = GetParam();
+  const int T = 5;
   std::mt19937 rng(4);
   for (int I : {300, 302}) {  // the four-wide kernel, and the one for sizes it does not divide
     SCOPED_TRACE("I = " + std::to_string(I));
@@ -228,7 +230,7 @@ TEST_P(ActOps, SiluMul) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, ActOps, ::testing::Values(kF32, kBF16, kF16),
-                         [](const ::testing::TestParamInfo<int>& p) { return std::string(act_name(p.param)); });
+                         [](const ::testing::TestParamInfo<Act>& p) { return std::string(act_name(p.param)); });
 
 // ---- the KV cache: RoPE + write, and paged attention -------------------------------------
 
@@ -257,7 +259,7 @@ std::vector<KvCase> kv_cases() {
 }
 
 // The error a KV dtype adds on top of the act bound (values are rounded once more).
-double kv_tolerance(KvDtype kv, int act) {
+double kv_tolerance(KvDtype kv, Act act) {
   switch (kv) {
     case KvDtype::kFloat32: return tolerance(act);
     case KvDtype::kBFloat16:
@@ -275,7 +277,7 @@ struct Cache {
 Cache make_cache(const KvCase& c, int nkv, int blocks, std::mt19937& rng) {
   Cache out;
   const std::size_t bytes = static_cast<std::size_t>(blocks) * c.block_size * nkv * c.head_dim * backend::kv_dtype_bytes(c.kv);
-  out.host.kv = static_cast<int>(c.kv);
+  out.host.kv = c.kv;
   out.host.block_size = c.block_size;
   out.host.k.assign(bytes, 0xFF);
   out.host.v.assign(bytes, 0xFF);
@@ -307,7 +309,7 @@ TEST_P(KvOps, QkvRopeWritesTheCache) {
   for (int run = 0; run < 4; ++run) {
     const int variant = run % 2, T = run < 2 ? 11 : 600, blocks = (T + c.block_size - 1) / c.block_size + 1;
     SCOPED_TRACE(std::string(variant == 0 ? "plain" : "bias + qk norm") + ", " + std::to_string(T) + " tokens");
-    for (int act : {kF32, kBF16}) {
+    for (Act act : {kF32, kBF16}) {
       SCOPED_TRACE(act_name(act));
       ops::QkvRopeInput in;
       in.nh = nh;
@@ -420,7 +422,7 @@ TEST_P(KvOps, PagedAttentionDecodeAndChunkedPrefill) {
                              k.data(), v.data());
     }
   }
-  for (int act : {kF32, kBF16, kF16}) {
+  for (Act act : {kF32, kBF16, kF16}) {
     // decode, decode with the context split, chunked prefill, long chunks; the two decodes again
     // with one warp per (item, KV head, split) in the tensor-core decode kernel (10 units: the
     // last block has two spare warps; split, most units past their context), and again with its

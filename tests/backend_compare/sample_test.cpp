@@ -9,7 +9,7 @@
 #include <map>
 #include <numeric>
 
-#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/model/cuda_ops.h"
 #include "compare_util.h"
 
 namespace lmserve::compare {

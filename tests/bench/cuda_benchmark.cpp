@@ -10,8 +10,9 @@
 
 #include <string>
 
-#include "backend/cuda/device_model.h"
-#include "backend/cuda/probe.h"
+#include "backend/cuda/measure/rates.h"
+#include "backend/cuda/model/device_model.h"
+#include "backend/device/probe.h"
 
 namespace {
 
@@ -65,10 +66,10 @@ void BM_DecodeAttention(benchmark::State& state) {
     return;
   }
   const auto items = static_cast<int>(state.range(0)), context = static_cast<int>(state.range(1));
-  const auto kv = static_cast<int>(state.range(2)), wide = static_cast<int>(state.range(3));
+  const auto kv = static_cast<int>(state.range(2)), wide = static_cast<int>(state.range(3));  // kv: backend::KvDtype
   double seconds = 0;
   for (auto _ : state) {
-    seconds = lmserve::cuda::decode_attention_seconds(0, items, context, kv, wide, 200);
+    seconds = lmserve::cuda::decode_attention_seconds(0, items, context, static_cast<lmserve::backend::KvDtype>(kv), wide, 200);
     if (seconds <= 0) {
       state.SkipWithError("the attention failed");
       return;

@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "backend/devices.h"
+#include "backend/device/devices.h"
 #include "test_paths.h"
 
 namespace {

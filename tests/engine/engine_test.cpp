@@ -17,7 +17,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/devices.h"
+#include "backend/device/devices.h"
 #include "engine_test_util.h"
 #include "test_paths.h"
 

@@ -16,7 +16,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/devices.h"
+#include "backend/device/devices.h"
 #include "engine/engine.h"
 #include "test_paths.h"
 

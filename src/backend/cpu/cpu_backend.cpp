@@ -8,7 +8,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_ops.h"
-#include "backend/host_swap.h"
+#include "backend/device/host_swap.h"
 #include "common/thread_pool.h"
 
 namespace lmserve::backend {

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <random>
 
-#include "backend/cuda/device_model.h"
-#include "backend/host_swap.h"
+#include "backend/cuda/model/device_model.h"
+#include "backend/device/host_swap.h"
 #include "common/numeric.h"
 
 namespace lmserve::backend {
@@ -16,7 +16,9 @@ namespace {
 
 using cuda::Slot;
 
-int act_of(model::DType d) { return d == model::DType::kF32 ? 0 : (d == model::DType::kBF16 ? 1 : 2); }
+ActDtype act_of(model::DType d) {
+  return d == model::DType::kF32 ? ActDtype::kFloat32 : (d == model::DType::kBF16 ? ActDtype::kBFloat16 : ActDtype::kFloat16);
+}
 
 // The tensor's elements [offset, offset + count) in the act dtype, as bytes to upload.
 std::vector<std::byte> as_act(const model::Tensor& t, std::int64_t offset, std::int64_t count, model::DType act) {
@@ -289,7 +291,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   LMSERVE_RETURN_IF_ERROR(upload(*m, *weights, act));
 
   cuda::PlanOptions p;
-  p.kv = static_cast<int>(o.kv_dtype);
+  p.kv = o.kv_dtype;
   p.block_size = o.block_size;
   p.num_blocks = o.num_blocks;
   p.gpu_memory_utilization = o.gpu_memory_utilization;
@@ -334,8 +336,5 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   const CudaBackend::Limits limits{std::max(p.max_tokens, p.max_seqs), p.max_seqs, p.max_model_len, p.device_sampling};
   return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(m), kv, mem, limits));
 }
-
-double measure_copy_bandwidth(int device) { return cuda::copy_bandwidth(device); }
-double measure_matmul_rate(int device, double seconds) { return cuda::matmul_rate(device, seconds); }
 
 }  // namespace lmserve::backend

@@ -48,13 +48,4 @@ struct CudaBackendOptions {
 // or models the kernels do not support (named); ResourceExhausted when the plan leaves no KV.
 Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::ModelWeights> weights, const CudaBackendOptions& options);
 
-// Device-to-device copy bandwidth in bytes/s, measured with 1 GiB buffers (the roofline the
-// latency benchmark divides by). 0 when no GPU can be used.
-double measure_copy_bandwidth(int device);
-// bf16 matrix-product rate in FLOP/s (8192^3, random values, the backend's GEMM path: the
-// ceiling a prefill's model FLOPs are compared with). 0 when no GPU can be used.
-// seconds = 0: a ~15 ms burst (at the top clock); > 0: sustained for that long, the rate of the
-// second half (at the clock the power limit allows).
-double measure_matmul_rate(int device, double seconds = 0);
-
 }  // namespace lmserve::backend

@@ -7,7 +7,4 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   return error(StatusCode::kUnavailable, "this lmserve was built without CUDA (no nvcc at build time)");
 }
 
-double measure_copy_bandwidth(int) { return 0; }
-double measure_matmul_rate(int, double) { return 0; }
-
 }  // namespace lmserve::backend

@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/probe.h"
+#include "backend/device/probe.h"
 
 namespace lmserve::cuda {
 namespace {

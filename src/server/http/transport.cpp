@@ -103,7 +103,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   template <class... Args>
   Session(Transport::Impl& t, Args&&... args) : stream_(std::forward<Args>(args)...), timer_(stream_.get_executor()), t_(t) {}
   ~Session() override {
-    --t_.connections;
+    if (!closed_) --t_.connections;
     if (open_) --t_.open_exchanges;
   }
 
@@ -337,7 +337,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     close();
   }
 
+  // The connection counts as open until its socket closes, not until the session object goes (an
+  // application may keep an Exchange handle a while longer).
   void close() {
+    if (!closed_) --t_.connections;
+    closed_ = true;
     beast::error_code ec;
     beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ec);
     beast::get_lowest_layer(stream_).socket().close(ec);
@@ -355,7 +359,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   // progress, and the client's.
   std::uint64_t seq_ = 0;
   bool open_ = false, streaming_ = false, ending_ = false, writing_ = false, gone_ = false, watching_ = false;
-  bool keep_alive_ = true;
+  bool keep_alive_ = true, closed_ = false;
   std::deque<std::string> out_;
   std::function<void()> on_gone_;
   std::shared_ptr<void> context_;
