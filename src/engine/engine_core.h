@@ -130,8 +130,8 @@ class EngineCore {
     // step is done); its request ended while the step was in flight (the row is dropped).
     std::vector<char> appended, dead;
     // Logits rows, never value-initialised: at 1,024 rows of a 128k vocabulary a zero-filled
-    // std::vector spent ~0.3-0.8 s of a run writing 525 MB that a backend sampling on the device
-    // never reads (the `inputs` phase, 2 ms per step on the H200). Untouched pages cost nothing.
+    // std::vector writes 525 MB a step that a backend sampling on the device never reads
+    // (docs/perf.md, "host time"). Untouched pages cost nothing.
     std::unique_ptr<float[]> logits;
     std::size_t logits_capacity = 0;
     bool launched = false;

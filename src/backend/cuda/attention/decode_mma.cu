@@ -47,15 +47,15 @@ namespace lmserve::cuda {
 namespace {
 
 // Two stages: a warp computes on one tile while the next one loads, which covers the memory
-// latency (a tile takes a warp ~1,000 instructions); a third stage made 110 KB of shared memory per
-// block and so only 2 blocks (8 warps) per SM: ncu at 200 x 1,500 keys fp8 showed IPC 1.70 and
-// 2.79 TB/s, each warp stalled on its own dependencies (4.6 cycles per instruction). With two,
-// 3 blocks (12 warps) fit by shared memory (74 KB each) and registers (<= 168, kMinBlocks).
+// latency (a tile takes a warp ~1,000 instructions); a third stage makes 110 KB of shared memory
+// per block and so only 2 blocks (8 warps) per SM, each warp stalled on its own dependencies
+// (docs/perf.md). With two, 3 blocks (12 warps) fit by shared memory (74 KB each) and registers
+// (<= 168, kMinBlocks).
 constexpr int kWarps = 4, kThreads = 32 * kWarps, kStages = 2, kHalfTileBytes = 4096, kMinBlocks = 3;
 // Wide block units (AttnArgs::wide_blocks): twice the warps, so twice a unit's tiles in flight and
 // half as many per warp in turn. 8 x 2 stages of 8.5 KB (bf16, D = 128) is 139 KB: one block per
-// SM, which pays only where the units leave most SMs idle anyway. H200 (docs/perf.md), b1 with
-// 4 x 2, 4 x 4, 8 x 2 and 8 x 3 (warps x stages): 4.540, 4.485, 4.466 and 4.469 ms a step.
+// SM, which pays only where the units leave most SMs idle anyway (docs/perf.md, "decode
+// attention at b1 in blocks of 8 warps", compares the block shapes).
 constexpr int kWideWarps = 8;
 
 template <Kv K>

@@ -69,9 +69,8 @@ __global__ void __launch_bounds__(PrefillShape<MT>::kThreads) prefill_mma_kernel
   const BlockIndex blk(a.block_size);
   // Q scaled by the softmax scale in the exp2 domain (as the decode kernels do), so that S comes
   // out of the mma ready for the online softmax. Each thread's 16-byte pieces of it are all
-  // asked for before any is used: a loop of one element per load waited out a memory round trip
-  // per iteration, ~70 us a block, which made this kernel take ~0.7 ms a layer for 8,192 tokens
-  // of 128-token prompts (H200, ncu; docs/perf.md).
+  // asked for before any is used: a loop of one element per load waits out a memory round trip
+  // per iteration (docs/perf.md, "prefill attention's loads in flight together").
   const float scale = a.scale * 1.4426950408889634f;
   constexpr int kQPieces = R * D / 8 / NT;
   static_assert(R * D / 8 % NT == 0, "whole rounds of 16-byte pieces");

@@ -346,8 +346,8 @@ void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::i
                         void* out, cudaStream_t s, bool x_settled) {
   if (R == 0) return;
   // kNormLoads float4 loads per thread (256 threads at H = 4,096): at most 64 registers a
-  // thread, so 4 rows run per SM. With H / 4 threads a row took a 1,024-thread block and an SM
-  // ran one row at a time (ncu at 1,024 rows: 24.9 us, 2.3 TB/s).
+  // thread, so 4 rows run per SM. With H / 4 threads a row would take a 1,024-thread block and
+  // an SM would run one row at a time (docs/perf.md, "small kernels").
   const int threads = std::min(kNormThreads, std::max(32, (H / (4 * kNormLoads) + 31) / 32 * 32));
   const bool f32_delta = delta_act == Act::kF32;
   LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_delta ? add_rmsnorm_kernel<A, Act::kF32> : add_rmsnorm_kernel<A, A>, dim3(R), dim3(threads), 0, s, x, delta,

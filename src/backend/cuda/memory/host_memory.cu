@@ -23,10 +23,10 @@ std::map<void*, std::pair<void*, std::size_t>> host_maps;
 
 }  // namespace
 
-// Not cudaHostAlloc: on the H200 machine it took ~0.12 s per 256 MiB (2.1 GiB/s) and held a driver
-// lock meanwhile (launches on another thread waited ~130 ms). Anonymous memory in transparent
-// huge pages, touched by a few threads and then registered, came at ~20 GiB/s and left launches
-// alone (scripts/device-pin-bench.cu).
+// Not cudaHostAlloc: it is an order of magnitude slower and holds a driver lock meanwhile, so
+// launches on other threads wait. Anonymous memory in transparent huge pages, touched by a few
+// threads and then registered, is fast and leaves launches alone (scripts/device-pin-bench.cu,
+// docs/perf.md "the swap space").
 void* alloc_mapped_host(std::size_t bytes) {
   constexpr std::size_t kHuge = std::size_t{2} << 20;
   const std::size_t len = (bytes + kHuge - 1) / kHuge * kHuge + kHuge;
