@@ -145,7 +145,7 @@ class Generation {
     // A whole answer is counted when it is sent; a stream's status went out with its head.
     if (parsed_.stream || client_gone_) app_.metrics().record_http(route_, client_gone_ ? 499 : 200);
     ojson line{{"event", "request"}, {"id", writer_->id()},
-               {"lane", lane_.empty() ? app_.engine().options().scheduler.lanes.back().name : lane_}, {"priority", parsed_.priority},
+               {"lane", lane_}, {"priority", parsed_.priority},
                {"status", client_gone_ ? "client_gone" : "ok"}, {"prompt_tokens", r.prompt_tokens},
                {"completion_tokens", r.generation_tokens}, {"queue_s", r.queue_s}, {"ttft_s", r.ttft_s}, {"total_s", r.e2e_s},
                {"finish_reason", r.finish_reason}};
@@ -167,7 +167,7 @@ class Generation {
   OpenAiApp& app_;
   http::Exchange ex_;
   std::string route_;
-  std::string lane_;  // as submitted (header or field); empty: the last lane
+  std::string lane_;  // the lane's name (a request that names none runs on the last lane)
   engine::RequestId id_;
   std::shared_ptr<engine::RequestStream> stream_;
   ParsedRequest parsed_;
@@ -212,16 +212,14 @@ void OpenAiApp::generate(http::Exchange& ex, const ojson& body, bool chat, const
   }
   std::string lane = ex.request().header("x-lmserve-lane");
   if (lane.empty()) lane = p.lane;
+  const std::string lane_name = lane.empty() ? engine_->options().scheduler.lanes.back().name : lane;
   auto sub = engine_->submit({.prompt = prompt, .params = p.params, .lane = lane, .priority = p.priority, .cache_salt = p.cache_salt});
   if (!sub) {
     const auto& e = sub.error();
-    if (e.rejection != engine::Rejection::kNone) {
-      metrics_.record_rejection(std::string(engine::rejection_name(e.rejection)),
-                                lane.empty() ? engine_->options().scheduler.lanes.back().name : lane);
-    }
+    if (e.rejection != engine::Rejection::kNone) metrics_.record_rejection(std::string(engine::rejection_name(e.rejection)), lane_name);
     return reply_error(ex, ApiError::from_submit(e), route);
   }
-  auto g = std::make_shared<Generation>(*this, ex, route, lane, std::move(*sub), std::move(p));
+  auto g = std::make_shared<Generation>(*this, ex, route, lane_name, std::move(*sub), std::move(p));
   ex.set_context(g);
   Generation::start(g);
 }

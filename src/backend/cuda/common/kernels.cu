@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(kRopeThreads) qkv_rope_kernel(QkvRopeArgs a, i
   }
 }
 
-// gu in G: the act (Gemm::product_dtype: the gate / up product comes out of cuBLASLt in the
+// gu in G: the act (the gate / up product comes out of cuBLASLt in the
 // model's dtype, as vLLM's does, which halves this kernel's reads and the GEMM's writes for
 // 16-bit models against float32 products) or float32 (float32 models).
 template <Act A, Act G>

@@ -37,11 +37,11 @@ inline constexpr int kMmaRows = 128;
 void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s);
 
 // x[t, :] += delta[t, :] for t < T.
-// x[i] += delta[i], delta in delta_act (act or float32: Gemm::product_dtype).
+// x[i] += delta[i], delta in delta_act (the act, or float32 for a float32 delta).
 void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cudaStream_t s);
 
 // For r < R (src = rows ? rows[r] : r): if delta, x[src] += delta[src] (delta in delta_act:
-// act or float32, Gemm::product_dtype); then out[r, :] = w * (x[src] / sqrt(mean(x[src]^2) +
+// act or float32); then out[r, :] = w * (x[src] / sqrt(mean(x[src]^2) +
 // eps)) in `act`. x_settled: the kernel before this one in the stream does not write x (only
 // earlier ones do), so the kernel may read x before it waits for that kernel (launch_pdl).
 void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
@@ -49,7 +49,7 @@ void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::i
 
 struct QkvRopeArgs {
   const void* qkv = nullptr;  // [T, (nh + 2 nkv) * D] in qkv_act, q heads, then k heads, then v heads
-  Act qkv_act = Act::kF32;     // act or float32 (Gemm::product_dtype)
+  Act qkv_act = Act::kF32;     // the act
   const void* bias = nullptr;  // [(nh + 2 nkv) * D] in act, or null
   const void* q_norm = nullptr;  // [D] in act (Qwen3), or null
   const void* k_norm = nullptr;

@@ -479,8 +479,6 @@ std::string Gemm::prepare(int m, int k, Act act, int max_n, const Operands* tune
   return {};
 }
 
-Act Gemm::product_dtype(Act act) { return act; }
-
 bool Gemm::thin(const void* w, const void* x, int n, int k, Act act) { return can_fold(n, k, act) && aligned16(w) && aligned16(x); }
 
 std::string Gemm::run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s) {
@@ -493,7 +491,7 @@ std::string Gemm::run_gate_up_silu(const void* w, const void* x, void* scratch, 
     }
     return {};
   }
-  const Act mid = product_dtype(act);
+  const Act mid = act;
   if (std::string e = run_lt(w, x, scratch, mid, 2 * I, n, k, act, 0.0f, s); !e.empty()) return e;
   launch_silu_mul(scratch, mid, n, I, out, act, s);
   return {};

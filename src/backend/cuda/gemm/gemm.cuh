@@ -42,7 +42,7 @@ class Gemm {
   static constexpr int kStreamRows = 2;
   // out[n, I] (act) = silu(X W_gate^T) * (X W_up^T) for W = [W_gate; W_up] of [2I, k]: one
   // weight-streaming pass where run() would stream (no intermediate, no second kernel), else
-  // cuBLASLt into scratch [n, 2I] in product_dtype(act) (float32 accumulation, rounded once)
+  // cuBLASLt into scratch [n, 2I] in act (float32 accumulation, rounded once)
   // and launch_silu_mul.
   // Buffers a product of up to max_n rows may run on, for prepare() to time algorithms on.
   struct Operands {
@@ -55,7 +55,7 @@ class Gemm {
   // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing). With
   // `tune`, each bucket's algorithm is the fastest of the
   // heuristic's first candidates, timed on those buffers at the bucket's n (at most max_n).
-  // `out`: the products' output dtype (float32 for run(), product_dtype(act) for
+  // `out`: the products' output dtype (float32 for run(), act for
   // run_gate_up_silu() and the layer products).
   std::string prepare(int m, int k, Act act, int max_n, const Operands* tune = nullptr, Act out = Act::kF32);
   std::string run_gate_up_silu(const void* w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
@@ -85,9 +85,6 @@ class Gemm {
   std::string run_folded(const void* w, const void* g, void* y, Act out, int m, int n, int k, Act act, const NormFold& fold, cudaStream_t s);
   // run_gate_up_silu on g, gate and up scaled by inv before the SiLU.
   std::string run_gate_up_silu_folded(const void* w, const void* g, void* out, int I, int n, int k, Act act, const NormFold& fold, cudaStream_t s);
-  // The dtype of a layer's products (QKV, o_proj, gate/up, down; not the logits): act, as vLLM
-  // keeps them. The model sizes the products' buffers by it.
-  static Act product_dtype(Act act);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
  private:

@@ -98,7 +98,7 @@ std::string add_rmsnorm(backend::ActDtype act, std::vector<float>* x, const std:
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
-  const Act P = Gemm::product_dtype(A);
+  const Act P = A;
   float* xd = a.upload(*x);
   const void* dd = delta ? a.upload_act(*delta, P) : nullptr;
   const std::int32_t* rd = rows ? a.upload(*rows) : nullptr;
@@ -174,7 +174,7 @@ std::string silu_mul(backend::ActDtype act, const std::vector<float>& gu, int T,
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
-  const Act G = Gemm::product_dtype(A);
+  const Act G = A;
   void* g = a.upload_act(gu, G);
   void* od = a.alloc(static_cast<std::size_t>(T) * I * static_cast<std::size_t>(act_bytes(A)));
   launch_silu_mul(g, G, T, I, od, A, nullptr);
@@ -247,7 +247,7 @@ std::string qkv_rope(backend::ActDtype act, const QkvRopeInput& in, KvCacheHost*
   const Act A = static_cast<Act>(act);
   const int T = static_cast<int>(in.positions.size());
   QkvRopeArgs r;
-  r.qkv_act = Gemm::product_dtype(A);
+  r.qkv_act = A;
   r.qkv = a.upload_act(in.qkv, r.qkv_act);
   r.bias = a.upload_act(in.bias, A);
   r.q_norm = a.upload_act(in.q_norm, A);

@@ -17,7 +17,7 @@ namespace lmserve::cuda::ops {
 std::string embed(backend::ActDtype act, const std::vector<float>& table, int hidden, const std::vector<std::int32_t>& tokens, std::vector<float>* x);
 
 // x += delta (if given, rows of x picked by `rows` if given), out = w * rmsnorm(x). delta is
-// uploaded in Gemm::product_dtype(act) (rounded), as the layer's products leave it.
+// uploaded in act (rounded), as the layer's products leave it.
 std::string add_rmsnorm(backend::ActDtype act, std::vector<float>* x, const std::vector<float>* delta, const std::vector<std::int32_t>* rows, int R,
                         int hidden, const std::vector<float>& w, float eps, std::vector<float>* out);
 
@@ -70,7 +70,7 @@ struct QkvRopeInput {
   float eps = 1e-6f;
 };
 // Writes K/V into `cache` (updated in place) and returns the rotated q [T, nh * D]. qkv is
-// uploaded in Gemm::product_dtype(act) (rounded), as the QKV product leaves it.
+// uploaded in act (rounded), as the QKV product leaves it.
 std::string qkv_rope(backend::ActDtype act, const QkvRopeInput& in, KvCacheHost* cache, std::vector<float>* q);
 
 struct AttentionInput {

@@ -303,7 +303,7 @@ std::string CudaModel::allocate_activations() {
   const std::size_t H = d_.hidden, D = d_.head_dim;
   const std::size_t a = static_cast<std::size_t>(act_bytes(act_));
   const auto per = backend::step_buffer_bytes(d_.hidden, d_.heads, d_.kv_heads, D, d_.intermediate, act_bytes(act_),
-                                              act_bytes(Gemm::product_dtype(act_)));  // per token; `lmserve plan` counts the same
+                                              act_bytes(act_));  // per token; `lmserve plan` counts the same
   LMSERVE_TRY(x_.alloc(T * per.residual));
   LMSERVE_TRY(h_.alloc(T * per.normed));
   LMSERVE_TRY(qkv_.alloc(T * per.qkv));
@@ -446,7 +446,7 @@ std::string CudaModel::prepare_gemms() {
     Gemm::Operands on;
     Act out = Act::kF32;
   };
-  const Act prod = Gemm::product_dtype(act_);
+  const Act prod = act_;  // the layer products come out in the act
   // o_proj and down as the step runs them where cuBLASLt runs them (more than Gemm::kStreamRows
   // rows): added into x_ (float32; the timing runs change it, and every forward pass starts by
   // writing it).

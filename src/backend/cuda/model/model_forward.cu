@@ -24,7 +24,7 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   const int nh = static_cast<int>(d_.heads), nkv = static_cast<int>(d_.kv_heads), qd = nh * D, qkvd = (nh + 2 * nkv) * D;
   const std::size_t item_stride = items == decode_items_.as<char>() ? static_cast<std::size_t>(max_seqs_) * 4
                                                                     : off_item_cnt_ - off_item_tok_;
-  const Act prod = Gemm::product_dtype(act_);  // the layer products' dtype (out_, qkv_, gu_)
+  const Act prod = act_;  // the layer products' dtype (out_, qkv_, gu_): the act, as vLLM keeps them
   // o_proj and down add into the residual x_ themselves, or write out_ for the next norm to add.
   // Not at one or two rows: there the weight-streaming kernel's last step would wait on the
   // residual's load, for a norm kernel that moves a few KB (docs/perf.md, "residual in the
