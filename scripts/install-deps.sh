@@ -22,6 +22,8 @@ packages=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   clang libclang-rt-14-dev  # libFuzzer targets (scripts/run-fuzz.sh)
+  nginx-light               # the gateway's overhead comparison (scripts/gateway-overhead.sh)
+  wrk                       # the HTTP load client of that comparison
 )
 
 # Node.js runs the end-to-end suite (the official openai client). Some Node.js builds bring

@@ -21,7 +21,6 @@ struct PendingCommand {
 };
 
 constexpr PendingCommand kPending[] = {
-    {"gateway", "enterprise gateway in front of serve replicas", "the gateway issue"},
     {"model", "model tools (verify)", "#4"},
 };
 
@@ -51,6 +50,7 @@ int main(int argc, char** argv) {
       {"version", "print build and device information", cli::add_version_command},
       {"bench", "benchmarks: latency, throughput (in process), serve (load test of an endpoint)", cli::add_bench_command},
       {"plan", "capacity planner: memory and GPUs for a model and a load", cli::add_plan_command},
+      {"gateway", "entry point in front of serve replicas: routing, canary, affinity, health, failover", cli::add_gateway_command},
   };
   std::vector<std::pair<CLI::App*, cli::Command>> commands;
   for (const auto& a : available) {

@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include "common/prometheus.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,57 +10,11 @@
 
 namespace lmserve::server {
 
-namespace {
-
-std::string num(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-std::string escape(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
-
-void header(std::string& out, const std::string& name, const char* type, const char* help) {
-  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-}
-
-std::vector<double> latency_buckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
-}
-std::vector<double> token_buckets() { return {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000}; }
-
-}  // namespace
-
-void Histogram::observe(double v) {
-  std::size_t i = 0;
-  while (i < bounds_.size() && v > bounds_[i]) ++i;
-  ++counts_[i];
-  sum_ += v;
-  ++count_;
-}
-
-void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
-  std::uint64_t cum = 0;
-  for (std::size_t i = 0; i < bounds_.size(); ++i) {
-    cum += counts_[i];
-    out += name + "_bucket{" + labels + ",le=\"" + num(bounds_[i]) + "\"} " + std::to_string(cum) + "\n";
-  }
-  cum += counts_.back();
-  out += name + "_bucket{" + labels + ",le=\"+Inf\"} " + std::to_string(cum) + "\n";
-  out += name + "_sum{" + labels + "} " + num(sum_) + "\n";
-  out += name + "_count{" + labels + "} " + std::to_string(count_) + "\n";
-}
+using prometheus::escape;
+using prometheus::header;
+using prometheus::latency_buckets;
+using prometheus::num;
+using prometheus::token_buckets;
 
 ServerMetrics::ServerMetrics()
     : ttft_(latency_buckets()), itl_(latency_buckets()), e2e_(latency_buckets()), queue_(latency_buckets()),

@@ -10,23 +10,12 @@
 #include <vector>
 
 #include "backend/device/device_memory.h"
+#include "common/prometheus.h"
 #include "engine/engine.h"
 
 namespace lmserve::server {
 
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-  void observe(double v);
-  // Lines of the _bucket/_sum/_count series (caller holds the registry lock).
-  void render(std::string& out, const std::string& name, const std::string& labels) const;
-
- private:
-  std::vector<double> bounds_;
-  std::vector<std::uint64_t> counts_;
-  double sum_ = 0;
-  std::uint64_t count_ = 0;
-};
+using prometheus::Histogram;
 
 struct RequestRecord {
   double queue_s = 0, ttft_s = 0, e2e_s = 0;

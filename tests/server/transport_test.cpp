@@ -64,6 +64,16 @@ class TestApp : public Application {
       });
       return;
     }
+    if (r.path == "/abort") {  // two chunks, then the connection is cut
+      ex.start_stream({.status = 200, .content_type = "text/event-stream"});
+      ex.send("data: 0\n\n");
+      ex.send("data: 1\n\n");
+      return ex.post([ex]() mutable { ex.abort(); });
+    }
+    if (r.path == "/bulk") {  // 64 MiB, never more than 256 KiB queued ahead of the socket
+      ex.start_stream({.status = 200, .content_type = "application/octet-stream"});
+      return bulk(ex, 0);
+    }
     if (r.path == "/twice") {
       ex.reply({.status = 200, .body = "first"});
       ex.reply({.status = 500, .body = "second"});  // the exchange is over: ignored
@@ -72,6 +82,22 @@ class TestApp : public Application {
     }
     ex.reply({.status = 404, .body = "no"});
   }
+  void bulk(Exchange ex, int i) {
+    for (; i < kBulkPieces; ++i) {
+      if (ex.queued_bytes() > 256 * 1024) {
+        max_queued = std::max<std::size_t>(max_queued, ex.queued_bytes());
+        return ex.when_drained([this, ex, i] { bulk(ex, i); });
+      }
+      ex.send(std::string(kBulkPiece, 'x'));
+      ++bulk_sent;
+    }
+    ex.end_stream();
+  }
+  static constexpr int kBulkPieces = 4096;
+  static constexpr std::size_t kBulkPiece = 16 * 1024;
+  std::atomic<int> bulk_sent{0};
+  std::atomic<std::size_t> max_queued{0};
+
   Response error_response(TransportError e) override {
     ++errors;
     return {.status = e == TransportError::kTooManyConnections ? 503 : 400, .content_type = "text/plain",
@@ -170,6 +196,53 @@ TEST_F(TransportTest, StreamedAnswersArriveInOrderAndTheConnectionGoesOn) {
   for (int i = 0; i < 50; ++i) want += "data: " + std::to_string(i) + "\n\n";
   EXPECT_EQ(r[0].body(), want);
   EXPECT_EQ(r[1].body().substr(0, 9), "GET /echo");
+}
+
+TEST_F(TransportTest, AnAbortedStreamCutsTheConnectionWithoutItsLastChunk) {
+  start();
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(endpoint());
+  net::write(s, net::buffer(std::string("GET /abort HTTP/1.1\r\nHost: h\r\n\r\n")));
+  std::string got;
+  beast::error_code ec;
+  char buf[4096];
+  for (;;) {
+    const std::size_t n = s.read_some(net::buffer(buf), ec);
+    got.append(buf, n);
+    if (ec) break;
+  }
+  EXPECT_EQ(ec, net::error::eof);
+  EXPECT_NE(got.find("data: 1\n\n"), std::string::npos) << got;
+  EXPECT_EQ(got.find("\r\n0\r\n\r\n"), std::string::npos) << "the last chunk was sent: " << got;
+  for (int i = 0; i < 200 && transport_->connections() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(transport_->connections(), 0u);
+}
+
+// A client that stops reading holds the application back (queued_bytes/when_drained) instead of
+// letting the answer pile up in memory; once it reads again, everything arrives in order.
+TEST_F(TransportTest, BackpressureHoldsAStreamWhileTheClientDoesNotRead) {
+  start();
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.open(tcp::v4());
+  s.set_option(net::socket_base::receive_buffer_size(64 * 1024));
+  s.connect(endpoint());
+  net::write(s, net::buffer(std::string("GET /bulk HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // not reading
+  const std::size_t total = TestApp::kBulkPieces * TestApp::kBulkPiece;
+  const std::size_t sent_while_stalled = static_cast<std::size_t>(app_.bulk_sent.load()) * TestApp::kBulkPiece;
+  EXPECT_LT(sent_while_stalled, total / 4) << "the application was not held back";
+  EXPECT_LE(app_.max_queued.load(), 256 * 1024 + TestApp::kBulkPiece);
+  std::size_t body = 0;
+  beast::error_code ec;
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    body += s.read_some(net::buffer(buf), ec);
+    if (ec) break;
+  }
+  EXPECT_GT(body, total);  // all of it, with the chunk framing
+  EXPECT_EQ(app_.bulk_sent.load(), TestApp::kBulkPieces);
 }
 
 TEST_F(TransportTest, AClientThatLeavesIsReportedAndItsStateReleased) {

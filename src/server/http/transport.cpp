@@ -1,5 +1,7 @@
 #include "server/http/transport.h"
 
+#include "server/http/asio.h"
+
 #include <sys/socket.h>
 
 #include <spdlog/spdlog.h>
@@ -12,6 +14,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <optional>
@@ -41,10 +44,14 @@ class SessionBase {
   virtual void start_stream(std::uint64_t seq, Response head) = 0;
   virtual void send(std::uint64_t seq, std::string chunk) = 0;
   virtual void end_stream(std::uint64_t seq) = 0;
+  virtual void abort(std::uint64_t seq) = 0;
   virtual void watch_disconnect(std::uint64_t seq, std::function<void()> on_gone) = 0;
   virtual void post(std::function<void()> fn) = 0;
   virtual void set_context(std::uint64_t seq, std::shared_ptr<void> context) = 0;
   virtual bool active(std::uint64_t seq) const = 0;
+  virtual std::size_t queued_bytes(std::uint64_t seq) const = 0;
+  virtual void when_drained(std::uint64_t seq, std::function<void()> fn) = 0;
+  virtual net::any_io_executor executor() = 0;
 };
 
 Exchange::Exchange(std::shared_ptr<SessionBase> session, std::uint64_t seq) : session_(std::move(session)), seq_(seq) {}
@@ -53,10 +60,13 @@ void Exchange::reply(Response response) { session_->reply(seq_, std::move(respon
 void Exchange::start_stream(Response head) { session_->start_stream(seq_, std::move(head)); }
 void Exchange::send(std::string chunk) { session_->send(seq_, std::move(chunk)); }
 void Exchange::end_stream() { session_->end_stream(seq_); }
+void Exchange::abort() { session_->abort(seq_); }
 void Exchange::watch_disconnect(std::function<void()> on_gone) { session_->watch_disconnect(seq_, std::move(on_gone)); }
 void Exchange::post(std::function<void()> fn) const { session_->post(std::move(fn)); }
 void Exchange::set_context(std::shared_ptr<void> context) { session_->set_context(seq_, std::move(context)); }
 bool Exchange::active() const { return session_->active(seq_); }
+std::size_t Exchange::queued_bytes() const { return session_->queued_bytes(seq_); }
+void Exchange::when_drained(std::function<void()> fn) { session_->when_drained(seq_, std::move(fn)); }
 
 struct Transport::Impl {
   TransportOptions opt;
@@ -162,7 +172,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void send(std::uint64_t seq, std::string chunk) override {
-    if (!current(seq) || !streaming_ || gone_) return;
+    if (!current(seq) || !streaming_ || gone_ || chunk.empty()) return;  // an empty chunk would end the body
+    queued_ += chunk.size();
     out_.push_back(std::move(chunk));
     flush();
   }
@@ -172,6 +183,14 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     ending_ = true;
     if (gone_) return finish_and_close();
     flush();
+  }
+
+  void abort(std::uint64_t seq) override {
+    if (!current(seq)) return;
+    stop_watching();
+    aborting_ = ending_ = true;
+    if (gone_ || !streaming_) return finish_and_close();
+    flush();  // what was sent goes out; then the connection closes instead of the last chunk
   }
 
   void watch_disconnect(std::uint64_t seq, std::function<void()> on_gone) override {
@@ -190,6 +209,16 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   bool active(std::uint64_t seq) const override { return current(seq) && !gone_; }
 
+  std::size_t queued_bytes(std::uint64_t seq) const override { return current(seq) ? queued_ : 0; }
+
+  void when_drained(std::uint64_t seq, std::function<void()> fn) override {
+    if (!current(seq) || gone_) return;
+    if (queued_ == 0) return post(std::move(fn));
+    drained_ = std::move(fn);
+  }
+
+  net::any_io_executor executor() override { return stream_.get_executor(); }
+
  private:
   bool current(std::uint64_t seq) const { return open_ && seq == seq_ && !ending_; }
 
@@ -202,13 +231,24 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     // socket, and a slow client should still get its 408.
     beast::get_lowest_layer(stream_).expires_never();
     timed_out_ = false;
-    timer_.expires_after(buffer_.size() > 0 ? t_.opt.request_timeout : t_.opt.idle_timeout);
+    // Idle until the request's first byte, then request_timeout for the whole request.
+    const bool idle = buffer_.size() == 0;
+    timer_.expires_after(idle ? t_.opt.idle_timeout : t_.opt.request_timeout);
     timer_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
       if (ec) return;
       self->timed_out_ = true;
       beast::error_code ignored;
       beast::get_lowest_layer(self->stream_).socket().cancel(ignored);
     });
+    if (idle) {
+      stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
+        self->timer_.cancel();
+        self->buffer_.commit(n);
+        if (self->timed_out_ || ec || n == 0) return self->close();  // idle, or gone
+        self->read();
+      });
+      return;
+    }
     bhttp::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
   }
 
@@ -237,7 +277,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     ++seq_;
     open_ = true;
     ++t_.open_exchanges;
-    streaming_ = ending_ = gone_ = watching_ = false;
+    streaming_ = ending_ = gone_ = watching_ = aborting_ = false;
     on_gone_ = nullptr;
     t_.app.handle(Exchange(this->shared_from_this(), seq_));
   }
@@ -253,13 +293,26 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void flush() {
     if (writing_ || gone_) return;
     if (out_.empty()) {
-      if (ending_) write_last_chunk();
+      if (aborting_) return finish_and_close();
+      if (ending_) return write_last_chunk();
+      if (auto fn = std::move(drained_)) fn();
       return;
     }
-    auto data = std::make_shared<std::string>(std::move(out_.front()));
-    out_.pop_front();
+    // Everything queued goes out as one chunk in one write (one system call however many
+    // pieces the application sent since the last write finished).
+    std::size_t n = 0;
+    for (const auto& d : out_) n += d.size();
+    auto data = std::make_shared<std::string>();
+    char size_line[24];
+    const int len = std::snprintf(size_line, sizeof size_line, "%zx\r\n", n);
+    data->reserve(n + static_cast<std::size_t>(len) + 2);
+    data->append(size_line, static_cast<std::size_t>(len));
+    for (const auto& d : out_) data->append(d);
+    data->append("\r\n");
+    out_.clear();
     writing_ = true;
-    net::async_write(stream_, bhttp::make_chunk(net::buffer(*data)), [self = this->shared_from_this(), data](beast::error_code ec, std::size_t) {
+    net::async_write(stream_, net::buffer(*data), [self = this->shared_from_this(), data, n](beast::error_code ec, std::size_t) {
+      self->queued_ -= std::min(self->queued_, n);
       self->writing_ = false;
       if (ec) return self->client_gone();
       self->flush();
@@ -317,6 +370,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (gone_) return;
     gone_ = true;
     out_.clear();
+    drained_ = nullptr;
     if (auto fn = std::move(on_gone_)) fn();
     if (ending_ && !writing_) finish_and_close();
   }
@@ -328,6 +382,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     open_ = false;
     --t_.open_exchanges;
     on_gone_ = nullptr;
+    drained_ = nullptr;
+    queued_ = 0;
     // Not destroyed here: the application may be inside a call that ends in this one.
     if (context_) net::post(stream_.get_executor(), [c = std::move(context_)] {});
   }
@@ -359,9 +415,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   // progress, and the client's.
   std::uint64_t seq_ = 0;
   bool open_ = false, streaming_ = false, ending_ = false, writing_ = false, gone_ = false, watching_ = false;
-  bool keep_alive_ = true, closed_ = false;
+  bool keep_alive_ = true, closed_ = false, aborting_ = false;
   std::deque<std::string> out_;
-  std::function<void()> on_gone_;
+  std::size_t queued_ = 0;  // bytes in out_ and in the write under way
+  std::function<void()> on_gone_, drained_;
   std::shared_ptr<void> context_;
 };
 
@@ -381,6 +438,10 @@ void Transport::Impl::accept() {
       if (ec == net::error::operation_aborted) return;
       return accept();
     }
+    // Streamed answers are many small writes: without TCP_NODELAY, Nagle's algorithm holds each
+    // one back until the client's (delayed, up to 40 ms) ACK of the previous one.
+    beast::error_code nd;
+    socket.set_option(tcp::no_delay(true), nd);
     if (++connections > opt.max_connections) {
       --connections;
       refuse(std::move(socket));
@@ -482,5 +543,12 @@ void Transport::run(bool handle_signals) {
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
 }
+
+}  // namespace lmserve::server::http
+
+namespace lmserve::server::http {
+
+net::any_io_executor AsioAccess::executor_of(const Exchange& exchange) { return exchange.session_->executor(); }
+net::io_context& AsioAccess::context_of(Transport& transport) { return transport.impl_->ioc; }
 
 }  // namespace lmserve::server::http

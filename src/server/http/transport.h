@@ -113,6 +113,9 @@ class Exchange {
   void start_stream(Response head);
   void send(std::string chunk);
   void end_stream();
+  // Gives up on the answer: the connection closes at once, so the client sees it cut short (a
+  // streamed body without its last chunk). For an application that cannot finish what it began.
+  void abort();
   // Watches the socket while the application works on the request: when the client closes it
   // (or a write fails), `on_gone` runs once on the strand and later answers are dropped.
   void watch_disconnect(std::function<void()> on_gone);
@@ -124,8 +127,15 @@ class Exchange {
   void set_context(std::shared_ptr<void> context);
   // Still waiting for its answer, and the client still there.
   bool active() const;
+  // Backpressure for streamed answers: bytes given to send() and not yet written to the socket,
+  // and a way to wait for them. `fn` runs once on the strand when everything queued is written
+  // (at once, posted, when nothing is queued); it does not run if the client goes (watch that
+  // with watch_disconnect) or the answer ends first.
+  std::size_t queued_bytes() const;
+  void when_drained(std::function<void()> fn);
 
  private:
+  friend struct AsioAccess;  // server/http/asio.h
   std::shared_ptr<SessionBase> session_;
   std::uint64_t seq_;
 };
@@ -163,6 +173,7 @@ class Transport {
   struct Impl;
 
  private:
+  friend struct AsioAccess;  // server/http/asio.h
   std::unique_ptr<Impl> impl_;
 };
 

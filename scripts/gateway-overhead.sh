@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The gateway's overhead against Debian's nginx as the same reverse proxy (proxy_buffering off,
+# HTTP/1.1 keep-alive upstream), in front of the same fast fake replica, driven by the same client
+# (wrk), on loopback. Both proxies get one worker on the same core (PROXY_CPU); the fake replica
+# and the client share the others (CLIENT_CPUS). Each case is measured against the replica
+# directly, so "added" is the proxy's own cost.
+#
+#   scripts/gateway-overhead.sh                 BUILD=build/release DURATION=10 CONNS="1 32"
+#
+# Prints a table per concurrency: requests/s and p50/p99 latency per target, plain JSON answers
+# and SSE streams (16 events each), and the latency each proxy adds at p50/p99. One connection
+# shows the latency a proxy adds to an unloaded request; 32 load it. "CPU us/req" is the proxy
+# process's CPU time (user + system, /proc) per request: its cost whatever the client's core
+# allows, so 1e6 / it is what one core of that proxy can carry.
+set -euo pipefail
+BUILD=${BUILD:-build/release}
+DURATION=${DURATION:-10}
+CONNS=${CONNS:-"1 32"}
+PROXY_CPU=${PROXY_CPU:-1}
+CLIENT_CPUS=${CLIENT_CPUS:-0}
+UP_PORT=${UP_PORT:-19181}
+NGINX_PORT=${NGINX_PORT:-19182}
+GW_PORT=${GW_PORT:-19183}
+CHUNKS=${CHUNKS:-16}
+
+fake=$BUILD/tests/gateway/lmserve_fake_upstream_server
+lmserve=$BUILD/lmserve
+for f in "$fake" "$lmserve"; do [[ -x $f ]] || { echo "gateway-overhead: build $f first" >&2; exit 1; }; done
+for t in nginx wrk taskset; do command -v $t >/dev/null || { echo "gateway-overhead: needs $t (scripts/install-deps.sh)" >&2; exit 1; }; done
+
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+taskset -c "$CLIENT_CPUS" "$fake" --port "$UP_PORT" --threads 1 --chunks "$CHUNKS" >"$work/fake.log" 2>&1 &
+pids+=($!)
+
+mkdir -p "$work/nginx/logs"
+cat >"$work/nginx/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $work/nginx/body;
+  proxy_temp_path $work/nginx/proxy;
+  upstream replica { server 127.0.0.1:$UP_PORT; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    location / {
+      proxy_pass http://replica;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+CONF
+taskset -c "$PROXY_CPU" nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" &
+pids+=($!)
+nginx_master=$!
+
+cat >"$work/gateway.yaml" <<CONF
+listen: 127.0.0.1:$GW_PORT
+io_threads: 1
+access_log: false
+models:
+  - name: m
+    policy: least_outstanding
+    backends:
+      - {url: http://127.0.0.1:$UP_PORT}
+CONF
+taskset -c "$PROXY_CPU" "$lmserve" --log-level warning gateway --config "$work/gateway.yaml" >"$work/gateway.log" 2>&1 &
+pids+=($!)
+gateway_pid=$!
+
+for port in "$UP_PORT" "$NGINX_PORT" "$GW_PORT"; do
+  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 0.05; done
+done
+
+for mode in plain stream; do
+  stream=false; [[ $mode == stream ]] && stream=true
+  cat >"$work/$mode.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model":"m","prompt":"hello","max_tokens":16,"stream":$stream}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+done
+
+# Checks that each target answers as the replica does before measuring it.
+for port in "$UP_PORT" "$NGINX_PORT" "$GW_PORT"; do
+  out=$(curl -s -XPOST -H 'Content-Type: application/json' -d '{"model":"m","prompt":"x","stream":true}' "http://127.0.0.1:$port/v1/completions")
+  [[ $out == *"data: [DONE]"* ]] || { echo "gateway-overhead: port $port did not stream: $out" >&2; exit 1; }
+done
+
+nginx_worker=$(pgrep -P "$nginx_master" | head -1)
+# CPU seconds a process has used (user + system), from /proc.
+cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
+declare -A proxy_pid=([direct]="" [nginx]=$nginx_worker [gateway]=$gateway_pid)
+
+results="$work/results.txt"
+for conns in $CONNS; do
+  for mode in plain stream; do
+    for target in direct:$UP_PORT nginx:$NGINX_PORT gateway:$GW_PORT; do
+      name=${target%%:*}; port=${target##*:}
+      taskset -c "$CLIENT_CPUS" wrk -t1 -c"$conns" -d1s -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >/dev/null  # warm-up
+      pid=${proxy_pid[$name]}
+      before=0; [[ -n $pid ]] && before=$(cpu_of "$pid")
+      taskset -c "$CLIENT_CPUS" wrk -t1 -c"$conns" -d"${DURATION}s" --latency -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >"$work/out.txt"
+      cpu=0; [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of "$pid")" 'BEGIN { print b - a }')
+      echo "$conns $mode $name $cpu $(tr '\n' '|' <"$work/out.txt")" >>"$results"
+    done
+  done
+done
+
+python3 - "$results" "$DURATION" <<'PY'
+import re, sys
+rows = {}
+def ms(v):
+    m = re.match(r"([\d.]+)(us|ms|s)", v)
+    x = float(m.group(1))
+    return x / 1000 if m.group(2) == "us" else x * 1000 if m.group(2) == "s" else x
+order = []
+for line in open(sys.argv[1]):
+    conns, mode, name, cpu, text = line.split(" ", 4)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    p50 = ms(re.search(r"50%\s+(\S+)", text).group(1))
+    p99 = ms(re.search(r"99%\s+(\S+)", text).group(1))
+    errs = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    sock = re.search(r"Socket errors: (.*?)\|", text)
+    total = int(re.search(r"(\d+) requests in", text).group(1))
+    rows[(conns, mode, name)] = (rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6)
+    if conns not in order: order.append(conns)
+print(f"wrk -t1 -d{sys.argv[2]}s, one proxy worker on its own core")
+print(f"{'conns':>5} {'mode':7} {'target':8} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10}  errors")
+for conns in order:
+    for mode in ("plain", "stream"):
+        d = rows[(conns, mode, "direct")]
+        for name in ("direct", "nginx", "gateway"):
+            r = rows[(conns, mode, name)]
+            add = "" if name == "direct" else f"{r[1]-d[1]:8.3f} {r[2]-d[2]:8.3f}"
+            cpu = "" if name == "direct" else f"{r[5]:10.1f}"
+            print(f"{conns:>5} {mode:7} {name:8} {r[0]:10.0f} {r[1]:8.3f} {r[2]:8.3f} {add:>17} {cpu:>10}  {r[3]} {r[4]}")
+PY

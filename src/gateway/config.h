@@ -1,0 +1,112 @@
+// gateway/config: the gateway's YAML configuration, parsed and validated in one place. Every key
+// is checked; an error names the key by its path ("models[0].backends[1].weight: ...").
+//
+//   listen: 127.0.0.1:8080
+//   models:
+//     - name: qwen-7b
+//       policy: kv_aware              # round_robin | least_outstanding | kv_aware | prefix_aware
+//       affinity: {header: x-session-id}
+//       backends:
+//         - {url: http://10.0.0.1:8000, version: v1, weight: 90}
+//         - {url: http://replicas.ns.svc:8000, version: v2, weight: 10}   # every address of the name
+//       canary: {header: x-lmserve-version, sticky: user}
+//   timeouts_ms: {connect: 1000, first_token: 60000, idle: 30000, total: 600000}
+//   health: {interval_ms: 1000, fail_after: 2, pass_after: 2}
+//
+// Further keys, all optional (defaults in the structs below): scrape_interval_ms, dns_refresh_ms,
+// max_attempts, eject: {base_ms, max_ms}, prefix: {block_chars, blocks, max_entries,
+// balance_threshold}, access_log, io_threads, max_connections.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace lmserve::gateway {
+
+enum class Policy { kRoundRobin, kLeastOutstanding, kKvAware, kPrefixAware };
+const char* policy_name(Policy p);
+
+struct BackendConfig {
+  std::string url;   // as written
+  std::string host;  // an IP address or a DNS name (every address it resolves to is a replica)
+  std::uint16_t port = 80;
+  std::string version = "default";
+  std::uint32_t weight = 100;  // the version's share is the sum of its backends' weights
+};
+
+struct CanaryConfig {
+  std::string header;  // a request header naming a version picks it ("" = none)
+  enum class Sticky { kNone, kUser, kHeader } sticky = Sticky::kNone;
+  std::string sticky_header;  // for sticky: {header: NAME}
+};
+
+struct AffinityConfig {
+  bool enabled = false;
+  std::string header;  // first the header, then the request's `user`, then the client address
+};
+
+struct ModelConfig {
+  std::string name;
+  Policy policy = Policy::kLeastOutstanding;
+  AffinityConfig affinity;
+  CanaryConfig canary;
+  std::vector<BackendConfig> backends;
+};
+
+struct Timeouts {
+  std::chrono::milliseconds connect{1000};
+  // Streamed answers: until the first byte of the body (the first token's event). Others: until
+  // the replica's response head.
+  std::chrono::milliseconds first_token{60000};
+  std::chrono::milliseconds idle{30000};    // between two reads of a streamed body
+  std::chrono::milliseconds total{600000};  // the whole exchange with the replica
+};
+
+struct HealthConfig {
+  std::chrono::milliseconds interval{1000};
+  int fail_after = 2;  // consecutive failed checks make a replica unhealthy
+  int pass_after = 2;  // consecutive passed checks make it healthy again
+  std::chrono::milliseconds timeout{0};  // per check; 0: the interval
+};
+
+struct EjectConfig {
+  // Passive ejection (a connect error, a 5xx, a timeout): out for base, doubling on each further
+  // failure up to max; a success resets it.
+  std::chrono::milliseconds base{1000};
+  std::chrono::milliseconds max{30000};
+};
+
+struct PrefixConfig {
+  std::size_t block_chars = 64;      // the prompt is hashed in blocks of this many bytes
+  std::size_t blocks = 32;           // at most this many leading blocks
+  std::size_t max_entries = 65536;   // block hashes remembered (least recently used go)
+  std::int64_t balance_threshold = 8;  // outstanding requests above the least loaded replica's
+};
+
+struct GatewayConfig {
+  std::string listen_host = "127.0.0.1";
+  int listen_port = 8080;
+  std::vector<ModelConfig> models;
+  Timeouts timeouts;
+  HealthConfig health;
+  EjectConfig eject;
+  PrefixConfig prefix;
+  std::chrono::milliseconds scrape_interval{100};  // kv_aware replicas' /metrics (10 Hz)
+  std::chrono::milliseconds dns_refresh{5000};     // DNS names resolved again this often
+  int max_attempts = 3;  // replicas tried for one request before anything reaches the client
+  bool access_log = true;  // one JSON line per request
+  int io_threads = 2;
+  std::size_t max_connections = 10000;
+
+  const ModelConfig* find_model(const std::string& name) const;
+};
+
+// InvalidArgument naming the key for anything wrong.
+Result<GatewayConfig> parse_config(const std::string& yaml_text);
+Result<GatewayConfig> load_config(const std::string& path);
+
+}  // namespace lmserve::gateway

@@ -1,0 +1,261 @@
+#include "gateway/gateway.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "gateway/access_log.h"
+#include "gateway/errors.h"
+#include "gateway/monitor.h"
+#include "gateway/proxy.h"
+#include "server/http/asio.h"
+#include "server/http/transport.h"
+
+namespace lmserve::gateway {
+
+namespace net = boost::asio;
+namespace http = server::http;
+
+namespace {
+
+bool loopback(const std::string& address) { return address == "127.0.0.1" || address == "::1" || address.rfind("::ffff:127.", 0) == 0; }
+
+// The prompt's text as the replica would see it first: the completion prompt, or the
+// conversation's contents in order.
+std::string prompt_text(const nlohmann::json& j) {
+  std::string out;
+  if (auto p = j.find("prompt"); p != j.end()) {
+    if (p->is_string()) return p->get<std::string>();
+    if (p->is_array() && !p->empty() && p->front().is_string()) return p->front().get<std::string>();
+    return out;
+  }
+  if (auto m = j.find("messages"); m != j.end() && m->is_array()) {
+    for (const auto& msg : *m) {
+      if (!msg.is_object()) continue;
+      if (auto r = msg.find("role"); r != msg.end() && r->is_string()) out += r->get<std::string>() + "\n";
+      auto c = msg.find("content");
+      if (c == msg.end()) continue;
+      if (c->is_string()) out += c->get<std::string>() + "\n";
+      if (c->is_array()) {
+        for (const auto& part : *c) {
+          if (part.is_object() && part.contains("text") && part["text"].is_string()) out += part["text"].get<std::string>();
+        }
+        out += "\n";
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+struct Gateway::Impl : http::Application {
+  // Idle connections to replicas are sockets of the transport's io_context: they close before it goes.
+  ~Impl() override {
+    if (state) {
+      for (const auto& r : state->replicas.all()) r->close_idle();
+    }
+  }
+
+  GatewayOptions options;
+  std::unique_ptr<State> state;
+  std::unique_ptr<http::Transport> transport;
+  std::unique_ptr<Monitor> monitor;
+  std::optional<net::signal_set> hangup;
+  std::mutex reload_mu;
+
+  // ---- http::Application ----------------------------------------------------------------------
+  void handle(http::Exchange ex) override {
+    const auto& req = ex.request();
+    const auto& path = req.path;
+    auto snap = state->snapshot.load();
+    if (path == "/health") return ex.reply({.status = 200, .content_type = "text/plain", .body = "ok\n"});
+    if (path == "/ready") return ready(ex, *snap);
+    if (path == "/metrics") return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = render_metrics(*snap)});
+    if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return models(ex, *snap);
+    if (path == "/admin/reload") {
+      if (req.method != "POST") return ex.reply(error_response(405, "use POST", "method_not_allowed"));
+      if (!loopback(req.remote_address)) return ex.reply(error_response(403, "the admin routes answer only on the loopback interface", "forbidden"));
+      auto st = reload_config();
+      if (!st.is_ok()) return ex.reply(error_response(400, st.message(), "invalid_config"));
+      return ex.reply({.status = 200, .body = R"({"status":"reloaded"})"});
+    }
+    if (req.method != "POST") return ex.reply(error_response(404, "no such route", "not_found"));
+    // Refused by the gateway itself: answered, and logged as a proxied request would be.
+    auto refuse = [&](http::Response r, const std::string& model, const std::string& code) {
+      if (snap->config.access_log) {
+        write_access_log({.id = state->next_id++, .model = model, .path = req.path, .client = req.remote_address, .error = code, .status = r.status});
+      }
+      ex.reply(std::move(r));
+    };
+    if (transport->draining()) {
+      auto r = error_response(503, "the gateway is shutting down", "service_unavailable");
+      r.headers.emplace_back("Retry-After", "1");
+      return refuse(std::move(r), "", "shutting_down");
+    }
+    const auto j = nlohmann::json::parse(req.body, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) return refuse(error_response(400, "the request body must be a JSON object", "invalid_request"), "", "invalid_json");
+    auto m = j.find("model");
+    if (m == j.end() || !m->is_string()) return refuse(error_response(400, "'model' is required", "invalid_request"), "", "no_model");
+    const auto* model = snap->config.find_model(m->get<std::string>());
+    if (!model) return refuse(error_response(404, "the model does not exist", "model_not_found"), "", "model_not_found");
+    RouteInfo info;
+    info.model = model->name;
+    if (auto s = j.find("stream"); s != j.end() && s->is_boolean()) info.stream = s->get<bool>();
+    if (auto u = j.find("user"); u != j.end() && u->is_string()) info.user = u->get<std::string>();
+    if (model->policy == Policy::kPrefixAware) info.prompt = prompt_text(j);
+    info.lane = req.header("x-lmserve-lane");
+    if (!model->canary.header.empty()) info.header_version = req.header(model->canary.header);
+    if (model->canary.sticky == CanaryConfig::Sticky::kUser) info.sticky_key = info.user;
+    if (model->canary.sticky == CanaryConfig::Sticky::kHeader) info.sticky_key = req.header(model->canary.sticky_header);
+    if (model->affinity.enabled) {
+      if (!model->affinity.header.empty()) info.session_key = req.header(model->affinity.header);
+      if (info.session_key.empty()) info.session_key = info.user;
+      if (info.session_key.empty()) info.session_key = req.remote_address;
+    }
+    start_proxy(*state, std::move(snap), *model, ex, std::move(info));
+  }
+
+  http::Response error_response_for(http::TransportError e) {
+    switch (e) {
+      case http::TransportError::kRequestTimeout: return error_response(408, "the request was not received in time", "request_timeout");
+      case http::TransportError::kHeadersTooLarge: return error_response(431, "the request headers are too large", "invalid_request");
+      case http::TransportError::kBodyTooLarge: return error_response(413, "the request body is too large", "invalid_request");
+      case http::TransportError::kMalformed: return error_response(400, "the request is not valid HTTP", "invalid_request");
+      case http::TransportError::kTooManyConnections: {
+        auto r = error_response(503, "too many connections", "service_unavailable");
+        r.headers.emplace_back("Retry-After", "1");
+        return r;
+      }
+    }
+    return error_response(500, "internal error", "internal_error");
+  }
+  http::Response error_response(http::TransportError e) override { return error_response_for(e); }
+  static http::Response error_response(int status, const std::string& message, const std::string& code) {
+    return gateway::error_response(status, message, code);
+  }
+
+  void drain(std::chrono::milliseconds grace) override {
+    const auto until = std::chrono::steady_clock::now() + grace;
+    while (state->in_flight.load() > 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    monitor->stop();
+  }
+
+  // ---- routes -------------------------------------------------------------------------------
+  void ready(http::Exchange& ex, const Snapshot& snap) {
+    nlohmann::json out = nlohmann::json::object();
+    bool ok = !transport->draining();
+    const auto now = Clock::now();
+    for (const auto& m : snap.config.models) {
+      int n = 0;
+      for (const auto& b : m.backends) {
+        for (const auto& r : state->replicas.of(b)) n += r->available(now) ? 1 : 0;
+      }
+      out[m.name] = n;
+      ok = ok && n > 0;
+    }
+    nlohmann::json body = {{"ready", ok}, {"available_replicas", out}};
+    ex.reply({.status = ok ? 200 : 503, .body = body.dump()});
+  }
+
+  void models(http::Exchange& ex, const Snapshot& snap) {
+    auto card = [](const ModelConfig& m) { return nlohmann::json{{"id", m.name}, {"object", "model"}, {"created", 0}, {"owned_by", "lmserve"}}; };
+    const auto& path = ex.request().path;
+    if (path == "/v1/models") {
+      nlohmann::json data = nlohmann::json::array();
+      for (const auto& m : snap.config.models) data.push_back(card(m));
+      return ex.reply({.status = 200, .body = nlohmann::json{{"object", "list"}, {"data", data}}.dump()});
+    }
+    const auto* m = snap.config.find_model(path.substr(std::string("/v1/models/").size()));
+    if (!m) return ex.reply(error_response(404, "the model does not exist", "model_not_found"));
+    ex.reply({.status = 200, .body = card(*m).dump()});
+  }
+
+  std::string render_metrics(const Snapshot& snap) {
+    std::vector<GatewayMetrics::ReplicaRow> rows;
+    const auto now = Clock::now();
+    for (const auto& m : snap.config.models) {
+      for (const auto& b : m.backends) {
+        for (const auto& r : state->replicas.of(b)) rows.push_back({m.name, r->url(), b.version, r->healthy(), r->available(now), r->outstanding.load()});
+      }
+    }
+    return state->metrics.render(rows);
+  }
+
+  // ---- configuration ------------------------------------------------------------------------
+  Status reload_config() {
+    std::lock_guard lock(reload_mu);
+    auto c = load_config(options.config_path);
+    if (!c) {
+      spdlog::error("gateway: reload refused, keeping the configuration in force: {}", c.error().message());
+      return c.error();
+    }
+    const auto& old = state->snapshot.load()->config;
+    if (c->listen_host != old.listen_host || (options.port_override < 0 && c->listen_port != old.listen_port) || c->io_threads != old.io_threads ||
+        c->max_connections != old.max_connections) {
+      spdlog::warn("gateway: listen, io_threads and max_connections take effect at the next start");
+    }
+    c->listen_host = old.listen_host;
+    c->listen_port = old.listen_port;
+    Monitor::resolve_now(*state, *c);
+    state->snapshot.store(std::make_shared<Snapshot>(std::move(*c)));
+    spdlog::info("gateway: configuration reloaded from {}", options.config_path);
+    return Status::ok();
+  }
+
+  void watch_hangup() {
+    hangup->async_wait([this](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      (void)reload_config();
+      watch_hangup();
+    });
+  }
+};
+
+Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Gateway::~Gateway() = default;
+
+Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
+  auto c = load_config(options.config_path);
+  if (!c) return error(c.error());
+  if (options.port_override >= 0) c->listen_port = options.port_override;
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  http::TransportOptions t;
+  t.host = c->listen_host;
+  t.port = c->listen_port;
+  t.io_threads = c->io_threads;
+  t.max_connections = c->max_connections;
+  t.server_header = "lmserve-gateway";
+  impl->transport = std::make_unique<http::Transport>(t, *impl);
+  impl->state = std::make_unique<State>(http::context_of(*impl->transport));
+  impl->state->snapshot.store(std::make_shared<Snapshot>(std::move(*c)));
+  impl->monitor = std::make_unique<Monitor>(*impl->state);
+  return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
+}
+
+Status Gateway::start() {
+  Monitor::resolve_now(*impl_->state, impl_->state->snapshot.load()->config);
+  LMSERVE_RETURN_IF_ERROR(impl_->transport->start());
+  impl_->monitor->start();
+  return Status::ok();
+}
+
+int Gateway::port() const { return impl_->transport->port(); }
+
+void Gateway::run(bool handle_signals) {
+  if (handle_signals) {
+    impl_->hangup.emplace(impl_->state->ioc, SIGHUP);
+    impl_->watch_hangup();
+  }
+  impl_->transport->run(handle_signals);
+  impl_->hangup.reset();
+}
+
+void Gateway::shutdown() { impl_->transport->shutdown(); }
+Status Gateway::reload() { return impl_->reload_config(); }
+
+}  // namespace lmserve::gateway

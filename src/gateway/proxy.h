@@ -1,0 +1,41 @@
+// gateway/proxy: one client request carried to a replica and its answer carried back.
+//
+// Everything of one call runs on the client connection's strand (http::executor_of): the
+// upstream socket's handlers, its timers and the Exchange calls, so nothing hops between threads
+// and no thread waits. Answers pass through as they come: a streamed (SSE) body is forwarded
+// piece by piece, reading from the replica only while the client keeps up (backpressure through
+// Exchange::queued_bytes/when_drained); other answers are whole and small, and are forwarded
+// once complete, which keeps them retryable until then.
+//
+// Failure rules: until the first byte reaches the client, a failed replica (refused connection,
+// timeout, 5xx, 429, a drop) is marked and the request goes to another (at most max_attempts
+// replicas). After it, the stream ends with an SSE error event in OpenAI's shape and
+// `data: [DONE]`. The client leaving closes the upstream connection at once, so the replica
+// frees the request's KV cache.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "gateway/state.h"
+#include "server/http/transport.h"
+
+namespace lmserve::gateway {
+
+// What the gateway reads from a request's JSON body and headers to route it.
+struct RouteInfo {
+  std::string model;
+  bool stream = false;
+  std::string user;          // the body's `user`
+  std::string prompt;        // prompt text or the messages' contents (prefix_aware)
+  std::string lane;          // x-lmserve-lane
+  std::string header_version;  // the canary header's value
+  std::string sticky_key;
+  std::string session_key;
+};
+
+// Starts proxying `exchange` for `model` (its answer follows on the exchange's strand).
+void start_proxy(State& state, std::shared_ptr<Snapshot> snapshot, const ModelConfig& model, server::http::Exchange exchange,
+                 RouteInfo info);
+
+}  // namespace lmserve::gateway

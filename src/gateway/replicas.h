@@ -1,0 +1,99 @@
+// gateway/replicas: what the gateway knows of each replica (one address:port), shared by every
+// request and by the monitor. A configured backend is a URL; its host may be a DNS name that
+// resolves to several addresses (a Kubernetes headless Service), each a replica of its own.
+// Replicas outlive configuration reloads: a URL still configured keeps its health, its
+// outstanding count and its idle connections. All methods are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gateway/config.h"
+
+namespace lmserve::gateway {
+
+using Clock = std::chrono::steady_clock;
+
+struct ReplicaLoad {
+  bool scraped = false;
+  Clock::time_point at{};
+  double kv_usage = 0, waiting = 0;
+  std::map<std::string, double> waiting_by_lane;
+};
+
+class Replica {
+ public:
+  Replica(boost::asio::ip::address address, std::uint16_t port);
+  const std::string& url() const { return url_; }  // http://ADDRESS:PORT
+  const boost::asio::ip::tcp::endpoint& endpoint() const { return endpoint_; }
+
+  // Healthy by the active checks, not ejected and not backing off after a 429.
+  bool available(Clock::time_point now) const;
+  bool healthy() const;
+
+  // Passive health. A failure ejects the replica for the current backoff (which then doubles up
+  // to eject.max); returns true when this failure started an ejection. A success resets it.
+  bool on_failure(Clock::time_point now, const EjectConfig& eject);
+  void on_success();
+  void on_retry_after(Clock::time_point until);
+  // Active health: a check's result. Returns -1 when this made the replica unhealthy, +1 when it
+  // made it healthy again, 0 otherwise. A replica starts healthy (the first check runs at once).
+  int on_check(bool passed, const HealthConfig& health);
+
+  std::atomic<std::int64_t> outstanding{0};
+
+  void set_load(ReplicaLoad load);
+  ReplicaLoad load() const;
+  // The figures the router needs (waiting: of `lane` when the replica reports it), without copying
+  // the per-lane table.
+  struct LoadFigures {
+    bool scraped = false;
+    Clock::time_point at{};
+    double kv_usage = 0, waiting = 0;
+  };
+  LoadFigures load_for(const std::string& lane) const;
+
+  // Idle keep-alive connections to this replica (at most kMaxIdle kept).
+  std::optional<boost::asio::ip::tcp::socket> take_idle();
+  void put_idle(boost::asio::ip::tcp::socket socket);
+  void close_idle();
+  static constexpr std::size_t kMaxIdle = 256;
+
+ private:
+  const boost::asio::ip::tcp::endpoint endpoint_;
+  const std::string url_;
+  mutable std::mutex mu_;
+  bool healthy_ = true;
+  int passes_ = 0, fails_ = 0;
+  Clock::time_point ejected_until_{}, retry_after_until_{};
+  std::chrono::milliseconds backoff_{0};
+  ReplicaLoad load_;
+  std::vector<boost::asio::ip::tcp::socket> idle_;
+};
+
+// Every replica of every configured backend, by backend (host:port) and by address.
+class ReplicaRegistry {
+ public:
+  // The replicas a backend currently resolves to (empty until its name resolved).
+  std::vector<std::shared_ptr<Replica>> of(const BackendConfig& backend) const;
+  // Sets a backend's addresses (as resolved); replicas already known keep their state.
+  void set_addresses(const std::string& host, std::uint16_t port, const std::vector<boost::asio::ip::address>& addresses);
+  // Drops backends no longer configured (their replicas' idle connections close).
+  void retain(const std::vector<std::pair<std::string, std::uint16_t>>& backends);
+  std::vector<std::shared_ptr<Replica>> all() const;
+
+ private:
+  static std::string key(const std::string& host, std::uint16_t port) { return host + "|" + std::to_string(port); }
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<std::shared_ptr<Replica>>> by_backend_;
+};
+
+}  // namespace lmserve::gateway

@@ -1,0 +1,150 @@
+// `lmserve gateway` as a process: a bad file is refused naming the key, --check, one JSON log
+// line per request (without the prompt), SIGHUP reloads, SIGTERM ends it with status 0.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "client.h"
+#include "fake_upstream.h"
+#include "test_paths.h"
+
+namespace lmserve::gateway {
+namespace {
+
+using lmserve::testing::Client;
+namespace fs = std::filesystem;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+struct Run {
+  int code = -1;
+  std::string output;
+};
+
+Run run_gateway(const std::vector<std::string>& args) {
+  const auto log = (fs::temp_directory_path() / ("lmserve_gw_cli_" + std::to_string(::getpid()) + ".out")).string();
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv{const_cast<char*>("lmserve"), const_cast<char*>("gateway")};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(lmserve::testing::lmserve_binary().c_str(), argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
+}
+
+class GatewayCliTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    fs::remove(config_);
+    fs::remove(log_);
+  }
+  void write(const std::string& text) {
+    std::ofstream(config_ + ".tmp") << text;
+    fs::rename(config_ + ".tmp", config_);
+  }
+  std::string config_ = (fs::temp_directory_path() / ("lmserve_gw_cli_" + std::to_string(::getpid()) + ".yaml")).string();
+  std::string log_ = (fs::temp_directory_path() / ("lmserve_gw_cli_" + std::to_string(::getpid()) + ".log")).string();
+  pid_t pid_ = -1;
+};
+
+TEST_F(GatewayCliTest, ABadFileIsRefusedNamingTheKeyAndCheckPrintsTheConfiguration) {
+  write("models:\n  - name: m\n    policy: fastest\n    backends: [{url: 'http://127.0.0.1:1'}]\n");
+  auto r = run_gateway({"--config", config_});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("models[0].policy: must be round_robin"), std::string::npos) << r.output;
+  write("listen: 127.0.0.1:9123\nmodels:\n  - name: m\n    policy: kv_aware\n    backends: [{url: 'http://127.0.0.1:1'}, {url: 'http://127.0.0.1:2'}]\n");
+  r = run_gateway({"--config", config_, "--check"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("listen 127.0.0.1:9123"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model m: kv_aware, 2 backend(s)"), std::string::npos) << r.output;
+  EXPECT_EQ(run_gateway({"--config", "/nonexistent/gateway.yaml"}).code, 2);
+}
+
+TEST_F(GatewayCliTest, LogsOneJsonLinePerRequestReloadsOnSighupAndStopsOnSigterm) {
+  lmserve::testing::FakeUpstream f("f");
+  f.start();
+  write("listen: 127.0.0.1:0\nmodels:\n  - name: m\n    backends: [{url: '" + f.url() + "'}]\n");
+  pid_ = fork();
+  if (pid_ == 0) {
+    int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(lmserve::testing::lmserve_binary().c_str(), "lmserve", "gateway", "--config", config_.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int port = 0;
+  for (int i = 0; i < 400 && port == 0; ++i) {
+    const auto text = slurp(log_);
+    const auto at = text.find("listening on port ");
+    if (at != std::string::npos) port = std::atoi(text.c_str() + at + 18);
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  ASSERT_GT(port, 0) << slurp(log_);
+  Client c(port);
+  const std::string secret = "the quarterly figures of customer 4711";
+  auto r = c.send({.body = R"({"model":"m","prompt":")" + secret + R"(","max_tokens":2})"});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(c.send({.body = R"({"model":"nope","prompt":"x"})"}).status, 404);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto text = slurp(log_);
+  EXPECT_EQ(text.find(secret), std::string::npos) << "the prompt reached the log";
+  const auto nl = text.find("\n{\"backend\"");  // a line of its own
+  ASSERT_NE(nl, std::string::npos) << text;
+  const auto at = nl + 1;
+  const auto line = nlohmann::json::parse(text.substr(at, text.find('\n', at) - at));
+  EXPECT_EQ(line["event"], "request");
+  EXPECT_EQ(line["status"], 200);
+  EXPECT_EQ(line["model"], "m");
+  EXPECT_EQ(line["backend"], f.url());
+  EXPECT_TRUE(line["total_ms"].is_number());
+  EXPECT_TRUE(line["time"].is_string());
+  EXPECT_NE(text.find("\"error\":\"model_not_found\""), std::string::npos) << text;  // refusals are logged too
+  // SIGHUP: the new file is in force.
+  write("listen: 127.0.0.1:0\nmodels:\n  - name: m\n    backends: [{url: '" + f.url() + "'}]\n  - name: m2\n    backends: [{url: '" + f.url() + "'}]\n");
+  kill(pid_, SIGHUP);
+  bool reloaded = false;
+  for (int i = 0; i < 200 && !reloaded; ++i) {
+    reloaded = slurp(log_).find("configuration reloaded") != std::string::npos;
+    if (!reloaded) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(reloaded);
+  EXPECT_NE(c.send({.method = "GET", .path = "/v1/models"}).body.find("\"id\":\"m2\""), std::string::npos);
+  // A bad file on SIGHUP: refused, the old one stays.
+  write("models: [{name: m}]\n");
+  kill(pid_, SIGHUP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_NE(slurp(log_).find("reload refused"), std::string::npos);
+  EXPECT_EQ(c.send({.body = R"({"model":"m2","prompt":"x","max_tokens":1})"}).status, 200);
+  c.reset();
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << slurp(log_);
+}
+
+}  // namespace
+}  // namespace lmserve::gateway
