@@ -22,6 +22,7 @@ UP_PORT=${UP_PORT:-19181}
 NGINX_PORT=${NGINX_PORT:-19182}
 GW_PORT=${GW_PORT:-19183}
 CHUNKS=${CHUNKS:-16}
+REPEAT=${REPEAT:-3}  # rounds over all targets, interleaved; the table gives each figure's median
 
 fake=$BUILD/tests/gateway/lmserve_fake_upstream_server
 lmserve=$BUILD/lmserve
@@ -102,6 +103,7 @@ cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1
 declare -A proxy_pid=([direct]="" [nginx]=$nginx_worker [gateway]=$gateway_pid)
 
 results="$work/results.txt"
+for round in $(seq "$REPEAT"); do
 for conns in $CONNS; do
   for mode in plain stream; do
     for target in direct:$UP_PORT nginx:$NGINX_PORT gateway:$GW_PORT; do
@@ -115,10 +117,11 @@ for conns in $CONNS; do
     done
   done
 done
+done
 
 python3 - "$results" "$DURATION" <<'PY'
-import re, sys
-rows = {}
+import re, statistics, sys
+runs = {}
 def ms(v):
     m = re.match(r"([\d.]+)(us|ms|s)", v)
     x = float(m.group(1))
@@ -132,9 +135,11 @@ for line in open(sys.argv[1]):
     errs = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     sock = re.search(r"Socket errors: (.*?)\|", text)
     total = int(re.search(r"(\d+) requests in", text).group(1))
-    rows[(conns, mode, name)] = (rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6)
+    runs.setdefault((conns, mode, name), []).append((rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6))
     if conns not in order: order.append(conns)
-print(f"wrk -t1 -d{sys.argv[2]}s, one proxy worker on its own core")
+med = lambda xs, i: statistics.median(x[i] for x in xs)
+rows = {k: (med(v, 0), med(v, 1), med(v, 2), sum(x[3] for x in v), ";".join(x[4] for x in v if x[4]), med(v, 5)) for k, v in runs.items()}
+print(f"wrk -t1 -d{sys.argv[2]}s, one proxy worker on its own core; medians of {len(next(iter(runs.values())))} interleaved rounds")
 print(f"{'conns':>5} {'mode':7} {'target':8} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10}  errors")
 for conns in order:
     for mode in ("plain", "stream"):

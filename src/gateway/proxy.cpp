@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "gateway/access_log.h"
+#include "gateway/deadlines.h"
 #include "gateway/errors.h"
 #include "server/http/asio.h"
 
@@ -43,19 +44,21 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 thread_local std::mt19937_64 tl_rng{std::random_device{}()};
 
-class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
+class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall> {
  public:
   ProxyCall(State& state, std::shared_ptr<Snapshot> snap, const ModelConfig& model, Exchange ex, RouteInfo info)
       : state_(state), snap_(std::move(snap)), model_(model), cfg_(snap_->config), ex_(std::move(ex)), info_(std::move(info)),
-        strand_(server::http::executor_of(ex_)), phase_timer_(strand_), total_timer_(strand_), id_(state.next_id++) {}
+        strand_(server::http::executor_of(ex_)), id_(state.next_id++) {}
+
+  net::any_io_executor executor() const override { return strand_; }
+  void on_deadline() override { on_timer(); }
 
   void start() {
     ++state_.in_flight;
     ex_.watch_disconnect([self = shared_from_this()] { self->on_client_gone(); });
-    total_timer_.expires_after(cfg_.timeouts.total);
-    total_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (!ec) self->on_total_timeout();
-    });
+    total_deadline_ = arrived_ + cfg_.timeouts.total;
+    state_.deadlines.add(shared_from_this());
+    update_deadline();
     attempt();
   }
 
@@ -104,17 +107,21 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
 
   void send_request() {
     const auto& req = ex_.request();
-    out_ = req.method + " " + req.target + " HTTP/1.1\r\nHost: " + replica_->endpoint().address().to_string() + ":" +
-           std::to_string(replica_->endpoint().port()) + "\r\n";
+    std::size_t size = 256 + req.target.size();
+    for (const auto& [k, v] : req.headers) size += k.size() + v.size() + 4;
+    out_.clear();
+    out_.reserve(size);
+    out_.append(req.method).append(" ").append(req.target).append(" HTTP/1.1\r\nHost: ").append(replica_->host_port()).append("\r\n");
     for (const auto& [k, v] : req.headers) {
       if (hop_by_hop(k) || iequals(k, "x-forwarded-for")) continue;
-      out_ += k + ": " + v + "\r\n";
+      out_.append(k).append(": ").append(v).append("\r\n");
     }
     const auto ct = req.header("content-type");
-    if (!ct.empty()) out_ += "Content-Type: " + ct + "\r\n";
-    auto xff = req.header("x-forwarded-for");
-    out_ += "X-Forwarded-For: " + (xff.empty() ? req.remote_address : xff + ", " + req.remote_address) + "\r\n";
-    out_ += "Content-Length: " + std::to_string(req.body.size()) + "\r\n\r\n";
+    if (!ct.empty()) out_.append("Content-Type: ").append(ct).append("\r\n");
+    const auto xff = req.header("x-forwarded-for");
+    out_.append("X-Forwarded-For: ");
+    if (!xff.empty()) out_.append(xff).append(", ");
+    out_.append(req.remote_address).append("\r\nContent-Length: ").append(std::to_string(req.body.size())).append("\r\n\r\n");
     arm(cfg_.timeouts.first_token, "first_token_timeout");
     std::array<net::const_buffer, 2> bufs{net::buffer(out_), net::buffer(req.body)};
     net::async_write(*sock_, bufs, net::bind_executor(strand_, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t) {
@@ -176,13 +183,13 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
 
   void read_body() {
     if (done_) return;
-    piece_.resize(kReadChunk);
-    parser_->get().body().data = piece_.data();
-    parser_->get().body().size = piece_.size();
+    if (!piece_) piece_ = std::make_unique_for_overwrite<char[]>(kReadChunk);
+    parser_->get().body().data = piece_.get();
+    parser_->get().body().size = kReadChunk;
     bhttp::async_read_some(*sock_, rbuf_, *parser_, net::bind_executor(strand_, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t) {
       if (g != self->gen_ || self->done_) return;
       if (ec == bhttp::error::need_buffer) ec = {};
-      const std::size_t n = self->piece_.size() - self->parser_->get().body().size;
+      const std::size_t n = kReadChunk - self->parser_->get().body().size;
       if (n > 0) self->on_bytes(n);
       if (g != self->gen_ || self->done_) return;  // on_bytes gave up on this attempt
       if (ec) {
@@ -192,8 +199,12 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
       }
       if (self->parser_->is_done()) return self->on_complete();
       if (self->sent_ && self->ex_.queued_bytes() > kMaxQueued) {
+        // Waiting on the client, not on the replica: no idle deadline meanwhile.
+        self->phase_kind_ = nullptr;
         return self->ex_.when_drained([self, g] {
-          if (g == self->gen_) self->read_body();
+          if (g != self->gen_ || self->done_) return;
+          self->arm(self->cfg_.timeouts.idle, "idle_timeout");
+          self->read_body();
         });
       }
       self->read_body();
@@ -203,38 +214,37 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   void on_bytes(std::size_t n) {
     if (!streamed_) {
       if (whole_.size() + n > kMaxWholeBody) return attempt_failed("too_large", false);
-      whole_.append(piece_.data(), n);
+      whole_.append(piece_.get(), n);
       return;
     }
     if (!sent_) {
       sent_ = true;
       ttft_ = seconds_since(arrived_);
-      auto headers = head_;
-      headers.emplace_back("X-Accel-Buffering", "no");
-      add_identity(headers);
-      ex_.start_stream({.status = status_, .content_type = content_type_, .headers = std::move(headers)});
+      head_.emplace_back("X-Accel-Buffering", "no");
+      add_identity(head_);
+      ex_.start_stream({.status = status_, .content_type = content_type_, .headers = std::move(head_)});
     }
-    arm(cfg_.timeouts.idle, "idle_timeout");
-    tail_.append(piece_.data(), n);
+    phase_kind_ = "idle_timeout";
+    phase_deadline_ = Clock::now() + cfg_.timeouts.idle;
+    update_deadline();  // an atomic store
+    tail_.append(piece_.get(), n);
     if (tail_.size() > 2) tail_.erase(0, tail_.size() - 2);
-    ex_.send(std::string(piece_.data(), n));
+    ex_.send(std::string(piece_.get(), n));
   }
 
   void on_complete() {
-    phase_timer_.cancel();
+    phase_kind_ = nullptr;
     if (streamed_) {
       if (!sent_) {  // an empty streamed body
-        auto headers = head_;
-        add_identity(headers);
-        ex_.start_stream({.status = status_, .content_type = content_type_, .headers = std::move(headers)});
+        add_identity(head_);
+        ex_.start_stream({.status = status_, .content_type = content_type_, .headers = std::move(head_)});
         sent_ = true;
       }
       ex_.end_stream();
     } else {
-      auto headers = head_;
-      add_identity(headers);
+      add_identity(head_);
       ttft_ = seconds_since(arrived_);
-      ex_.reply({.status = status_, .content_type = content_type_, .body = std::move(whole_), .headers = std::move(headers)});
+      ex_.reply({.status = status_, .content_type = content_type_, .body = std::move(whole_), .headers = std::move(head_)});
     }
     if (keep_alive_ && rbuf_.size() == 0 && sock_) {
       replica_->put_idle(std::move(*sock_));
@@ -267,7 +277,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
 
   // No (further) replica: 503 when none could take it, else the last failure as 502/504.
   void give_up() {
-    phase_timer_.cancel();
+    phase_kind_ = nullptr;
     const bool timeout = last_failure_.find("timeout") != std::string::npos;
     Response r;
     if (last_failure_.empty() || last_failure_ == "status_429") {
@@ -320,16 +330,29 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
     finish(499);  // nginx's "client closed request"
   }
 
-  // A phase deadline: on expiry the upstream socket closes and the pending operation fails.
+  // Deadlines (deadlines.h): the soonest of the phase's and the total one is what the scanner
+  // watches. On a phase's expiry the upstream socket closes, so the pending operation fails and
+  // its handler reads timeout_kind_.
   void arm(std::chrono::milliseconds after, const char* kind) {
     timeout_kind_ = nullptr;
-    phase_timer_.expires_after(after);
-    phase_timer_.async_wait([self = shared_from_this(), g = gen_, kind](beast::error_code ec) {
-      if (ec || g != self->gen_ || self->done_) return;
-      self->timeout_kind_ = kind;
+    phase_kind_ = kind;
+    phase_deadline_ = Clock::now() + after;
+    update_deadline();
+  }
+
+  void update_deadline() { set_deadline(phase_kind_ ? std::min(phase_deadline_, total_deadline_) : total_deadline_); }
+
+  void on_timer() {
+    if (done_) return;
+    const auto now = Clock::now();
+    if (now >= total_deadline_) return on_total_timeout();
+    if (phase_kind_ && now >= phase_deadline_) {
+      timeout_kind_ = phase_kind_;
+      phase_kind_ = nullptr;
       beast::error_code ignored;
-      if (self->sock_) self->sock_->close(ignored);
-    });
+      if (sock_) sock_->close(ignored);
+    }
+    update_deadline();  // it had moved later, or the next one
   }
 
   void close_upstream() {
@@ -342,7 +365,7 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
 
   void release_attempt() {
     ++gen_;
-    phase_timer_.cancel();
+    phase_kind_ = nullptr;
     close_upstream();
     if (counted_) --replica_->outstanding;
     counted_ = false;
@@ -351,8 +374,8 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   void finish(int status) {
     if (done_) return;
     done_ = true;
-    total_timer_.cancel();
-    phase_timer_.cancel();
+    clear_deadline();
+    state_.deadlines.remove(*this);
     close_upstream();
     if (counted_) --replica_->outstanding;
     counted_ = false;
@@ -375,7 +398,8 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   Exchange ex_;
   RouteInfo info_;
   net::any_io_executor strand_;
-  net::steady_timer phase_timer_, total_timer_;
+  Clock::time_point phase_deadline_{}, total_deadline_{};
+  const char* phase_kind_ = nullptr;  // the phase whose deadline counts (nullptr: none)
   const std::uint64_t id_;
   const Clock::time_point arrived_ = Clock::now();
 
@@ -386,7 +410,8 @@ class ProxyCall : public std::enable_shared_from_this<ProxyCall> {
   std::string out_;
   beast::flat_buffer rbuf_;
   std::optional<bhttp::response_parser<bhttp::buffer_body>> parser_;
-  std::string piece_, whole_, tail_, content_type_;
+  std::unique_ptr<char[]> piece_;  // what one read of the body lands in (not zeroed: written before read)
+  std::string whole_, tail_, content_type_;
   server::http::Headers head_;
   std::uint64_t gen_ = 0;  // the current attempt; handlers of earlier ones do nothing
   const char* timeout_kind_ = nullptr;

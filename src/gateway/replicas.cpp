@@ -12,7 +12,8 @@ std::string url_of(const boost::asio::ip::address& a, std::uint16_t port) {
 }
 }  // namespace
 
-Replica::Replica(boost::asio::ip::address address, std::uint16_t port) : endpoint_(address, port), url_(url_of(address, port)) {}
+Replica::Replica(boost::asio::ip::address address, std::uint16_t port)
+    : endpoint_(address, port), url_(url_of(address, port)), host_port_(url_.substr(std::string_view("http://").size())) {}
 
 bool Replica::available(Clock::time_point now) const {
   std::lock_guard lock(mu_);

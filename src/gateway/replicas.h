@@ -33,6 +33,7 @@ class Replica {
  public:
   Replica(boost::asio::ip::address address, std::uint16_t port);
   const std::string& url() const { return url_; }  // http://ADDRESS:PORT
+  const std::string& host_port() const { return host_port_; }  // ADDRESS:PORT, for the Host header
   const boost::asio::ip::tcp::endpoint& endpoint() const { return endpoint_; }
 
   // Healthy by the active checks, not ejected and not backing off after a 429.
@@ -69,7 +70,7 @@ class Replica {
 
  private:
   const boost::asio::ip::tcp::endpoint endpoint_;
-  const std::string url_;
+  const std::string url_, host_port_;
   mutable std::mutex mu_;
   bool healthy_ = true;
   int passes_ = 0, fails_ = 0;

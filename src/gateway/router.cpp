@@ -49,6 +49,12 @@ std::optional<std::string> by_weight(const std::map<std::string, std::uint64_t>&
 
 std::optional<std::string> pick_version(const std::vector<Candidate>& cs, const std::string& header_version,
                                         const std::string& sticky_key, double draw) {
+  // The common case, one version: no shares to draw from.
+  if (!cs.empty() && std::all_of(cs.begin(), cs.end(), [&](const Candidate& c) { return c.version == cs.front().version; })) {
+    const bool any = std::any_of(cs.begin(), cs.end(), [](const Candidate& c) { return c.available; });
+    if (!any || (!header_version.empty() && header_version != cs.front().version)) return std::nullopt;
+    return cs.front().version;
+  }
   const auto available = version_weights(cs, true);
   if (available.empty()) return std::nullopt;
   if (!header_version.empty()) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gateway/config.h"
+#include "gateway/deadlines.h"
 #include "gateway/metrics.h"
 #include "gateway/replicas.h"
 #include "gateway/router.h"
@@ -23,8 +24,9 @@ struct Snapshot {
 };
 
 struct State {
-  explicit State(boost::asio::io_context& io) : ioc(io) {}
+  explicit State(boost::asio::io_context& io) : ioc(io), deadlines(io, std::chrono::milliseconds(5)) {}
   boost::asio::io_context& ioc;
+  Deadlines deadlines;  // the timeouts of calls under way
   std::atomic<std::shared_ptr<Snapshot>> snapshot;
   ReplicaRegistry replicas;
   GatewayMetrics metrics;

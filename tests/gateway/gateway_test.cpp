@@ -373,7 +373,8 @@ TEST_F(GatewayTest, BackpressureReachesTheReplicaWhenTheClientStopsReading) {
   auto& f = fake("bulk");
   f.behaviour.chunks = 4096;
   f.behaviour.event_bytes = 16 * 1024;  // 64 MiB in all
-  start_gateway("  - name: m\n    backends:\n" + backend(f.url()), "health: {interval_ms: 60000}");
+  // An idle deadline shorter than the stall: waiting on the client is not the replica idling.
+  start_gateway("  - name: m\n    backends:\n" + backend(f.url()), "health: {interval_ms: 60000}\ntimeouts_ms: {idle: 200}");
   boost::asio::io_context io;
   boost::asio::ip::tcp::socket s(io);
   s.open(boost::asio::ip::tcp::v4());

@@ -93,13 +93,13 @@ struct Transport::Impl {
 
 namespace {
 
-bhttp::response<bhttp::string_body> to_beast(const Response& r, unsigned version, bool keep_alive, const std::string& server) {
+bhttp::response<bhttp::string_body> to_beast(Response r, unsigned version, bool keep_alive, const std::string& server) {
   bhttp::response<bhttp::string_body> res(static_cast<bhttp::status>(r.status), version);
   res.set(bhttp::field::server, server);
   res.set(bhttp::field::content_type, r.content_type);
   for (const auto& [k, v] : r.headers) res.set(k, v);
   res.keep_alive(keep_alive && !r.close);
-  res.body() = r.body;
+  res.body() = std::move(r.body);
   res.prepare_payload();
   return res;
 }
@@ -140,7 +140,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (!current(seq) || streaming_) return;
     stop_watching();
     if (gone_) return finish_and_close();
-    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(to_beast(r, version_, request_.keep_alive, t_.opt.server_header));
+    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(to_beast(std::move(r), version_, request_.keep_alive, t_.opt.server_header));
     beast::get_lowest_layer(stream_).expires_after(t_.opt.write_timeout);
     ending_ = true;
     bhttp::async_write(stream_, *res, [self = this->shared_from_this(), res](beast::error_code ec, std::size_t) {
@@ -233,16 +233,9 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     timed_out_ = false;
     // Idle until the request's first byte, then request_timeout for the whole request.
     const bool idle = buffer_.size() == 0;
-    timer_.expires_after(idle ? t_.opt.idle_timeout : t_.opt.request_timeout);
-    timer_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
-      if (ec) return;
-      self->timed_out_ = true;
-      beast::error_code ignored;
-      beast::get_lowest_layer(self->stream_).socket().cancel(ignored);
-    });
+    set_deadline(std::chrono::steady_clock::now() + (idle ? t_.opt.idle_timeout : t_.opt.request_timeout));
     if (idle) {
       stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
-        self->timer_.cancel();
         self->buffer_.commit(n);
         if (self->timed_out_ || ec || n == 0) return self->close();  // idle, or gone
         self->read();
@@ -252,8 +245,32 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     bhttp::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
   }
 
+  // The read deadline. One timer, set lazily: moving the deadline later (as every request on a
+  // keep-alive connection does) is an assignment, and the timer, firing early, looks again;
+  // cancelling and re-arming it per request cost two completions each time.
+  void set_deadline(std::chrono::steady_clock::time_point when) {
+    deadline_ = when;
+    if (timer_pending_ && timer_at_ <= when) return;
+    timer_pending_ = true;
+    timer_at_ = when;
+    timer_.expires_at(when);
+    timer_.async_wait([self = this->shared_from_this(), when](beast::error_code ec) {
+      if (ec || when != self->timer_at_) return;  // replaced by a sooner one
+      self->timer_pending_ = false;
+      self->on_deadline();
+    });
+  }
+
+  void on_deadline() {
+    if (closed_ || deadline_ == std::chrono::steady_clock::time_point::max()) return;  // not reading
+    if (std::chrono::steady_clock::now() < deadline_) return set_deadline(deadline_);
+    timed_out_ = true;
+    beast::error_code ignored;
+    beast::get_lowest_layer(stream_).socket().cancel(ignored);
+  }
+
   void on_read(beast::error_code ec) {
-    timer_.cancel();
+    deadline_ = std::chrono::steady_clock::time_point::max();  // not reading any more
     if (timed_out_) {
       if (parser_->got_some() || buffer_.size() > 0) return refuse(TransportError::kRequestTimeout);
       return close();  // an idle keep-alive connection
@@ -298,20 +315,23 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
       if (auto fn = std::move(drained_)) fn();
       return;
     }
-    // Everything queued goes out as one chunk in one write (one system call however many
-    // pieces the application sent since the last write finished).
+    // Everything queued goes out as one chunk in one gathered write (one system call, no copy,
+    // however many pieces the application sent since the last write finished).
     std::size_t n = 0;
     for (const auto& d : out_) n += d.size();
-    auto data = std::make_shared<std::string>();
+    auto pieces = std::make_shared<std::vector<std::string>>(std::make_move_iterator(out_.begin()), std::make_move_iterator(out_.end()));
+    out_.clear();
     char size_line[24];
     const int len = std::snprintf(size_line, sizeof size_line, "%zx\r\n", n);
-    data->reserve(n + static_cast<std::size_t>(len) + 2);
-    data->append(size_line, static_cast<std::size_t>(len));
-    for (const auto& d : out_) data->append(d);
-    data->append("\r\n");
-    out_.clear();
+    pieces->emplace_back(size_line, static_cast<std::size_t>(len));  // last, so the buffers above stay put
+    std::vector<net::const_buffer> buffers;
+    buffers.reserve(pieces->size() + 1);
+    buffers.push_back(net::buffer(pieces->back()));
+    for (std::size_t i = 0; i + 1 < pieces->size(); ++i) buffers.push_back(net::buffer((*pieces)[i]));
+    static constexpr char kCrlf[] = "\r\n";
+    buffers.push_back(net::buffer(kCrlf, 2));
     writing_ = true;
-    net::async_write(stream_, net::buffer(*data), [self = this->shared_from_this(), data, n](beast::error_code ec, std::size_t) {
+    net::async_write(stream_, buffers, [self = this->shared_from_this(), pieces, n](beast::error_code ec, std::size_t) {
       self->queued_ -= std::min(self->queued_, n);
       self->writing_ = false;
       if (ec) return self->client_gone();
@@ -398,6 +418,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void close() {
     if (!closed_) --t_.connections;
     closed_ = true;
+    timer_.cancel();  // its handler holds the session
     beast::error_code ec;
     beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ec);
     beast::get_lowest_layer(stream_).socket().close(ec);
@@ -405,7 +426,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   Stream stream_;
   net::steady_timer timer_;
-  bool timed_out_ = false;
+  bool timed_out_ = false, timer_pending_ = false;
+  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max(), timer_at_{};
   beast::flat_buffer buffer_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   unsigned version_ = 11;
@@ -433,7 +455,10 @@ void Transport::Impl::refuse(tcp::socket socket) {
 }
 
 void Transport::Impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+  // With one I/O thread every handler already runs one at a time: a strand per connection would
+  // only add its dispatch to every completion.
+  auto executor = opt.io_threads <= 1 ? net::any_io_executor(ioc.get_executor()) : net::any_io_executor(net::make_strand(ioc));
+  acceptor.async_accept(executor, [this](beast::error_code ec, tcp::socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted) return;
       return accept();
