@@ -20,6 +20,11 @@ bool Replica::available(Clock::time_point now) const {
   return healthy_ && now >= ejected_until_ && now >= retry_after_until_;
 }
 
+bool Replica::usable_in_panic(Clock::time_point now) const {
+  std::lock_guard lock(mu_);
+  return healthy_ && now >= retry_after_until_;
+}
+
 bool Replica::healthy() const {
   std::lock_guard lock(mu_);
   return healthy_;

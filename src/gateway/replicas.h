@@ -39,6 +39,9 @@ class Replica {
   // Healthy by the active checks, not ejected and not backing off after a 429.
   bool available(Clock::time_point now) const;
   bool healthy() const;
+  // Healthy and not backing off after a 429, ejected or not: what takes requests when every
+  // replica of a model is ejected (a short failure everywhere then costs no 503s).
+  bool usable_in_panic(Clock::time_point now) const;
 
   // Passive health. A failure ejects the replica for the current backoff (which then doubles up
   // to eject.max); returns true when this failure started an ejection. A success resets it.

@@ -33,6 +33,13 @@ std::vector<Candidate> candidates(const State& state, const GatewayConfig& confi
       replicas.push_back(r);
     }
   }
+  // Panic: with every replica ejected, ejections are ignored (as Envoy's panic threshold does),
+  // so that one failure on each replica does not turn into 503s for the ejection's length.
+  if (std::none_of(cs.begin(), cs.end(), [](const Candidate& c) { return c.available; })) {
+    for (std::size_t i = 0; i < cs.size(); ++i) {
+      cs[i].available = replicas[i]->usable_in_panic(now) && std::find(exclude.begin(), exclude.end(), replicas[i].get()) == exclude.end();
+    }
+  }
   return cs;
 }
 

@@ -328,6 +328,20 @@ TEST_F(GatewayTest, TheFourTimeoutsFireAsConfigured) {
   ::close(fd);
 }
 
+TEST_F(GatewayTest, WithEveryReplicaEjectedTheEjectionsAreIgnored) {
+  auto& only = fake("only");
+  only.behaviour.status = 500;
+  start_gateway("  - name: m\n    backends:\n" + backend(only.url()), "eject: {base_ms: 60000, max_ms: 60000}\nhealth: {interval_ms: 60000}");
+  Client c(port_);
+  auto r = c.send(post(completion()));
+  EXPECT_EQ(r.status, 502) << r.body;  // its only replica failed
+  EXPECT_NE(r.body.find("\"code\":\"upstream_failed\""), std::string::npos) << r.body;
+  only.behaviour.status = 200;
+  r = c.send(post(completion()));  // ejected for a minute, but the only one there is
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(only.requests.load(), 2);
+}
+
 TEST_F(GatewayTest, AReplicaAnswering429IsSkippedForItsRetryAfterAndNoneLeftIs503) {
   auto& busy = fake("busy");
   busy.behaviour.status = 429;
