@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The gateway's overhead against Debian's nginx as the same reverse proxy (proxy_buffering off,
 # HTTP/1.1 keep-alive upstream), in front of the same fast fake replica, driven by the same client
-# (wrk), on loopback. Both proxies get one worker on the same core (PROXY_CPU); the fake replica
-# and the client share the others (CLIENT_CPUS). Each case is measured against the replica
-# directly, so "added" is the proxy's own cost.
+# (wrk), on loopback. Both proxies get PROXY_WORKERS workers (nginx worker_processes, the
+# gateway's io_threads) on the same cores (PROXY_CPU); the fake replica and the client run on
+# others (FAKE_CPUS, CLIENT_CPUS). Each case is measured against the replica directly, so "added"
+# is the proxy's own cost. On the GPU machine (16 cores) the proxy's core is the bottleneck with
+#   PROXY_CPU=1 FAKE_CPUS=2-5 FAKE_THREADS=4 CLIENT_CPUS=6-15 WRK_THREADS=8 CONNS="1 256"
 #
 #   scripts/gateway-overhead.sh                 BUILD=build/release DURATION=10 CONNS="1 32"
 #
@@ -17,7 +19,11 @@ BUILD=${BUILD:-build/release}
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-"1 32"}
 PROXY_CPU=${PROXY_CPU:-1}
-CLIENT_CPUS=${CLIENT_CPUS:-0}
+CLIENT_CPUS=${CLIENT_CPUS:-0}       # wrk's
+FAKE_CPUS=${FAKE_CPUS:-$CLIENT_CPUS}  # the fake replica's
+WRK_THREADS=${WRK_THREADS:-1}
+FAKE_THREADS=${FAKE_THREADS:-1}
+PROXY_WORKERS=${PROXY_WORKERS:-1}   # nginx worker_processes and the gateway's io_threads
 UP_PORT=${UP_PORT:-19181}
 NGINX_PORT=${NGINX_PORT:-19182}
 GW_PORT=${GW_PORT:-19183}
@@ -27,19 +33,31 @@ REPEAT=${REPEAT:-3}  # rounds over all targets, interleaved; the table gives eac
 fake=$BUILD/tests/gateway/lmserve_fake_upstream_server
 lmserve=$BUILD/lmserve
 for f in "$fake" "$lmserve"; do [[ -x $f ]] || { echo "gateway-overhead: build $f first" >&2; exit 1; }; done
-for t in nginx wrk taskset; do command -v $t >/dev/null || { echo "gateway-overhead: needs $t (scripts/install-deps.sh)" >&2; exit 1; }; done
+for t in nginx wrk taskset python3; do command -v $t >/dev/null || { echo "gateway-overhead: needs $t (scripts/install-deps.sh)" >&2; exit 1; }; done
+# One HTTP exchange with python3 (the GPU machine has no curl).
+http() {  # METHOD URL [BODY]
+  python3 - "$@" <<'PY'
+import sys, urllib.request
+req = urllib.request.Request(sys.argv[2], method=sys.argv[1], data=sys.argv[3].encode() if len(sys.argv) > 3 else None,
+                             headers={"Content-Type": "application/json"})
+try:
+    print(urllib.request.urlopen(req, timeout=5).read().decode())
+except Exception as e:
+    print(e); sys.exit(1)
+PY
+}
 
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 
-taskset -c "$CLIENT_CPUS" "$fake" --port "$UP_PORT" --threads 1 --chunks "$CHUNKS" >"$work/fake.log" 2>&1 &
+taskset -c "$FAKE_CPUS" "$fake" --port "$UP_PORT" --threads "$FAKE_THREADS" --chunks "$CHUNKS" >"$work/fake.log" 2>&1 &
 pids+=($!)
 
 mkdir -p "$work/nginx/logs"
 cat >"$work/nginx/nginx.conf" <<CONF
-worker_processes 1;
+worker_processes $PROXY_WORKERS;
 daemon off;
 pid $work/nginx/nginx.pid;
 error_log $work/nginx/error.log warn;
@@ -48,6 +66,9 @@ http {
   access_log off;
   client_body_temp_path $work/nginx/body;
   proxy_temp_path $work/nginx/proxy;
+  fastcgi_temp_path $work/nginx/fastcgi;
+  uwsgi_temp_path $work/nginx/uwsgi;
+  scgi_temp_path $work/nginx/scgi;
   upstream replica { server 127.0.0.1:$UP_PORT; keepalive 256; }
   server {
     listen 127.0.0.1:$NGINX_PORT;
@@ -66,7 +87,7 @@ nginx_master=$!
 
 cat >"$work/gateway.yaml" <<CONF
 listen: 127.0.0.1:$GW_PORT
-io_threads: 1
+io_threads: $PROXY_WORKERS
 access_log: false
 models:
   - name: m
@@ -79,7 +100,7 @@ pids+=($!)
 gateway_pid=$!
 
 for port in "$UP_PORT" "$NGINX_PORT" "$GW_PORT"; do
-  for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 0.05; done
+  for _ in $(seq 100); do http GET "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.05; done
 done
 
 for mode in plain stream; do
@@ -93,7 +114,7 @@ done
 
 # Checks that each target answers as the replica does before measuring it.
 for port in "$UP_PORT" "$NGINX_PORT" "$GW_PORT"; do
-  out=$(curl -s -XPOST -H 'Content-Type: application/json' -d '{"model":"m","prompt":"x","stream":true}' "http://127.0.0.1:$port/v1/completions")
+  out=$(http POST "http://127.0.0.1:$port/v1/completions" '{"model":"m","prompt":"x","stream":true}')
   [[ $out == *"data: [DONE]"* ]] || { echo "gateway-overhead: port $port did not stream: $out" >&2; exit 1; }
 done
 
@@ -105,13 +126,14 @@ declare -A proxy_pid=([direct]="" [nginx]=$nginx_worker [gateway]=$gateway_pid)
 results="$work/results.txt"
 for round in $(seq "$REPEAT"); do
 for conns in $CONNS; do
+  threads=$(( WRK_THREADS < conns ? WRK_THREADS : conns ))  # wrk wants a connection per thread at least
   for mode in plain stream; do
     for target in direct:$UP_PORT nginx:$NGINX_PORT gateway:$GW_PORT; do
       name=${target%%:*}; port=${target##*:}
-      taskset -c "$CLIENT_CPUS" wrk -t1 -c"$conns" -d1s -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >/dev/null  # warm-up
+      taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d1s -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >/dev/null  # warm-up
       pid=${proxy_pid[$name]}
       before=0; [[ -n $pid ]] && before=$(cpu_of "$pid")
-      taskset -c "$CLIENT_CPUS" wrk -t1 -c"$conns" -d"${DURATION}s" --latency -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >"$work/out.txt"
+      taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d"${DURATION}s" --latency -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >"$work/out.txt"
       cpu=0; [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of "$pid")" 'BEGIN { print b - a }')
       echo "$conns $mode $name $cpu $(tr '\n' '|' <"$work/out.txt")" >>"$results"
     done
@@ -139,7 +161,7 @@ for line in open(sys.argv[1]):
     if conns not in order: order.append(conns)
 med = lambda xs, i: statistics.median(x[i] for x in xs)
 rows = {k: (med(v, 0), med(v, 1), med(v, 2), sum(x[3] for x in v), ";".join(x[4] for x in v if x[4]), med(v, 5)) for k, v in runs.items()}
-print(f"wrk -t1 -d{sys.argv[2]}s, one proxy worker on its own core; medians of {len(next(iter(runs.values())))} interleaved rounds")
+print(f"wrk -d{sys.argv[2]}s; medians of {len(next(iter(runs.values())))} interleaved rounds")
 print(f"{'conns':>5} {'mode':7} {'target':8} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10}  errors")
 for conns in order:
     for mode in ("plain", "stream"):
