@@ -80,6 +80,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     // Nothing of a failed attempt carries over (nothing of it reached the client).
     head_.clear();
     whole_.clear();
+    pending_.clear();
     tail_.clear();
     content_type_.clear();
     streamed_ = keep_alive_ = false;
@@ -191,7 +192,25 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
       if (ec == bhttp::error::need_buffer) ec = {};
       const std::size_t n = kReadChunk - self->parser_->get().body().size;
       if (n > 0) self->on_bytes(n);
+      // What that read brought beyond the first chunk is parsed now, without I/O, so that a
+      // read's worth of events goes to the client in one write (a write per upstream chunk was
+      // most of a stream's system calls).
+      while (!ec && g == self->gen_ && !self->done_ && !self->parser_->is_done() && self->rbuf_.size() > 0) {
+        auto& body = self->parser_->get().body();
+        body.data = self->piece_.get();
+        body.size = kReadChunk;
+        beast::error_code pec;
+        const std::size_t used = self->parser_->put(self->rbuf_.data(), pec);
+        self->rbuf_.consume(used);
+        const bool more = pec == bhttp::error::need_more;  // the rest needs bytes from the socket
+        if (pec == bhttp::error::need_buffer || more) pec = {};
+        const std::size_t got = kReadChunk - body.size;
+        if (got > 0) self->on_bytes(got);
+        ec = pec;
+        if (more || (used == 0 && got == 0)) break;
+      }
       if (g != self->gen_ || self->done_) return;  // on_bytes gave up on this attempt
+      self->send_pending();
       if (ec) {
         const char* kind = self->timeout_kind_ ? self->timeout_kind_ : "reset";
         if (self->sent_) return self->stream_failed(kind);
@@ -211,12 +230,19 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     }));
   }
 
+  // Body bytes in piece_: a whole answer collects them; a stream gathers them for send_pending().
   void on_bytes(std::size_t n) {
     if (!streamed_) {
       if (whole_.size() + n > kMaxWholeBody) return attempt_failed("too_large", false);
       whole_.append(piece_.get(), n);
       return;
     }
+    pending_.append(piece_.get(), n);
+  }
+
+  // A stream's gathered bytes to the client (its head first, the first time).
+  void send_pending() {
+    if (!streamed_ || pending_.empty()) return;
     if (!sent_) {
       sent_ = true;
       ttft_ = seconds_since(arrived_);
@@ -227,9 +253,10 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     phase_kind_ = "idle_timeout";
     phase_deadline_ = Clock::now() + cfg_.timeouts.idle;
     update_deadline();  // an atomic store
-    tail_.append(piece_.get(), n);
+    tail_.append(pending_.size() > 2 ? pending_.substr(pending_.size() - 2) : pending_);
     if (tail_.size() > 2) tail_.erase(0, tail_.size() - 2);
-    ex_.send(std::string(piece_.get(), n));
+    ex_.send(std::move(pending_));
+    pending_.clear();
   }
 
   void on_complete() {
@@ -411,7 +438,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   beast::flat_buffer rbuf_;
   std::optional<bhttp::response_parser<bhttp::buffer_body>> parser_;
   std::unique_ptr<char[]> piece_;  // what one read of the body lands in (not zeroed: written before read)
-  std::string whole_, tail_, content_type_;
+  std::string whole_, pending_, tail_, content_type_;
   server::http::Headers head_;
   std::uint64_t gen_ = 0;  // the current attempt; handlers of earlier ones do nothing
   const char* timeout_kind_ = nullptr;
