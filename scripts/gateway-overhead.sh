@@ -118,10 +118,10 @@ for port in "$UP_PORT" "$NGINX_PORT" "$GW_PORT"; do
   [[ $out == *"data: [DONE]"* ]] || { echo "gateway-overhead: port $port did not stream: $out" >&2; exit 1; }
 done
 
-nginx_worker=$(pgrep -P "$nginx_master" | head -1)
-# CPU seconds a process has used (user + system), from /proc.
-cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
-declare -A proxy_pid=([direct]="" [nginx]=$nginx_worker [gateway]=$gateway_pid)
+nginx_workers=$(pgrep -P "$nginx_master" | tr '\n' ' ')
+# CPU seconds processes have used (user + system, every thread), from /proc.
+cpu_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + ($14 + $15) / hz }' "/proc/$p/stat"); done; echo "$t"; }
+declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid)
 
 results="$work/results.txt"
 for round in $(seq "$REPEAT"); do
@@ -132,9 +132,9 @@ for conns in $CONNS; do
       name=${target%%:*}; port=${target##*:}
       taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d1s -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >/dev/null  # warm-up
       pid=${proxy_pid[$name]}
-      before=0; [[ -n $pid ]] && before=$(cpu_of "$pid")
+      before=0; [[ -n $pid ]] && before=$(cpu_of $pid)
       taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d"${DURATION}s" --latency -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >"$work/out.txt"
-      cpu=0; [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of "$pid")" 'BEGIN { print b - a }')
+      cpu=0; [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of $pid)" 'BEGIN { print b - a }')
       echo "$conns $mode $name $cpu $(tr '\n' '|' <"$work/out.txt")" >>"$results"
     done
   done
