@@ -56,14 +56,10 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
  public:
   bool object = false;
   std::optional<std::string> model;
-  std::optional<bool> stream;
   std::string user;
 
   bool null() override { return true; }
-  bool boolean(bool v) override {
-    if (depth_ == 1 && key_ == "stream") stream = v;
-    return true;
-  }
+  bool boolean(bool) override { return true; }
   bool number_integer(number_integer_t) override { return true; }
   bool number_unsigned(number_unsigned_t) override { return true; }
   bool number_float(number_float_t, const string_t&) override { return true; }
@@ -151,23 +147,20 @@ struct Gateway::Impl : http::Application {
     const auto* model = snap->config.find_model(*fields.model);
     if (!model) return refuse(error_response(404, "the model does not exist", "model_not_found"), "", "model_not_found");
     RouteInfo info;
-    info.model = model->name;
-    info.stream = fields.stream.value_or(false);
-    info.user = std::move(fields.user);
     if (model->policy == Policy::kPrefixAware) info.prompt = prompt_text(nlohmann::json::parse(req.body, nullptr, false));
     info.lane = req.header("x-lmserve-lane");
     if (!model->canary.header.empty()) info.header_version = req.header(model->canary.header);
-    if (model->canary.sticky == CanaryConfig::Sticky::kUser) info.sticky_key = info.user;
+    if (model->canary.sticky == CanaryConfig::Sticky::kUser) info.sticky_key = fields.user;
     if (model->canary.sticky == CanaryConfig::Sticky::kHeader) info.sticky_key = req.header(model->canary.sticky_header);
     if (model->affinity.enabled) {
       if (!model->affinity.header.empty()) info.session_key = req.header(model->affinity.header);
-      if (info.session_key.empty()) info.session_key = info.user;
+      if (info.session_key.empty()) info.session_key = fields.user;
       if (info.session_key.empty()) info.session_key = req.remote_address;
     }
     start_proxy(*state, std::move(snap), *model, ex, std::move(info));
   }
 
-  http::Response error_response_for(http::TransportError e) {
+  http::Response error_response(http::TransportError e) override {
     switch (e) {
       case http::TransportError::kRequestTimeout: return error_response(408, "the request was not received in time", "request_timeout");
       case http::TransportError::kHeadersTooLarge: return error_response(431, "the request headers are too large", "invalid_request");
@@ -181,7 +174,7 @@ struct Gateway::Impl : http::Application {
     }
     return error_response(500, "internal error", "internal_error");
   }
-  http::Response error_response(http::TransportError e) override { return error_response_for(e); }
+  // The namespace's, which the override above would hide.
   static http::Response error_response(int status, const std::string& message, const std::string& code) {
     return gateway::error_response(status, message, code);
   }

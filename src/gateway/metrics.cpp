@@ -36,20 +36,6 @@ void GatewayMetrics::upstream_error(const std::string& backend, const std::strin
   ++upstream_errors_[{backend, kind}];
 }
 
-std::uint64_t GatewayMetrics::retries_total() const {
-  std::lock_guard lock(mu_);
-  std::uint64_t n = 0;
-  for (const auto& [k, v] : retries_) n += v;
-  return n;
-}
-
-std::uint64_t GatewayMetrics::ejections_total() const {
-  std::lock_guard lock(mu_);
-  std::uint64_t n = 0;
-  for (const auto& [k, v] : ejections_) n += v;
-  return n;
-}
-
 std::string GatewayMetrics::render(const std::vector<ReplicaRow>& replicas) const {
   std::lock_guard lock(mu_);
   std::string out;

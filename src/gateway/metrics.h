@@ -30,10 +30,6 @@ class GatewayMetrics {
   };
   std::string render(const std::vector<ReplicaRow>& replicas) const;
 
-  // For tests and the log: totals.
-  std::uint64_t retries_total() const;
-  std::uint64_t ejections_total() const;
-
  private:
   mutable std::mutex mu_;
   std::map<std::tuple<std::string, std::string, std::string, int>, std::uint64_t> requests_;

@@ -24,9 +24,6 @@ namespace lmserve::gateway {
 
 // What the gateway reads from a request's JSON body and headers to route it.
 struct RouteInfo {
-  std::string model;
-  bool stream = false;
-  std::string user;          // the body's `user`
   std::string prompt;        // prompt text or the messages' contents (prefix_aware)
   std::string lane;          // x-lmserve-lane
   std::string header_version;  // the canary header's value

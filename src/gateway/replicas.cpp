@@ -75,11 +75,6 @@ void Replica::set_load(ReplicaLoad load) {
   load_ = std::move(load);
 }
 
-ReplicaLoad Replica::load() const {
-  std::lock_guard lock(mu_);
-  return load_;
-}
-
 Replica::LoadFigures Replica::load_for(const std::string& lane) const {
   std::lock_guard lock(mu_);
   LoadFigures f{load_.scraped, load_.at, load_.kv_usage, load_.waiting};

@@ -55,7 +55,6 @@ class Replica {
   std::atomic<std::int64_t> outstanding{0};
 
   void set_load(ReplicaLoad load);
-  ReplicaLoad load() const;
   // The figures the router needs (waiting: of `lane` when the replica reports it), without copying
   // the per-lane table.
   struct LoadFigures {
