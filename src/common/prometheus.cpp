@@ -40,6 +40,12 @@ void Histogram::observe(double v) {
   ++count_;
 }
 
+void Histogram::merge(const Histogram& other) {
+  for (std::size_t i = 0; i < counts_.size() && i < other.counts_.size(); ++i) counts_[i] += other.counts_[i];
+  sum_ += other.sum_;
+  count_ += other.count_;
+}
+
 void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
   const std::string sep = labels.empty() ? "" : ",";
   const std::string braces = labels.empty() ? "" : "{" + labels + "}";

@@ -25,6 +25,8 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
   void observe(double v);
+  // Adds another histogram's observations (the same bounds).
+  void merge(const Histogram& other);
   // Lines of the _bucket/_sum/_count series; `labels` without braces, may be empty.
   void render(std::string& out, const std::string& name, const std::string& labels) const;
   std::uint64_t count() const { return count_; }

@@ -1,62 +1,93 @@
 #include "gateway/deadlines.h"
 
 #include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
-#include <vector>
 
 namespace lmserve::gateway {
 
-Deadlines::Deadlines(boost::asio::io_context& io, std::chrono::milliseconds tick) : io_(io), tick_(tick), timer_(boost::asio::make_strand(io)) {}
+// One I/O thread's calls and the timer that scans them. Used on that thread only (stop() posts).
+struct Deadlines::Shard {
+  explicit Shard(boost::asio::io_context& context) : io(context), timer(context) {}
+  boost::asio::io_context& io;
+  boost::asio::steady_timer timer;
+  bool armed = false;
+  std::list<std::weak_ptr<Watched>> watched;
+};
 
-void Deadlines::start() { boost::asio::post(timer_.get_executor(), [this] { arm(); }); }
+std::uint64_t Deadlines::next_instance() {
+  static std::atomic<std::uint64_t> n{1};
+  return n++;
+}
+
+Deadlines::Deadlines(std::chrono::milliseconds tick) : tick_(tick) {}
+
+Deadlines::~Deadlines() = default;
 
 void Deadlines::stop() {
   stopped_ = true;
-  boost::asio::post(timer_.get_executor(), [this] { timer_.cancel(); });
+  std::lock_guard lock(mu_);
+  for (auto& s : shards_) boost::asio::post(s->io, [sh = s.get()] { sh->timer.cancel(); });
 }
 
-void Deadlines::add(const std::shared_ptr<Watched>& w) {
+Deadlines::Shard& Deadlines::shard(boost::asio::io_context& io) {
+  thread_local std::uint64_t cached_instance = 0;
+  thread_local Shard* cached = nullptr;
+  if (cached_instance == instance_ && &cached->io == &io) return *cached;
   std::lock_guard lock(mu_);
-  watched_.push_front(w);
-  w->where_ = watched_.begin();
+  Shard* found = nullptr;
+  for (auto& s : shards_) {
+    if (&s->io == &io) found = s.get();
+  }
+  if (!found) found = shards_.emplace_back(std::make_unique<Shard>(io)).get();
+  cached_instance = instance_;
+  cached = found;
+  return *found;
+}
+
+void Deadlines::add(const std::shared_ptr<Watched>& w, boost::asio::io_context& io) {
+  auto& s = shard(io);
+  s.watched.push_front(w);
+  w->where_ = s.watched.begin();
+  w->shard_ = &s;
+  if (!s.armed) arm(s);
 }
 
 void Deadlines::remove(Watched& w) {
-  std::lock_guard lock(mu_);
-  watched_.erase(w.where_);
+  auto* s = static_cast<Shard*>(w.shard_);
+  if (!s) return;
+  s->watched.erase(w.where_);
+  w.shard_ = nullptr;
 }
 
-void Deadlines::arm() {
+// The timer runs while the shard watches anything (and stops when it is empty, so an idle
+// gateway does not wake every tick).
+void Deadlines::arm(Shard& s) {
   if (stopped_) return;
-  timer_.expires_after(tick_);
-  timer_.async_wait([this](const boost::system::error_code& ec) {
+  s.armed = true;
+  s.timer.expires_after(tick_);
+  s.timer.async_wait([this, sh = &s](const boost::system::error_code& ec) {
+    sh->armed = false;
     if (ec || stopped_) return;
-    scan();
-    arm();
+    scan(*sh);
+    if (!sh->watched.empty()) arm(*sh);
   });
 }
 
-void Deadlines::scan() {
+void Deadlines::scan(Shard& s) {
   const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
   std::vector<std::shared_ptr<Watched>> due;
-  {
-    std::lock_guard lock(mu_);
-    for (auto it = watched_.begin(); it != watched_.end();) {
-      auto w = it->lock();
-      if (!w) {  // gone without being removed (its io_context shut down under it)
-        it = watched_.erase(it);
-        continue;
-      }
-      ++it;
-      std::int64_t d = w->deadline_ns_.load(std::memory_order_relaxed);
-      // Taken (set to never) so that it fires once; the object sets it again if it moved.
-      if (d <= now && w->deadline_ns_.compare_exchange_strong(d, Watched::kNever, std::memory_order_relaxed)) due.push_back(std::move(w));
+  for (auto it = s.watched.begin(); it != s.watched.end();) {
+    auto w = it->lock();
+    if (!w) {  // gone without being removed
+      it = s.watched.erase(it);
+      continue;
     }
+    ++it;
+    std::int64_t d = w->deadline_ns_.load(std::memory_order_relaxed);
+    // Taken (set to never) so that it fires once; the object sets it again if it moved.
+    if (d <= now && w->deadline_ns_.compare_exchange_strong(d, Watched::kNever, std::memory_order_relaxed)) due.push_back(std::move(w));
   }
-  for (auto& w : due) {
-    auto ex = w->executor();
-    boost::asio::post(ex, [w = std::move(w)] { w->on_deadline(); });
-  }
+  // After the walk: a call that ends in on_deadline() removes itself from the list.
+  for (auto& w : due) w->on_deadline();
 }
 
 }  // namespace lmserve::gateway

@@ -115,7 +115,7 @@ struct Gateway::Impl : http::Application {
   void handle(http::Exchange ex) override {
     const auto& req = ex.request();
     const auto& path = req.path;
-    auto snap = state->snapshot.load();
+    auto snap = state->current();
     if (path == "/health") return ex.reply({.status = 200, .content_type = "text/plain", .body = "ok\n"});
     if (path == "/ready") return ready(ex, *snap);
     if (path == "/metrics") return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = render_metrics(*snap)});
@@ -131,7 +131,7 @@ struct Gateway::Impl : http::Application {
     // Refused by the gateway itself: answered, and logged as a proxied request would be.
     auto refuse = [&](http::Response r, const std::string& model, const std::string& code) {
       if (snap->config.access_log) {
-        write_access_log({.id = state->next_id++, .model = model, .path = req.path, .client = req.remote_address, .error = code, .status = r.status});
+        write_access_log({.id = state->next_id(), .model = model, .path = req.path, .client = req.remote_address, .error = code, .status = r.status});
       }
       ex.reply(std::move(r));
     };
@@ -235,7 +235,8 @@ struct Gateway::Impl : http::Application {
       spdlog::error("gateway: reload refused, keeping the configuration in force: {}", c.error().message());
       return c.error();
     }
-    const auto& old = state->snapshot.load()->config;
+    const auto old_snap = state->current();
+    const auto& old = old_snap->config;
     if (c->listen_host != old.listen_host || (options.port_override < 0 && c->listen_port != old.listen_port) || c->io_threads != old.io_threads ||
         c->max_connections != old.max_connections) {
       spdlog::warn("gateway: listen, io_threads and max_connections take effect at the next start");
@@ -243,7 +244,7 @@ struct Gateway::Impl : http::Application {
     c->listen_host = old.listen_host;
     c->listen_port = old.listen_port;
     Monitor::resolve_now(*state, *c);
-    state->snapshot.store(std::make_shared<Snapshot>(std::move(*c)));
+    state->set(std::make_shared<Snapshot>(std::move(*c)));
     spdlog::info("gateway: configuration reloaded from {}", options.config_path);
     return Status::ok();
   }
@@ -274,16 +275,15 @@ Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
   t.server_header = "lmserve-gateway";
   impl->transport = std::make_unique<http::Transport>(t, *impl);
   impl->state = std::make_unique<State>(http::context_of(*impl->transport));
-  impl->state->snapshot.store(std::make_shared<Snapshot>(std::move(*c)));
+  impl->state->set(std::make_shared<Snapshot>(std::move(*c)));
   impl->monitor = std::make_unique<Monitor>(*impl->state);
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 
 Status Gateway::start() {
-  Monitor::resolve_now(*impl_->state, impl_->state->snapshot.load()->config);
+  Monitor::resolve_now(*impl_->state, impl_->state->current()->config);
   LMSERVE_RETURN_IF_ERROR(impl_->transport->start());
   impl_->monitor->start();
-  impl_->state->deadlines.start();
   return Status::ok();
 }
 

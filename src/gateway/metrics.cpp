@@ -1,24 +1,77 @@
 #include "gateway/metrics.h"
 
+#include <atomic>
+#include <cstdio>
+
 namespace lmserve::gateway {
 
 using prometheus::escape;
 using prometheus::header;
 using prometheus::num;
 
+std::uint64_t GatewayMetrics::next_id() {
+  static std::atomic<std::uint64_t> n{1};
+  return n++;
+}
+
+GatewayMetrics::Shard& GatewayMetrics::shard() {
+  thread_local std::uint64_t cached_id = 0;
+  thread_local Shard* cached = nullptr;
+  if (cached_id == id_) return *cached;
+  std::lock_guard lock(mu_);
+  auto& s = shards_[std::this_thread::get_id()];
+  if (!s) s = std::make_unique<Shard>();
+  cached_id = id_;
+  cached = s.get();
+  return *s;
+}
+
+namespace {
+
+// Labels joined by '\0' into a thread's reused buffer (no allocation once it has grown).
+template <class... Parts>
+const std::string& joined(const Parts&... parts) {
+  thread_local std::string key;
+  key.clear();
+  ((key.append(parts).push_back('\0')), ...);
+  key.pop_back();
+  return key;
+}
+
+std::vector<std::string> split(const std::string& key) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  for (;;) {
+    const auto end = key.find('\0', at);
+    out.push_back(key.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) return out;
+    at = end + 1;
+  }
+}
+
+// The series of `key`, made by `fresh()` the first time only.
+template <class Map, class Make>
+auto& series(Map& map, const std::string& key, Make fresh) {
+  auto it = map.find(key);
+  if (it == map.end()) it = map.emplace(key, fresh()).first;
+  return it->second;
+}
+
+prometheus::Histogram latency_histogram() { return prometheus::Histogram(prometheus::latency_buckets()); }
+std::uint64_t zero() { return 0; }
+
+}  // namespace
+
 void GatewayMetrics::request(const std::string& model, const std::string& backend, const std::string& version, int status,
                              double ttft_s, double total_s) {
-  std::lock_guard lock(mu_);
-  ++requests_[{model, backend, version, status}];
-  auto key = std::make_pair(model, version);
-  // Found first: the buckets are built only for a new series.
-  auto series = [&key](auto& map) -> prometheus::Histogram& {
-    auto it = map.find(key);
-    if (it == map.end()) it = map.emplace(key, prometheus::Histogram(prometheus::latency_buckets())).first;
-    return it->second;
-  };
-  if (ttft_s >= 0) series(ttft_).observe(ttft_s);
-  series(total_).observe(total_s);
+  auto& s = shard();
+  char code[16];
+  const int n = std::snprintf(code, sizeof code, "%d", status);
+  std::lock_guard lock(s.mu);
+  ++series(s.requests, joined(model, backend, version, std::string_view(code, static_cast<std::size_t>(n))), zero);
+  const auto& key = joined(model, version);
+  if (ttft_s >= 0) series(s.ttft, key, latency_histogram).observe(ttft_s);
+  series(s.total, key, latency_histogram).observe(total_s);
 }
 
 void GatewayMetrics::retry(const std::string& model, const std::string& backend, const std::string& reason) {
@@ -38,19 +91,33 @@ void GatewayMetrics::upstream_error(const std::string& backend, const std::strin
 
 std::string GatewayMetrics::render(const std::vector<ReplicaRow>& replicas) const {
   std::lock_guard lock(mu_);
+  std::map<std::string, std::uint64_t> requests;
+  std::map<std::string, prometheus::Histogram> ttft, total;
+  for (const auto& [thread, s] : shards_) {
+    std::lock_guard shard_lock(s->mu);
+    for (const auto& [k, n] : s->requests) requests[k] += n;
+    for (const auto& [k, h] : s->ttft) series(ttft, k, latency_histogram).merge(h);
+    for (const auto& [k, h] : s->total) series(total, k, latency_histogram).merge(h);
+  }
   std::string out;
   auto lbl = [](const char* k, const std::string& v) { return std::string(k) + "=\"" + escape(v) + "\""; };
   header(out, "lmserve:gateway_requests_total", "counter", "Requests answered, by model, replica, version and HTTP status.");
-  for (const auto& [k, n] : requests_) {
-    const auto& [model, backend, version, status] = k;
-    out += "lmserve:gateway_requests_total{" + lbl("model", model) + "," + lbl("backend", backend) + "," + lbl("version", version) + "," +
-           lbl("status", std::to_string(status)) + "} " + std::to_string(n) + "\n";
+  for (const auto& [k, n] : requests) {
+    const auto l = split(k);  // model, backend, version, status
+    out += "lmserve:gateway_requests_total{" + lbl("model", l[0]) + "," + lbl("backend", l[1]) + "," + lbl("version", l[2]) + "," +
+           lbl("status", l[3]) + "} " + std::to_string(n) + "\n";
   }
   header(out, "lmserve:gateway_time_to_first_token_seconds", "histogram",
          "Time from the request's arrival to the first byte of its answer's body (streamed: the first token).");
-  for (const auto& [k, h] : ttft_) h.render(out, "lmserve:gateway_time_to_first_token_seconds", lbl("model", k.first) + "," + lbl("version", k.second));
+  for (const auto& [k, h] : ttft) {
+    const auto l = split(k);  // model, version
+    h.render(out, "lmserve:gateway_time_to_first_token_seconds", lbl("model", l[0]) + "," + lbl("version", l[1]));
+  }
   header(out, "lmserve:gateway_request_duration_seconds", "histogram", "Time from the request's arrival to the end of its answer.");
-  for (const auto& [k, h] : total_) h.render(out, "lmserve:gateway_request_duration_seconds", lbl("model", k.first) + "," + lbl("version", k.second));
+  for (const auto& [k, h] : total) {
+    const auto l = split(k);
+    h.render(out, "lmserve:gateway_request_duration_seconds", lbl("model", l[0]) + "," + lbl("version", l[1]));
+  }
   header(out, "lmserve:gateway_retries_total", "counter", "Requests sent to another replica after one failed before answering, by the replica that failed and why.");
   for (const auto& [k, n] : retries_) {
     const auto& [model, backend, reason] = k;

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -31,9 +33,20 @@ class GatewayMetrics {
   std::string render(const std::vector<ReplicaRow>& replicas) const;
 
  private:
+  // The series every request touches are kept per thread, a shard each, and summed when rendered:
+  // the I/O threads then share no lock on every request. Keys are the labels joined by '\0', so
+  // that a series already there is found without building a key.
+  struct Shard {
+    std::mutex mu;  // its own thread's, and render()'s
+    std::map<std::string, std::uint64_t, std::less<>> requests;       // model, backend, version, status
+    std::map<std::string, prometheus::Histogram, std::less<>> ttft, total;  // model, version
+  };
+  Shard& shard();
+  const std::uint64_t id_ = next_id();  // tells this instance's shards from another's in a thread's cache
+  static std::uint64_t next_id();
+
   mutable std::mutex mu_;
-  std::map<std::tuple<std::string, std::string, std::string, int>, std::uint64_t> requests_;
-  std::map<std::pair<std::string, std::string>, prometheus::Histogram> ttft_, total_;  // by model, version
+  std::map<std::thread::id, std::unique_ptr<Shard>> shards_;
   std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> retries_;
   std::map<std::pair<std::string, std::string>, std::uint64_t> ejections_, upstream_errors_;
 };

@@ -155,7 +155,7 @@ struct Monitor::Impl : std::enable_shared_from_this<Monitor::Impl> {
   }
 
   void run_once() {
-    auto snap = state.snapshot.load();
+    auto snap = state.current();
     const auto& cfg = snap->config;
     const auto now = Clock::now();
     // Replicas of kv_aware models are scraped.

@@ -5,7 +5,9 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/container/small_vector.hpp>
 #include <nlohmann/json.hpp>
+#include <cstring>
 #include <random>
 #include <strings.h>
 
@@ -26,6 +28,68 @@ using server::http::Response;
 namespace {
 
 constexpr std::size_t kReadChunk = 16 * 1024;
+
+// The blocks upstream reads land in, kept per thread for the next call: an allocation of this
+// size per request made glibc consolidate and trim its heap every time (5% of the gateway's CPU
+// at one core, perf on the build VM).
+class Block {
+ public:
+  Block() = default;
+  Block(Block&&) = default;
+  Block& operator=(Block&&) = default;
+  ~Block() {
+    if (data_ && free_list().size() < kKept) free_list().push_back(std::move(data_));
+  }
+  char* get() {
+    if (!data_) {
+      auto& fl = free_list();
+      if (fl.empty()) {
+        data_ = std::make_unique_for_overwrite<char[]>(kReadChunk);
+      } else {
+        data_ = std::move(fl.back());
+        fl.pop_back();
+      }
+    }
+    return data_.get();
+  }
+
+ private:
+  static constexpr std::size_t kKept = 256;
+  static std::vector<std::unique_ptr<char[]>>& free_list() {
+    thread_local std::vector<std::unique_ptr<char[]>> blocks;
+    return blocks;
+  }
+  std::unique_ptr<char[]> data_;  // not zeroed: written before read
+};
+
+// What the replica sent and the parser has not taken yet, in one Block: a head must fit in it
+// (as nginx's proxy_buffer_size, though larger); body bytes pass through as they come.
+class InBuffer {
+ public:
+  net::const_buffer data() const { return {block_data_ + begin_, end_ - begin_}; }
+  std::size_t size() const { return end_ - begin_; }
+  // Room for the next read; empty when the unparsed bytes fill the block.
+  net::mutable_buffer prepare() {
+    block_data_ = block_.get();
+    if (begin_ > 0) {
+      std::memmove(block_data_, block_data_ + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    return {block_data_ + end_, kReadChunk - end_};
+  }
+  void commit(std::size_t n) { end_ += n; }
+  void consume(std::size_t n) {
+    begin_ += std::min(n, size());
+    if (begin_ == end_) begin_ = end_ = 0;
+  }
+  void clear() { begin_ = end_ = 0; }
+
+ private:
+  Block block_;
+  char* block_data_ = nullptr;
+  std::size_t begin_ = 0, end_ = 0;
+};
 constexpr std::size_t kMaxQueued = 1 << 20;       // client backlog before reading from the replica pauses
 constexpr std::size_t kMaxWholeBody = 64 << 20;  // a non-streamed answer
 
@@ -40,6 +104,60 @@ bool hop_by_hop(std::string_view name) {
   return false;
 }
 
+// The replica's answer as Beast's parser reads it, kept lean: the status and the headers the
+// gateway acts on are kept, the others are formatted once into the lines that pass to the client,
+// and the body goes to `on_body` as it is parsed (no field container, no body buffer).
+class UpstreamParser : public bhttp::basic_parser<false> {
+ public:
+  explicit UpstreamParser(std::function<bool(std::string_view)> on_body) : on_body_(std::move(on_body)) { body_limit(boost::none); }
+  int status = 0;
+  std::string content_type, retry_after;
+  std::string pass_lines;  // "Name: value\r\n" for each header the client gets as the replica sent it
+
+ private:
+  void on_request_impl(bhttp::verb, beast::string_view, beast::string_view, int, beast::error_code& ec) override { ec = bhttp::error::bad_method; }
+  void on_response_impl(int code, beast::string_view, int, beast::error_code&) override { status = code; }
+  void on_field_impl(bhttp::field f, beast::string_view name, beast::string_view value, beast::error_code&) override {
+    switch (f) {
+      case bhttp::field::content_type:
+        content_type.assign(value.data(), value.size());
+        return;
+      case bhttp::field::retry_after:
+        retry_after.assign(value.data(), value.size());
+        break;
+      // Hop-by-hop and framing headers: the gateway sets its own on each side.
+      case bhttp::field::connection:
+      case bhttp::field::keep_alive:
+      case bhttp::field::transfer_encoding:
+      case bhttp::field::te:
+      case bhttp::field::trailer:
+      case bhttp::field::upgrade:
+      case bhttp::field::proxy_connection:
+      case bhttp::field::proxy_authorization:
+      case bhttp::field::proxy_authenticate:
+      case bhttp::field::host:
+      case bhttp::field::content_length:
+      case bhttp::field::server:
+      case bhttp::field::date:
+        return;
+      default:
+        break;
+    }
+    pass_lines.append(name.data(), name.size()).append(": ").append(value.data(), value.size()).append("\r\n");
+  }
+  void on_header_impl(beast::error_code&) override {}
+  void on_body_init_impl(const boost::optional<std::uint64_t>&, beast::error_code&) override {}
+  std::size_t on_body_impl(beast::string_view body, beast::error_code& ec) override { return deliver(body, ec); }
+  void on_chunk_header_impl(std::uint64_t, beast::string_view, beast::error_code&) override {}
+  std::size_t on_chunk_body_impl(std::uint64_t, beast::string_view body, beast::error_code& ec) override { return deliver(body, ec); }
+  void on_finish_impl(beast::error_code&) override {}
+  std::size_t deliver(beast::string_view body, beast::error_code& ec) {
+    if (!on_body_(std::string_view(body.data(), body.size()))) ec = net::error::operation_aborted;  // the call gave up on this attempt
+    return body.size();
+  }
+  std::function<bool(std::string_view)> on_body_;
+};
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 thread_local std::mt19937_64 tl_rng{std::random_device{}()};
@@ -48,16 +166,15 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
  public:
   ProxyCall(State& state, std::shared_ptr<Snapshot> snap, const ModelConfig& model, Exchange ex, RouteInfo info)
       : state_(state), snap_(std::move(snap)), model_(model), cfg_(snap_->config), ex_(std::move(ex)), info_(std::move(info)),
-        strand_(server::http::executor_of(ex_)), id_(state.next_id++) {}
+        io_(server::http::io_context_of(ex_)), id_(state.next_id()) {}
 
-  net::any_io_executor executor() const override { return strand_; }
   void on_deadline() override { on_timer(); }
 
   void start() {
     ++state_.in_flight;
     ex_.watch_disconnect([self = shared_from_this()] { self->on_client_gone(); });
     total_deadline_ = arrived_ + cfg_.timeouts.total;
-    state_.deadlines.add(shared_from_this());
+    state_.deadlines.add(shared_from_this(), io_);
     update_deadline();
     attempt();
   }
@@ -65,27 +182,29 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
  private:
   // ---- choosing a replica -----------------------------------------------------------------------
   void attempt() {
-    std::vector<std::shared_ptr<Replica>> replicas;
-    auto cs = candidates(state_, cfg_, model_, info_.lane, tried_, replicas);
+    thread_local std::vector<Candidate> cs;  // reused: no allocation per request
+    thread_local std::vector<Replica*> replicas;
+    candidates(state_, cfg_, model_, info_.lane, tried_, cs, replicas);
     Router::Input in{info_.header_version, info_.sticky_key, info_.session_key, info_.prompt,
                      std::uniform_real_distribution<double>(0, 1)(tl_rng)};
     auto pick = snap_->routers.at(model_.name)->pick(cs, in);
     if (!pick) return give_up();
-    replica_ = replicas[*pick];
+    replica_ = replicas[*pick]->shared_from_this();
     version_ = cs[*pick].version;
     tried_.push_back(replica_.get());
     ++replica_->outstanding;
     counted_ = true;
     ++gen_;
     // Nothing of a failed attempt carries over (nothing of it reached the client).
-    head_.clear();
+    head_lines_.clear();
+    head_lines_.reserve(256);
     whole_.clear();
     pending_.clear();
     tail_.clear();
     content_type_.clear();
     streamed_ = keep_alive_ = false;
     status_ = 0;
-    if (auto s = replica_->take_idle()) {
+    if (auto s = replica_->take_idle(io_)) {
       sock_.emplace(std::move(*s));
       reused_ = true;
       return send_request();
@@ -95,15 +214,15 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
 
   void connect() {
     reused_ = false;
-    sock_.emplace(state_.ioc);
+    sock_.emplace(io_);
     arm(cfg_.timeouts.connect, "connect_timeout");
-    sock_->async_connect(replica_->endpoint(), net::bind_executor(strand_, [self = shared_from_this(), g = gen_](beast::error_code ec) {
+    sock_->async_connect(replica_->endpoint(), [self = shared_from_this(), g = gen_](beast::error_code ec) {
       if (g != self->gen_ || self->done_) return;
       if (ec) return self->attempt_failed(self->timeout_kind_ ? self->timeout_kind_ : "connect", true);
       beast::error_code ignored;
       self->sock_->set_option(tcp::no_delay(true), ignored);
       self->send_request();
-    }));
+    });
   }
 
   void send_request() {
@@ -125,22 +244,81 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     out_.append(req.remote_address).append("\r\nContent-Length: ").append(std::to_string(req.body.size())).append("\r\n\r\n");
     arm(cfg_.timeouts.first_token, "first_token_timeout");
     std::array<net::const_buffer, 2> bufs{net::buffer(out_), net::buffer(req.body)};
-    net::async_write(*sock_, bufs, net::bind_executor(strand_, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t) {
+    net::async_write(*sock_, bufs, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t) {
       if (g != self->gen_ || self->done_) return;
       if (ec) return self->stale_or_failed();
       self->read_head();
-    }));
+    });
   }
 
+  // The replica's answer: one read of the socket at a time into rbuf_, and everything it brought
+  // parsed at once, without further I/O (a read's worth of a stream's events then goes to the
+  // client in one write; a write per upstream chunk had been most of a stream's system calls).
   void read_head() {
     rbuf_.clear();
-    parser_.emplace();
-    parser_->body_limit(boost::none);
-    bhttp::async_read_header(*sock_, rbuf_, *parser_, net::bind_executor(strand_, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t) {
+    parser_.emplace([this, g = gen_](std::string_view body) { return g == gen_ && !done_ && on_body(body); });
+    read_upstream();
+  }
+
+  void read_upstream() {
+    if (done_) return;
+    const auto room = rbuf_.prepare();
+    if (room.size() == 0) return attempt_failed("too_large", false);  // a head of over kReadChunk bytes
+    sock_->async_read_some(room, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t n) {
       if (g != self->gen_ || self->done_) return;
-      if (ec) return self->stale_or_failed();
-      self->on_head();
-    }));
+      self->rbuf_.commit(n);
+      self->on_upstream(ec);
+    });
+  }
+
+  void on_upstream(beast::error_code ec) {
+    const auto g = gen_;
+    const bool had_head = parser_->is_header_done();
+    beast::error_code pec = parse_upstream();
+    if (g != gen_ || done_) return;  // the head failed this attempt (5xx, 429), or on_bytes gave up on it
+    // A body that ends with the connection (neither a length nor chunks). Before the head, the end
+    // is a failure (and Beast's put_eof must not see a parser that got nothing).
+    if (!pec && ec == net::error::eof && parser_->is_header_done() && !parser_->is_done()) parser_->put_eof(pec);
+    if (!pec && ec && !parser_->is_done()) pec = ec;
+    if (parser_->is_header_done() && !pec) send_pending();
+    if (pec) {
+      const char* kind = timeout_kind_ ? timeout_kind_ : "reset";
+      if (!had_head && !parser_->is_header_done()) return stale_or_failed();
+      if (sent_) return stream_failed(kind);
+      return attempt_failed(kind, true);
+    }
+    if (parser_->is_done()) return on_complete();
+    if (sent_ && ex_.queued_bytes() > kMaxQueued) {
+      // Waiting on the client, not on the replica: no idle deadline meanwhile.
+      phase_kind_ = nullptr;
+      return ex_.when_drained([self = shared_from_this(), g] {
+        if (g != self->gen_ || self->done_) return;
+        self->arm(self->cfg_.timeouts.idle, "idle_timeout");
+        self->read_upstream();
+      });
+    }
+    read_upstream();
+  }
+
+  // Feeds rbuf_ to the parser: the head (then on_head), then the body (to on_body, from inside
+  // the parser). need_more is no error: the rest needs bytes from the socket.
+  beast::error_code parse_upstream() {
+    const auto g = gen_;
+    while (rbuf_.size() > 0 && !parser_->is_done()) {
+      beast::error_code ec;
+      const bool had_head = parser_->is_header_done();
+      const std::size_t used = parser_->put(rbuf_.data(), ec);
+      rbuf_.consume(used);
+      if (g != gen_ || done_) return {};  // on_body gave up on this attempt
+      if (ec == bhttp::error::need_more) return {};
+      if (ec) return ec;
+      if (!had_head && parser_->is_header_done()) {
+        on_head();
+        if (g != gen_ || done_) return {};
+      }
+      if (used == 0) return {};
+    }
+    return {};
   }
 
   // A reused keep-alive connection may have been closed by the replica just as we sent: once,
@@ -156,13 +334,12 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
 
   void on_head() {
     reused_ = false;
-    auto& res = parser_->get();
-    status_ = static_cast<int>(res.result_int());
+    auto& p = *parser_;
+    status_ = p.status;
     if (status_ == 429) {
-      const auto ra = std::string(res[bhttp::field::retry_after]);
       int secs = 1;
       try {
-        secs = std::max(1, std::stoi(ra));
+        secs = std::max(1, std::stoi(p.retry_after));
       } catch (...) {
       }
       retry_after_ = retry_after_ ? std::min(*retry_after_, secs) : secs;
@@ -171,73 +348,26 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     }
     if (status_ >= 500) return attempt_failed("status_" + std::to_string(status_), true);
     replica_->on_success();
-    streamed_ = res[bhttp::field::content_type].starts_with("text/event-stream");
-    for (const auto& f : res) {
-      if (!hop_by_hop(f.name_string())) head_.emplace_back(std::string(f.name_string()), std::string(f.value()));
-    }
-    content_type_ = std::string(res[bhttp::field::content_type]);
-    keep_alive_ = res.keep_alive();
+    streamed_ = p.content_type.starts_with("text/event-stream");
+    content_type_ = std::move(p.content_type);
+    head_lines_ = std::move(p.pass_lines);
+    keep_alive_ = p.keep_alive();
     if (!streamed_) arm(cfg_.timeouts.idle, "idle_timeout");
-    if (parser_->is_done()) return on_complete();
-    read_body();
   }
 
-  void read_body() {
-    if (done_) return;
-    if (!piece_) piece_ = std::make_unique_for_overwrite<char[]>(kReadChunk);
-    parser_->get().body().data = piece_.get();
-    parser_->get().body().size = kReadChunk;
-    bhttp::async_read_some(*sock_, rbuf_, *parser_, net::bind_executor(strand_, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t) {
-      if (g != self->gen_ || self->done_) return;
-      if (ec == bhttp::error::need_buffer) ec = {};
-      const std::size_t n = kReadChunk - self->parser_->get().body().size;
-      if (n > 0) self->on_bytes(n);
-      // What that read brought beyond the first chunk is parsed now, without I/O, so that a
-      // read's worth of events goes to the client in one write (a write per upstream chunk was
-      // most of a stream's system calls).
-      while (!ec && g == self->gen_ && !self->done_ && !self->parser_->is_done() && self->rbuf_.size() > 0) {
-        auto& body = self->parser_->get().body();
-        body.data = self->piece_.get();
-        body.size = kReadChunk;
-        beast::error_code pec;
-        const std::size_t used = self->parser_->put(self->rbuf_.data(), pec);
-        self->rbuf_.consume(used);
-        const bool more = pec == bhttp::error::need_more;  // the rest needs bytes from the socket
-        if (pec == bhttp::error::need_buffer || more) pec = {};
-        const std::size_t got = kReadChunk - body.size;
-        if (got > 0) self->on_bytes(got);
-        ec = pec;
-        if (more || (used == 0 && got == 0)) break;
-      }
-      if (g != self->gen_ || self->done_) return;  // on_bytes gave up on this attempt
-      self->send_pending();
-      if (ec) {
-        const char* kind = self->timeout_kind_ ? self->timeout_kind_ : "reset";
-        if (self->sent_) return self->stream_failed(kind);
-        return self->attempt_failed(kind, true);
-      }
-      if (self->parser_->is_done()) return self->on_complete();
-      if (self->sent_ && self->ex_.queued_bytes() > kMaxQueued) {
-        // Waiting on the client, not on the replica: no idle deadline meanwhile.
-        self->phase_kind_ = nullptr;
-        return self->ex_.when_drained([self, g] {
-          if (g != self->gen_ || self->done_) return;
-          self->arm(self->cfg_.timeouts.idle, "idle_timeout");
-          self->read_body();
-        });
-      }
-      self->read_body();
-    }));
-  }
-
-  // Body bytes in piece_: a whole answer collects them; a stream gathers them for send_pending().
-  void on_bytes(std::size_t n) {
-    if (!streamed_) {
-      if (whole_.size() + n > kMaxWholeBody) return attempt_failed("too_large", false);
-      whole_.append(piece_.get(), n);
-      return;
+  // Body bytes as parsed: a whole answer collects them; a stream gathers them for send_pending().
+  // False when the attempt is given up (too large).
+  bool on_body(std::string_view bytes) {
+    if (streamed_) {
+      pending_.append(bytes);
+      return true;
     }
-    pending_.append(piece_.get(), n);
+    if (whole_.size() + bytes.size() > kMaxWholeBody) {
+      attempt_failed("too_large", false);
+      return false;
+    }
+    whole_.append(bytes);
+    return true;
   }
 
   // A stream's gathered bytes to the client (its head first, the first time).
@@ -246,9 +376,9 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     if (!sent_) {
       sent_ = true;
       ttft_ = seconds_since(arrived_);
-      head_.emplace_back("X-Accel-Buffering", "no");
-      add_identity(head_);
-      ex_.start_stream({.status = status_, .content_type = content_type_, .headers = std::move(head_)});
+      head_lines_.append("X-Accel-Buffering: no\r\n");
+      add_identity();
+      ex_.start_stream({.status = status_, .content_type = content_type_, .head_lines = std::move(head_lines_)});
     }
     phase_kind_ = "idle_timeout";
     phase_deadline_ = Clock::now() + cfg_.timeouts.idle;
@@ -263,15 +393,15 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     phase_kind_ = nullptr;
     if (streamed_) {
       if (!sent_) {  // an empty streamed body
-        add_identity(head_);
-        ex_.start_stream({.status = status_, .content_type = content_type_, .headers = std::move(head_)});
+        add_identity();
+        ex_.start_stream({.status = status_, .content_type = content_type_, .head_lines = std::move(head_lines_)});
         sent_ = true;
       }
       ex_.end_stream();
     } else {
-      add_identity(head_);
+      add_identity();
       ttft_ = seconds_since(arrived_);
-      ex_.reply({.status = status_, .content_type = content_type_, .body = std::move(whole_), .headers = std::move(head_)});
+      ex_.reply({.status = status_, .content_type = content_type_, .body = std::move(whole_), .head_lines = std::move(head_lines_)});
     }
     if (keep_alive_ && rbuf_.size() == 0 && sock_) {
       replica_->put_idle(std::move(*sock_));
@@ -280,9 +410,8 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     finish(status_);
   }
 
-  void add_identity(server::http::Headers& h) const {
-    h.emplace_back("x-lmserve-backend", replica_->url());
-    h.emplace_back("x-lmserve-version", version_);
+  void add_identity() {
+    head_lines_.append("x-lmserve-backend: ").append(replica_->url()).append("\r\nx-lmserve-version: ").append(version_).append("\r\n");
   }
 
   // ---- failures -----------------------------------------------------------------------------
@@ -408,7 +537,8 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     counted_ = false;
     --state_.in_flight;
     const double total = seconds_since(arrived_);
-    const std::string backend = replica_ && status != 503 ? replica_->url() : "";
+    static const std::string kNone;
+    const std::string& backend = replica_ && status != 503 ? replica_->url() : kNone;
     state_.metrics.request(model_.name, backend, backend.empty() ? "" : version_, status, ttft_, total);
     if (cfg_.access_log) {
       const auto& req = ex_.request();
@@ -424,22 +554,21 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   const GatewayConfig& cfg_;
   Exchange ex_;
   RouteInfo info_;
-  net::any_io_executor strand_;
+  net::io_context& io_;  // the client connection's I/O thread, where the upstream socket lives too
   Clock::time_point phase_deadline_{}, total_deadline_{};
   const char* phase_kind_ = nullptr;  // the phase whose deadline counts (nullptr: none)
   const std::uint64_t id_;
   const Clock::time_point arrived_ = Clock::now();
 
-  std::vector<const Replica*> tried_;
+  boost::container::small_vector<const Replica*, 4> tried_;
   std::shared_ptr<Replica> replica_;
   std::string version_;
-  std::optional<tcp::socket> sock_;
+  std::optional<UpstreamSocket> sock_;
   std::string out_;
-  beast::flat_buffer rbuf_;
-  std::optional<bhttp::response_parser<bhttp::buffer_body>> parser_;
-  std::unique_ptr<char[]> piece_;  // what one read of the body lands in (not zeroed: written before read)
+  InBuffer rbuf_;
+  std::optional<UpstreamParser> parser_;
   std::string whole_, pending_, tail_, content_type_;
-  server::http::Headers head_;
+  std::string head_lines_;  // the replica's headers that pass to the client, formatted
   std::uint64_t gen_ = 0;  // the current attempt; handlers of earlier ones do nothing
   const char* timeout_kind_ = nullptr;
   bool counted_ = false, reused_ = false, streamed_ = false, sent_ = false, keep_alive_ = false, done_ = false;

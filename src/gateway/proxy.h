@@ -1,6 +1,6 @@
 // gateway/proxy: one client request carried to a replica and its answer carried back.
 //
-// Everything of one call runs on the client connection's strand (http::executor_of): the
+// Everything of one call runs on the client connection's I/O thread (http::io_context_of): the
 // upstream socket's handlers, its timers and the Exchange calls, so nothing hops between threads
 // and no thread waits. Answers pass through as they come: a streamed (SSE) body is forwarded
 // piece by piece, reading from the replica only while the client keeps up (backpressure through
@@ -31,7 +31,7 @@ struct RouteInfo {
   std::string session_key;
 };
 
-// Starts proxying `exchange` for `model` (its answer follows on the exchange's strand).
+// Starts proxying `exchange` for `model` (its answer follows on the exchange's thread).
 void start_proxy(State& state, std::shared_ptr<Snapshot> snapshot, const ModelConfig& model, server::http::Exchange exchange,
                  RouteInfo info);
 

@@ -16,36 +16,34 @@ Replica::Replica(boost::asio::ip::address address, std::uint16_t port)
     : endpoint_(address, port), url_(url_of(address, port)), host_port_(url_.substr(std::string_view("http://").size())) {}
 
 bool Replica::available(Clock::time_point now) const {
-  std::lock_guard lock(mu_);
-  return healthy_ && now >= ejected_until_ && now >= retry_after_until_;
+  return healthy_.load(std::memory_order_relaxed) && now >= ejected_until_.get() && now >= retry_after_until_.get();
 }
 
 bool Replica::usable_in_panic(Clock::time_point now) const {
-  std::lock_guard lock(mu_);
-  return healthy_ && now >= retry_after_until_;
+  return healthy_.load(std::memory_order_relaxed) && now >= retry_after_until_.get();
 }
 
-bool Replica::healthy() const {
-  std::lock_guard lock(mu_);
-  return healthy_;
-}
+bool Replica::healthy() const { return healthy_.load(std::memory_order_relaxed); }
 
 bool Replica::on_failure(Clock::time_point now, const EjectConfig& eject) {
   std::lock_guard lock(mu_);
-  if (now < ejected_until_) return false;  // already out: the requests of that moment failing too
+  if (now < ejected_until_.get()) return false;  // already out: the requests of that moment failing too
   backoff_ = backoff_.count() == 0 ? eject.base : std::min(eject.max, backoff_ * 2);
-  ejected_until_ = now + backoff_;
+  backing_off_ = true;
+  ejected_until_.set(now + backoff_);
   return true;
 }
 
 void Replica::on_success() {
+  if (!backing_off_.load(std::memory_order_relaxed)) return;  // the common case: nothing to write
   std::lock_guard lock(mu_);
   backoff_ = std::chrono::milliseconds(0);
+  backing_off_ = false;
 }
 
 void Replica::on_retry_after(Clock::time_point until) {
   std::lock_guard lock(mu_);
-  retry_after_until_ = std::max(retry_after_until_, until);
+  retry_after_until_.set(std::max(retry_after_until_.get(), until));
 }
 
 int Replica::on_check(bool passed, const HealthConfig& health) {
@@ -56,7 +54,8 @@ int Replica::on_check(bool passed, const HealthConfig& health) {
       healthy_ = true;
       passes_ = 0;
       backoff_ = std::chrono::milliseconds(0);
-      ejected_until_ = {};  // it answered its checks: back in at once
+      backing_off_ = false;
+      ejected_until_.set({});  // it answered its checks: back in at once
       return +1;
     }
     return 0;
@@ -84,39 +83,77 @@ Replica::LoadFigures Replica::load_for(const std::string& lane) const {
   return f;
 }
 
-std::optional<boost::asio::ip::tcp::socket> Replica::take_idle() {
-  // Not checked for the replica having closed it meanwhile: that costs a system call per
-  // request, and the proxy retries a reused connection that fails at once on a fresh one.
-  std::lock_guard lock(mu_);
-  if (idle_.empty()) return std::nullopt;
-  auto s = std::move(idle_.back());
-  idle_.pop_back();
-  return s;
+Replica::IdlePool& Replica::my_pool() {
+  static std::atomic<std::size_t> next{0};
+  thread_local const std::size_t slot = next++ % kPools;
+  return idle_[slot];
 }
 
-void Replica::put_idle(boost::asio::ip::tcp::socket socket) {
-  std::lock_guard lock(mu_);
-  if (idle_.size() >= kMaxIdle || !healthy_) {
+std::optional<UpstreamSocket> Replica::take_idle(boost::asio::io_context& io) {
+  // Not checked for the replica having closed it meanwhile: that costs a system call per
+  // request, and the proxy retries a reused connection that fails at once on a fresh one.
+  auto& pool = my_pool();
+  std::lock_guard lock(pool.mu);
+  for (auto it = pool.sockets.rbegin(); it != pool.sockets.rend(); ++it) {  // the most recently used first
+    if (&it->get_executor().context() != &io) continue;
+    auto s = std::move(*it);
+    pool.sockets.erase(std::next(it).base());
+    return s;
+  }
+  return std::nullopt;
+}
+
+void Replica::put_idle(UpstreamSocket socket) {
+  auto& pool = my_pool();
+  std::lock_guard lock(pool.mu);
+  if (pool.sockets.size() >= kMaxIdle || !healthy()) {
     boost::system::error_code ec;
     socket.close(ec);
     return;
   }
-  idle_.push_back(std::move(socket));
+  pool.sockets.push_back(std::move(socket));
 }
 
 void Replica::close_idle() {
-  std::lock_guard lock(mu_);
-  for (auto& s : idle_) {
-    boost::system::error_code ec;
-    s.close(ec);
+  for (auto& pool : idle_) {
+    std::lock_guard lock(pool.mu);
+    for (auto& s : pool.sockets) {
+      boost::system::error_code ec;
+      s.close(ec);
+    }
+    pool.sockets.clear();
   }
-  idle_.clear();
 }
 
 std::vector<std::shared_ptr<Replica>> ReplicaRegistry::of(const BackendConfig& backend) const {
   std::lock_guard lock(mu_);
   auto it = by_backend_.find(key(backend.host, backend.port));
   return it == by_backend_.end() ? std::vector<std::shared_ptr<Replica>>{} : it->second;
+}
+
+std::uint64_t ReplicaRegistry::next_instance() {
+  static std::atomic<std::uint64_t> n{1};
+  return n++;
+}
+
+const std::vector<std::shared_ptr<Replica>>& ReplicaRegistry::view_of(const BackendConfig& backend) const {
+  struct View {
+    std::uint64_t instance = 0, generation = 0;
+    std::map<std::string, std::vector<std::shared_ptr<Replica>>, std::less<>> by_backend;
+    std::string key;  // reused: looking a backend up allocates nothing
+  };
+  thread_local View view;
+  const auto gen = generation_.load(std::memory_order_acquire);
+  if (view.instance != instance_ || view.generation != gen) {
+    std::lock_guard lock(mu_);
+    view.by_backend = {by_backend_.begin(), by_backend_.end()};
+    view.instance = instance_;
+    view.generation = generation_.load();
+  }
+  view.key.assign(backend.host).append("|").append(std::to_string(backend.port));
+  static const std::vector<std::shared_ptr<Replica>> kNone;
+  auto it = view.by_backend.find(view.key);
+  return it == view.by_backend.end() ? kNone : it->second;
 }
 
 void ReplicaRegistry::set_addresses(const std::string& host, std::uint16_t port, const std::vector<boost::asio::ip::address>& addresses) {
@@ -132,6 +169,7 @@ void ReplicaRegistry::set_addresses(const std::string& host, std::uint16_t port,
   for (const auto& r : list) {
     if (std::find(next.begin(), next.end(), r) == next.end()) r->close_idle();
   }
+  if (next != list) ++generation_;
   list = std::move(next);
 }
 
@@ -146,6 +184,7 @@ void ReplicaRegistry::retain(const std::vector<std::pair<std::string, std::uint1
     }
     for (const auto& r : it->second) r->close_idle();
     it = by_backend_.erase(it);
+    ++generation_;
   }
 }
 

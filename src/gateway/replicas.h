@@ -5,7 +5,9 @@
 // outstanding count and its idle connections. All methods are thread-safe.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
 #include <cstdint>
@@ -21,6 +23,9 @@
 namespace lmserve::gateway {
 
 using Clock = std::chrono::steady_clock;
+// A connection to a replica, on one I/O thread's io_context (that of the client connection it
+// serves: its handlers run on that thread).
+using UpstreamSocket = boost::asio::basic_stream_socket<boost::asio::ip::tcp, boost::asio::io_context::executor_type>;
 
 struct ReplicaLoad {
   bool scraped = false;
@@ -29,7 +34,7 @@ struct ReplicaLoad {
   std::map<std::string, double> waiting_by_lane;
 };
 
-class Replica {
+class Replica : public std::enable_shared_from_this<Replica> {
  public:
   Replica(boost::asio::ip::address address, std::uint16_t port);
   const std::string& url() const { return url_; }  // http://ADDRESS:PORT
@@ -64,22 +69,36 @@ class Replica {
   };
   LoadFigures load_for(const std::string& lane) const;
 
-  // Idle keep-alive connections to this replica (at most kMaxIdle kept).
-  std::optional<boost::asio::ip::tcp::socket> take_idle();
-  void put_idle(boost::asio::ip::tcp::socket socket);
+  // Idle keep-alive connections to this replica, each on the io_context it was opened on:
+  // take_idle gives one of `io`'s only. Kept per calling thread (one pool per I/O thread, at most
+  // kMaxIdle each, as nginx's keepalive is per worker), so the threads share no lock for them.
+  std::optional<UpstreamSocket> take_idle(boost::asio::io_context& io);
+  void put_idle(UpstreamSocket socket);
   void close_idle();
   static constexpr std::size_t kMaxIdle = 256;
 
  private:
   const boost::asio::ip::tcp::endpoint endpoint_;
   const std::string url_, host_port_;
-  mutable std::mutex mu_;
-  bool healthy_ = true;
+  // A time that every request reads and few write: an atomic, so reading takes no lock.
+  struct AtomicTime {
+    std::atomic<Clock::rep> ticks{Clock::time_point{}.time_since_epoch().count()};
+    Clock::time_point get() const { return Clock::time_point(Clock::duration(ticks.load(std::memory_order_relaxed))); }
+    void set(Clock::time_point t) { ticks.store(t.time_since_epoch().count(), std::memory_order_relaxed); }
+  };
+  mutable std::mutex mu_;  // for the writers; the state requests read is atomic
+  std::atomic<bool> healthy_{true}, backing_off_{false};
   int passes_ = 0, fails_ = 0;
-  Clock::time_point ejected_until_{}, retry_after_until_{};
+  AtomicTime ejected_until_, retry_after_until_;
   std::chrono::milliseconds backoff_{0};
   ReplicaLoad load_;
-  std::vector<boost::asio::ip::tcp::socket> idle_;
+  struct alignas(64) IdlePool {
+    std::mutex mu;  // its thread's, and close_idle()'s
+    std::vector<UpstreamSocket> sockets;
+  };
+  static constexpr std::size_t kPools = 16;  // threads beyond share (the io_context is checked)
+  IdlePool& my_pool();
+  std::array<IdlePool, kPools> idle_;
 };
 
 // Every replica of every configured backend, by backend (host:port) and by address.
@@ -87,6 +106,10 @@ class ReplicaRegistry {
  public:
   // The replicas a backend currently resolves to (empty until its name resolved).
   std::vector<std::shared_ptr<Replica>> of(const BackendConfig& backend) const;
+  // The same from this thread's copy of the registry, refreshed when the registry changed: no lock
+  // and no count shared with other threads, for the per-request path. The reference is valid
+  // until this thread's next call.
+  const std::vector<std::shared_ptr<Replica>>& view_of(const BackendConfig& backend) const;
   // Sets a backend's addresses (as resolved); replicas already known keep their state.
   void set_addresses(const std::string& host, std::uint16_t port, const std::vector<boost::asio::ip::address>& addresses);
   // Drops backends no longer configured (their replicas' idle connections close).
@@ -95,6 +118,9 @@ class ReplicaRegistry {
 
  private:
   static std::string key(const std::string& host, std::uint16_t port) { return host + "|" + std::to_string(port); }
+  static std::uint64_t next_instance();
+  const std::uint64_t instance_ = next_instance();  // tells this registry's thread views from another's
+  std::atomic<std::uint64_t> generation_{1};  // changes with by_backend_
   mutable std::mutex mu_;
   std::map<std::string, std::vector<std::shared_ptr<Replica>>> by_backend_;
 };

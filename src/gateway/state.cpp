@@ -1,6 +1,7 @@
 #include "gateway/state.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace lmserve::gateway {
 
@@ -8,39 +9,76 @@ Snapshot::Snapshot(GatewayConfig c) : config(std::move(c)) {
   for (const auto& m : config.models) routers.emplace(m.name, std::make_unique<Router>(m, config.prefix));
 }
 
-std::vector<Candidate> candidates(const State& state, const GatewayConfig& config, const ModelConfig& model, const std::string& lane,
-                                  const std::vector<const Replica*>& exclude, std::vector<std::shared_ptr<Replica>>& replicas) {
-  std::vector<Candidate> cs;
+std::uint64_t State::next_instance() {
+  static std::atomic<std::uint64_t> n{1};
+  return n++;
+}
+
+void State::set(std::shared_ptr<Snapshot> snapshot) {
+  snapshot_.store(std::move(snapshot));
+  ++generation_;
+}
+
+std::shared_ptr<Snapshot> State::current() {
+  struct Cache {
+    std::uint64_t instance = 0, generation = 0;
+    std::shared_ptr<Snapshot> local;  // shares a control block of this thread's own
+  };
+  thread_local Cache cache;
+  const auto gen = generation_.load(std::memory_order_acquire);
+  if (cache.instance != instance_ || cache.generation != gen || !cache.local) {
+    // A holder of the shared pointer, owned by this thread's copies alone: copying `local` counts
+    // on the holder's block, and the snapshot lives while any of them does.
+    auto holder = std::make_shared<std::shared_ptr<Snapshot>>(snapshot_.load());
+    cache = {instance_, gen, std::shared_ptr<Snapshot>(holder, holder->get())};
+  }
+  return cache.local;
+}
+
+std::uint64_t State::next_id() {
+  constexpr std::uint64_t kBlock = 1024;
+  thread_local std::uint64_t instance = 0, next = 0, end = 0;
+  if (instance != instance_ || next == end) {
+    instance = instance_;
+    next = ids_.fetch_add(kBlock);
+    end = next + kBlock;
+  }
+  return next++;
+}
+
+void candidates(const State& state, const GatewayConfig& config, const ModelConfig& model, const std::string& lane,
+                std::span<const Replica* const> exclude, std::vector<Candidate>& cs, std::vector<Replica*>& replicas) {
+  cs.clear();
   replicas.clear();
   const auto now = Clock::now();
   // A scrape older than three intervals is stale: the replica counts as loaded.
   const auto stale_after = 3 * config.scrape_interval;
+  const bool needs_load = model.policy == Policy::kKvAware;
+  const auto tried = [&](const Replica* r) { return std::find(exclude.begin(), exclude.end(), r) != exclude.end(); };
   for (const auto& b : model.backends) {
-    auto rs = state.replicas.of(b);
+    const auto& rs = state.replicas.view_of(b);
     for (const auto& r : rs) {
-      Candidate c;
+      Candidate& c = cs.emplace_back();
       c.url = r->url();
       c.version = b.version;
       // A name resolving to several replicas shares its backend's weight among them.
       c.weight = static_cast<std::uint32_t>((std::uint64_t{b.weight} * 1000) / rs.size());
-      c.available = r->available(now) && std::find(exclude.begin(), exclude.end(), r.get()) == exclude.end();
-      c.outstanding = r->outstanding.load();
-      const auto load = r->load_for(lane);
-      c.fresh = load.scraped && now - load.at <= stale_after;
-      c.kv_usage = load.kv_usage;
-      c.waiting = load.waiting;
-      cs.push_back(std::move(c));
-      replicas.push_back(r);
+      c.available = r->available(now) && !tried(r.get());
+      c.outstanding = r->outstanding.load(std::memory_order_relaxed);
+      if (needs_load) {
+        const auto load = r->load_for(lane);
+        c.fresh = load.scraped && now - load.at <= stale_after;
+        c.kv_usage = load.kv_usage;
+        c.waiting = load.waiting;
+      }
+      replicas.push_back(r.get());
     }
   }
   // Panic: with every replica ejected, ejections are ignored (as Envoy's panic threshold does),
   // so that one failure on each replica does not turn into 503s for the ejection's length.
   if (std::none_of(cs.begin(), cs.end(), [](const Candidate& c) { return c.available; })) {
-    for (std::size_t i = 0; i < cs.size(); ++i) {
-      cs[i].available = replicas[i]->usable_in_panic(now) && std::find(exclude.begin(), exclude.end(), replicas[i].get()) == exclude.end();
-    }
+    for (std::size_t i = 0; i < cs.size(); ++i) cs[i].available = replicas[i]->usable_in_panic(now) && !tried(replicas[i]);
   }
-  return cs;
 }
 
 }  // namespace lmserve::gateway

@@ -7,6 +7,7 @@
 #include <boost/asio/io_context.hpp>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "gateway/config.h"
@@ -24,19 +25,33 @@ struct Snapshot {
 };
 
 struct State {
-  explicit State(boost::asio::io_context& io) : ioc(io), deadlines(io, std::chrono::milliseconds(5)) {}
+  explicit State(boost::asio::io_context& io) : ioc(io), deadlines(std::chrono::milliseconds(5)) {}
   boost::asio::io_context& ioc;
   Deadlines deadlines;  // the timeouts of calls under way
-  std::atomic<std::shared_ptr<Snapshot>> snapshot;
   ReplicaRegistry replicas;
   GatewayMetrics metrics;
   std::atomic<std::int64_t> in_flight{0};
-  std::atomic<std::uint64_t> next_id{1};
+
+  // The configuration in force. current() is what a request takes: a pointer whose reference
+  // count is this thread's own (one shared count, touched by every request on every I/O thread,
+  // was a cache line they fought over), refreshed when set() has replaced the configuration.
+  void set(std::shared_ptr<Snapshot> snapshot);
+  std::shared_ptr<Snapshot> current();
+  // A request's number, unique in this process (taken in blocks per thread).
+  std::uint64_t next_id();
+
+ private:
+  const std::uint64_t instance_ = next_instance();  // tells this State's thread caches from another's
+  static std::uint64_t next_instance();
+  std::atomic<std::shared_ptr<Snapshot>> snapshot_;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<std::uint64_t> ids_{1};
 };
 
-// The replicas of `model` as the router sees them now; `replicas` gets the same order.
-// `exclude`: replicas already tried for this request.
-std::vector<Candidate> candidates(const State& state, const GatewayConfig& config, const ModelConfig& model, const std::string& lane,
-                                  const std::vector<const Replica*>& exclude, std::vector<std::shared_ptr<Replica>>& replicas);
+// The replicas of `model` as the router sees them now, into `cs`, and `replicas` in the same order
+// (valid until this thread's next call: from ReplicaRegistry::view_of). `exclude`: replicas
+// already tried for this request.
+void candidates(const State& state, const GatewayConfig& config, const ModelConfig& model, const std::string& lane,
+                std::span<const Replica* const> exclude, std::vector<Candidate>& cs, std::vector<Replica*>& replicas);
 
 }  // namespace lmserve::gateway

@@ -7,13 +7,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -35,7 +35,7 @@ std::string Request::header(std::string_view name) const {
   return "";
 }
 
-// The connection behind an Exchange. Every method runs on the connection's strand.
+// The connection behind an Exchange. Every method runs on the connection's I/O thread.
 class SessionBase {
  public:
   virtual ~SessionBase() = default;
@@ -51,7 +51,7 @@ class SessionBase {
   virtual bool active(std::uint64_t seq) const = 0;
   virtual std::size_t queued_bytes(std::uint64_t seq) const = 0;
   virtual void when_drained(std::uint64_t seq, std::function<void()> fn) = 0;
-  virtual net::any_io_executor executor() = 0;
+  virtual net::io_context& context() = 0;
 };
 
 Exchange::Exchange(std::shared_ptr<SessionBase> session, std::uint64_t seq) : session_(std::move(session)), seq_(seq) {}
@@ -68,50 +68,145 @@ bool Exchange::active() const { return session_->active(seq_); }
 std::size_t Exchange::queued_bytes() const { return session_->queued_bytes(seq_); }
 void Exchange::when_drained(std::function<void()> fn) { session_->when_drained(seq_, std::move(fn)); }
 
+// A socket of one I/O thread's io_context: its handlers run on that thread, no strand needed.
+using Socket = net::basic_stream_socket<tcp, net::io_context::executor_type>;
+
 struct Transport::Impl {
   TransportOptions opt;
   Application& app;
-  // Before ioc: sessions still queued in it at destruction update these as they go.
+  // Before the loops: sessions still queued in them at destruction update these as they go.
   std::atomic<std::size_t> connections{0};
   std::atomic<std::size_t> open_exchanges{0};  // requests read and not yet completely answered
   std::atomic<bool> draining{false};
   std::atomic<int> bound_port{0};
   std::atomic<int> signals{0};
   std::optional<net::ssl::context> ssl;
-  net::io_context ioc;
-  tcp::acceptor acceptor{ioc};
+  // One event loop per I/O thread, sharing nothing: a connection lives on one loop for its life
+  // (accepted connections go round the loops). Loop 0 runs on run()'s thread and also carries the
+  // acceptor, the signals and what applications do of their own (context_of).
+  struct Loop {
+    net::io_context ioc{1};
+    std::optional<net::executor_work_guard<net::io_context::executor_type>> work;  // serves until shutdown ends
+  };
+  std::vector<std::unique_ptr<Loop>> loops;
+  std::size_t next_loop = 0;
+  tcp::acceptor acceptor;
   std::vector<std::thread> threads;
   std::thread drain_thread;
-  // Keeps run() serving until shutdown ends, even with no connection open.
-  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
 
-  Impl(TransportOptions o, Application& a) : opt(std::move(o)), app(a) {}
+  Impl(TransportOptions o, Application& a) : opt(std::move(o)), app(a), loops(make_loops(opt.io_threads)), acceptor(loops[0]->ioc) {}
+  static std::vector<std::unique_ptr<Loop>> make_loops(int n) {
+    std::vector<std::unique_ptr<Loop>> v;
+    for (int i = 0; i < std::max(1, n); ++i) v.push_back(std::make_unique<Loop>());
+    return v;
+  }
+  net::io_context& main() { return loops[0]->ioc; }
   void accept();
-  void refuse(tcp::socket socket);
+  void refuse(Socket socket);
   void begin_shutdown();
+  void stop_loops() {
+    for (auto& l : loops) {
+      l->work.reset();
+      l->ioc.stop();
+    }
+  }
 };
 
 namespace {
 
-bhttp::response<bhttp::string_body> to_beast(Response r, unsigned version, bool keep_alive, const std::string& server) {
-  bhttp::response<bhttp::string_body> res(static_cast<bhttp::status>(r.status), version);
-  res.set(bhttp::field::server, server);
-  res.set(bhttp::field::content_type, r.content_type);
-  for (const auto& [k, v] : r.headers) res.set(k, v);
-  res.keep_alive(keep_alive && !r.close);
-  res.body() = std::move(r.body);
-  res.prepare_payload();
-  return res;
+bool iequals(std::string_view a, std::string_view b) { return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0; }
+
+// The status line and headers of an answer, serialised once into one string. The transport owns
+// the framing (Content-Length or chunked, Connection); an application's header named Server or
+// Content-Type replaces the transport's, framing headers and any with CR or LF are dropped.
+// `content_length`: the body's size, or nullopt for a streamed body (chunked when `chunked`).
+std::string head_of(const Response& r, unsigned version, bool keep_alive, const std::string& server, std::optional<std::size_t> content_length,
+                    bool chunked) {
+  std::string_view server_v = server, type_v = r.content_type;
+  std::size_t size = 96 + server.size() + r.content_type.size() + r.head_lines.size();
+  for (const auto& [k, v] : r.headers) {
+    size += k.size() + v.size() + 4;
+    if (iequals(k, "server")) server_v = v;
+    if (iequals(k, "content-type")) type_v = v;
+  }
+  std::string h;
+  h.reserve(size);
+  auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(r.status));
+  if (reason.starts_with("<")) reason = "";  // not a status Beast knows
+  h.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ").append(std::to_string(r.status)).append(" ").append(reason).append("\r\n");
+  if (!server_v.empty()) h.append("Server: ").append(server_v).append("\r\n");
+  if (!type_v.empty()) h.append("Content-Type: ").append(type_v).append("\r\n");
+  for (const auto& [k, v] : r.headers) {
+    if (iequals(k, "server") || iequals(k, "content-type") || iequals(k, "content-length") || iequals(k, "transfer-encoding") ||
+        iequals(k, "connection") || k.find_first_of("\r\n") != std::string::npos || v.find_first_of("\r\n") != std::string::npos) {
+      continue;
+    }
+    h.append(k).append(": ").append(v).append("\r\n");
+  }
+  h.append(r.head_lines);
+  const bool bodiless = r.status < 200 || r.status == 204 || r.status == 304;
+  if (content_length && !bodiless) h.append("Content-Length: ").append(std::to_string(*content_length)).append("\r\n");
+  if (chunked) h.append("Transfer-Encoding: chunked\r\n");
+  if (version == 10 && keep_alive) h.append("Connection: keep-alive\r\n");
+  if (version != 10 && !keep_alive) h.append("Connection: close\r\n");
+  h.append("\r\n");
+  return h;
 }
 
-// One connection. `Stream` is a plain TCP stream or a TLS stream over one.
+// A request as Beast's parser reads it, straight into a Request (no field container between).
+class RequestParser : public bhttp::basic_parser<true> {
+ public:
+  RequestParser(Request& r, std::size_t max_header, std::size_t max_body) : r_(r) {
+    header_limit(static_cast<std::uint32_t>(max_header));
+    body_limit(max_body);
+    eager(true);
+    r_.headers.clear();
+    r_.body.clear();
+  }
+  unsigned version = 11;
+
+ private:
+  void on_request_impl(bhttp::verb, beast::string_view method, beast::string_view target, int v, beast::error_code&) override {
+    r_.method.assign(method.data(), method.size());
+    r_.target.assign(target.data(), target.size());
+    r_.path.assign(target.data(), std::min(target.size(), target.find('?')));
+    version = static_cast<unsigned>(v);
+  }
+  void on_response_impl(int, beast::string_view, int, beast::error_code& ec) override { ec = bhttp::error::bad_version; }
+  void on_field_impl(bhttp::field, beast::string_view name, beast::string_view value, beast::error_code&) override {
+    r_.headers.emplace_back(std::string(name.data(), name.size()), std::string(value.data(), value.size()));
+  }
+  void on_header_impl(beast::error_code&) override {}
+  void on_body_init_impl(const boost::optional<std::uint64_t>& length, beast::error_code&) override {
+    if (length) r_.body.reserve(static_cast<std::size_t>(*length));  // within body_limit: the parser checked
+  }
+  std::size_t on_body_impl(beast::string_view body, beast::error_code&) override {
+    r_.body.append(body.data(), body.size());
+    return body.size();
+  }
+  void on_chunk_header_impl(std::uint64_t, beast::string_view, beast::error_code&) override {}
+  std::size_t on_chunk_body_impl(std::uint64_t, beast::string_view body, beast::error_code&) override {
+    r_.body.append(body.data(), body.size());
+    return body.size();
+  }
+  void on_finish_impl(beast::error_code&) override {}
+  Request& r_;
+};
+
+// One connection. `Stream` is a Socket or a TLS stream over one.
+//
+// Reading: one read of the socket at a time (read_more), into buffer_, whose completion decides
+// what the bytes are: a request's (parsed in place, no further I/O when it is all there), or,
+// while the application works on an exchange, the client's end or pipelined bytes. So the
+// disconnect watch is a read like any other: no readiness wait, whose re-arming costs a system
+// call per request, and the read pending when the answer is complete is the next request's.
 template <class Stream>
 class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
-  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+  static constexpr bool kTls = !std::is_same_v<Stream, Socket>;
 
   template <class... Args>
-  Session(Transport::Impl& t, Args&&... args) : stream_(std::forward<Args>(args)...), timer_(stream_.get_executor()), t_(t) {}
+  Session(Transport::Impl& t, Args&&... args) : stream_(std::forward<Args>(args)...), timer_(socket().get_executor()), t_(t) {}
   ~Session() override {
     if (!closed_) --t_.connections;
     if (open_) --t_.open_exchanges;
@@ -119,16 +214,17 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void start() {
     beast::error_code ec;
-    request_.remote_address = beast::get_lowest_layer(stream_).socket().remote_endpoint(ec).address().to_string();
-    net::dispatch(stream_.get_executor(), [self = this->shared_from_this()] {
+    request_.remote_address = socket().remote_endpoint(ec).address().to_string();
+    net::dispatch(socket().get_executor(), [self = this->shared_from_this()] {
       if constexpr (kTls) {
-        beast::get_lowest_layer(self->stream_).expires_after(self->t_.opt.request_timeout);
+        self->set_deadline(std::chrono::steady_clock::now() + self->t_.opt.request_timeout);
         self->stream_.async_handshake(net::ssl::stream_base::server, [self](beast::error_code e) {
-          if (e) return self->close();
-          self->read();
+          self->deadline_ = kNoDeadline;
+          if (e || self->timed_out_) return self->close();
+          self->next_request();
         });
       } else {
-        self->read();
+        self->next_request();
       }
     });
   }
@@ -138,69 +234,64 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   void reply(std::uint64_t seq, Response r) override {
     if (!current(seq) || streaming_) return;
-    stop_watching();
     if (gone_) return finish_and_close();
-    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(to_beast(std::move(r), version_, request_.keep_alive, t_.opt.server_header));
-    beast::get_lowest_layer(stream_).expires_after(t_.opt.write_timeout);
     ending_ = true;
-    bhttp::async_write(stream_, *res, [self = this->shared_from_this(), res](beast::error_code ec, std::size_t) {
-      self->finish();
-      if (ec || !res->keep_alive()) return self->close();
-      self->read();
-    });
+    keep_alive_ = request_.keep_alive && !r.close;
+    head_out_ = head_of(r, version_, keep_alive_, t_.opt.server_header, r.body.size(), false);
+    body_out_ = request_.method == "HEAD" ? std::string() : std::move(r.body);
+    set_deadline(std::chrono::steady_clock::now() + t_.opt.write_timeout);
+    writing_ = true;
+    net::async_write(stream_, std::array<net::const_buffer, 2>{net::buffer(head_out_), net::buffer(body_out_)},
+                     [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
+                       self->writing_ = false;
+                       self->deadline_ = kNoDeadline;
+                       self->finish(/*from_io=*/true);
+                       if (ec || !self->keep_alive_) return self->close();
+                       self->next_request();
+                     });
   }
 
   void start_stream(std::uint64_t seq, Response head) override {
     if (!current(seq) || streaming_) return;
     streaming_ = true;
     if (gone_) return;
-    auto res = std::make_shared<bhttp::response<bhttp::empty_body>>(static_cast<bhttp::status>(head.status), version_);
-    res->set(bhttp::field::server, t_.opt.server_header);
-    res->set(bhttp::field::content_type, head.content_type);
-    for (const auto& [k, v] : head.headers) res->set(k, v);
-    res->keep_alive(request_.keep_alive && !head.close);
-    res->chunked(true);
-    keep_alive_ = res->keep_alive();
-    beast::get_lowest_layer(stream_).expires_never();
-    auto sr = std::make_shared<bhttp::response_serializer<bhttp::empty_body>>(*res);
-    writing_ = true;
-    bhttp::async_write_header(stream_, *sr, [self = this->shared_from_this(), res, sr](beast::error_code ec, std::size_t) {
-      self->writing_ = false;
-      if (ec) return self->client_gone();
-      self->flush();
-    });
+    keep_alive_ = request_.keep_alive && !head.close && version_ != 10;  // HTTP/1.0 has no chunks: the end is the close
+    chunked_ = version_ != 10;
+    head_out_ = head_of(head, version_, keep_alive_, t_.opt.server_header, std::nullopt, chunked_);
+    head_pending_ = true;
+    schedule_flush();  // with whatever the application sends in this same call
   }
 
   void send(std::uint64_t seq, std::string chunk) override {
     if (!current(seq) || !streaming_ || gone_ || chunk.empty()) return;  // an empty chunk would end the body
     queued_ += chunk.size();
     out_.push_back(std::move(chunk));
-    flush();
+    schedule_flush();
   }
 
   void end_stream(std::uint64_t seq) override {
     if (!current(seq) || !streaming_) return;
     ending_ = true;
     if (gone_) return finish_and_close();
-    flush();
+    schedule_flush();
   }
 
   void abort(std::uint64_t seq) override {
     if (!current(seq)) return;
-    stop_watching();
     aborting_ = ending_ = true;
     if (gone_ || !streaming_) return finish_and_close();
-    flush();  // what was sent goes out; then the connection closes instead of the last chunk
+    schedule_flush();  // what was sent goes out; then the connection closes instead of the last chunk
   }
 
   void watch_disconnect(std::uint64_t seq, std::function<void()> on_gone) override {
     if (!current(seq)) return;
     on_gone_ = std::move(on_gone);
-    if (!watching_) watch(seq);
+    watching_ = true;
+    read_more();
   }
 
   void post(std::function<void()> fn) override {
-    net::post(stream_.get_executor(), [self = this->shared_from_this(), fn = std::move(fn)] { fn(); });
+    net::post(socket().get_executor(), [self = this->shared_from_this(), fn = std::move(fn)] { fn(); });
   }
 
   void set_context(std::uint64_t seq, std::shared_ptr<void> context) override {
@@ -217,37 +308,118 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     drained_ = std::move(fn);
   }
 
-  net::any_io_executor executor() override { return stream_.get_executor(); }
+  net::io_context& context() override { return static_cast<net::io_context&>(socket().get_executor().context()); }
 
  private:
+  static constexpr auto kNoDeadline = std::chrono::steady_clock::time_point::max();
+  static constexpr std::size_t kReadSize = 4096;
+
+  Socket& socket() { return beast::get_lowest_layer(stream_); }
   bool current(std::uint64_t seq) const { return open_ && seq == seq_ && !ending_; }
 
-  // ---- reading requests -----------------------------------------------------------------------
-  void read() {
-    parser_.emplace();
-    parser_->header_limit(static_cast<std::uint32_t>(t_.opt.max_header_bytes));
-    parser_->body_limit(t_.opt.max_body_bytes);
-    // Our own timer rather than the stream's expiry: on timeout the stream would close the
-    // socket, and a slow client should still get its 408.
-    beast::get_lowest_layer(stream_).expires_never();
+  // ---- reading ------------------------------------------------------------------------------------
+  // Ready for the next request on this connection: idle until its first byte, then
+  // request_timeout for the whole of it.
+  void next_request() {
+    context_.reset();  // the last exchange's (finish() kept it for this moment)
+    if (peer_done_) return close();
+    parser_.emplace(request_, t_.opt.max_header_bytes, t_.opt.max_body_bytes);
     timed_out_ = false;
-    // Idle until the request's first byte, then request_timeout for the whole request.
-    const bool idle = buffer_.size() == 0;
-    set_deadline(std::chrono::steady_clock::now() + (idle ? t_.opt.idle_timeout : t_.opt.request_timeout));
-    if (idle) {
-      stream_.async_read_some(buffer_.prepare(4096), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
-        self->buffer_.commit(n);
-        if (self->timed_out_ || ec || n == 0) return self->close();  // idle, or gone
-        self->read();
-      });
-      return;
+    if (buffer_.size() > 0) {  // pipelined, or read while the last answer was under way
+      awaiting_first_byte_ = false;
+      set_deadline(std::chrono::steady_clock::now() + t_.opt.request_timeout);
+      return parse();
     }
-    bhttp::async_read(stream_, buffer_, *parser_, [self = this->shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+    awaiting_first_byte_ = true;
+    set_deadline(std::chrono::steady_clock::now() + t_.opt.idle_timeout);
+    read_more();  // if the disconnect watch's read is still under way, it goes on as this one
   }
 
-  // The read deadline. One timer, set lazily: moving the deadline later (as every request on a
-  // keep-alive connection does) is an assignment, and the timer, firing early, looks again;
-  // cancelling and re-arming it per request cost two completions each time.
+  // Reads land in read_buf_ and are then appended to buffer_: the parser may consume from buffer_
+  // while a read is under way (a pipelined request found there when the last answer ended).
+  void read_more() {
+    if (reading_) return;  // its completion goes on from here
+    reading_ = true;
+    stream_.async_read_some(net::buffer(read_buf_), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
+      self->reading_ = false;
+      self->buffer_.commit(net::buffer_copy(self->buffer_.prepare(n), net::buffer(self->read_buf_.data(), n)));
+      self->on_bytes(ec, n);
+    });
+  }
+
+  void on_bytes(beast::error_code ec, std::size_t n) {
+    if (closed_) return;
+    if (open_) {  // the application has the request: this read watches for the client's end
+      if (ec == net::error::operation_aborted) return;  // a deadline cancelled the answer's write too
+      if (ec || n == 0) {
+        peer_done_ = true;  // a half-closed client still gets an answer under way, then the close
+        if (!ending_) client_gone();
+        return;
+      }
+      // Pipelined bytes of the next request: kept for the parser (bounded).
+      if (buffer_.size() > t_.opt.max_body_bytes + t_.opt.max_header_bytes) return client_gone();
+      if (!ending_ && watching_) read_more();
+      return;
+    }
+    if (timed_out_) {
+      if (parser_->got_some() || buffer_.size() > 0) return refuse(TransportError::kRequestTimeout);
+      return close();  // an idle keep-alive connection
+    }
+    if (ec) {
+      if (ec == net::error::eof && (parser_->got_some() || buffer_.size() > 0)) return refuse(TransportError::kMalformed);  // cut short
+      return close();
+    }
+    if (awaiting_first_byte_ && n > 0) {
+      awaiting_first_byte_ = false;
+      set_deadline(std::chrono::steady_clock::now() + t_.opt.request_timeout);
+    }
+    parse();
+  }
+
+  // Feeds what is buffered to the parser; reads more only when the request is not all there.
+  void parse() {
+    while (buffer_.size() > 0 && !parser_->is_done()) {
+      beast::error_code ec;
+      const std::size_t used = parser_->put(buffer_.data(), ec);
+      buffer_.consume(used);
+      if (ec == bhttp::error::need_more) break;
+      if (ec == bhttp::error::header_limit) return refuse(TransportError::kHeadersTooLarge);
+      if (ec == bhttp::error::body_limit) return refuse(TransportError::kBodyTooLarge);
+      if (ec) return refuse(TransportError::kMalformed);
+    }
+    if (parser_->is_done()) return on_request();
+    if (buffer_.size() > t_.opt.max_header_bytes + t_.opt.max_body_bytes) return refuse(TransportError::kHeadersTooLarge);
+    read_more();
+  }
+
+  void on_request() {
+    deadline_ = kNoDeadline;  // not reading any more
+    version_ = parser_->version;
+    request_.keep_alive = parser_->keep_alive();
+    ++seq_;
+    open_ = true;
+    ++t_.open_exchanges;
+    streaming_ = ending_ = gone_ = watching_ = aborting_ = head_pending_ = false;
+    on_gone_ = nullptr;
+    t_.app.handle(Exchange(this->shared_from_this(), seq_));
+  }
+
+  // A request the transport answers itself (no exchange is open): the answer, then close.
+  void refuse(TransportError e) {
+    deadline_ = kNoDeadline;
+    auto r = t_.app.error_response(e);
+    head_out_ = head_of(r, version_, false, t_.opt.server_header, r.body.size(), false);
+    body_out_ = std::move(r.body);
+    set_deadline(std::chrono::steady_clock::now() + t_.opt.write_timeout);
+    net::async_write(stream_, std::array<net::const_buffer, 2>{net::buffer(head_out_), net::buffer(body_out_)},
+                     [self = this->shared_from_this()](beast::error_code, std::size_t) { self->close(); });
+  }
+
+  // ---- deadlines ----------------------------------------------------------------------------------
+  // One timer, set lazily: moving the deadline later (as every request on a keep-alive connection
+  // does) is an assignment, and the timer, firing early, looks again; cancelling and re-arming it
+  // per request cost two completions each time. On expiry the socket's operations are cancelled
+  // and their handlers see timed_out_.
   void set_deadline(std::chrono::steady_clock::time_point when) {
     deadline_ = when;
     if (timer_pending_ && timer_at_ <= when) return;
@@ -262,130 +434,74 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   void on_deadline() {
-    if (closed_ || deadline_ == std::chrono::steady_clock::time_point::max()) return;  // not reading
+    if (closed_ || deadline_ == kNoDeadline) return;  // nothing timed now
     if (std::chrono::steady_clock::now() < deadline_) return set_deadline(deadline_);
     timed_out_ = true;
     beast::error_code ignored;
-    beast::get_lowest_layer(stream_).socket().cancel(ignored);
-  }
-
-  void on_read(beast::error_code ec) {
-    deadline_ = std::chrono::steady_clock::time_point::max();  // not reading any more
-    if (timed_out_) {
-      if (parser_->got_some() || buffer_.size() > 0) return refuse(TransportError::kRequestTimeout);
-      return close();  // an idle keep-alive connection
-    }
-    if (ec == bhttp::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset ||
-        ec == net::ssl::error::stream_truncated) {
-      return close();
-    }
-    if (ec == bhttp::error::header_limit) return refuse(TransportError::kHeadersTooLarge);
-    if (ec == bhttp::error::body_limit) return refuse(TransportError::kBodyTooLarge);
-    if (ec) return refuse(TransportError::kMalformed);
-    auto req = parser_->release();
-    version_ = req.version();
-    request_.method = std::string(req.method_string());
-    request_.target = std::string(req.target());
-    request_.path = request_.target.substr(0, request_.target.find('?'));
-    request_.headers.clear();
-    for (const auto& f : req) request_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
-    request_.keep_alive = req.keep_alive();
-    request_.body = std::move(req.body());
-    ++seq_;
-    open_ = true;
-    ++t_.open_exchanges;
-    streaming_ = ending_ = gone_ = watching_ = aborting_ = false;
-    on_gone_ = nullptr;
-    t_.app.handle(Exchange(this->shared_from_this(), seq_));
-  }
-
-  // A request the transport answers itself (no exchange is open): the answer, then close.
-  void refuse(TransportError e) {
-    auto res = std::make_shared<bhttp::response<bhttp::string_body>>(to_beast(t_.app.error_response(e), version_, false, t_.opt.server_header));
-    beast::get_lowest_layer(stream_).expires_after(t_.opt.write_timeout);
-    bhttp::async_write(stream_, *res, [self = this->shared_from_this(), res](beast::error_code, std::size_t) { self->close(); });
+    socket().cancel(ignored);
   }
 
   // ---- streamed responses -----------------------------------------------------------------------
-  void flush() {
-    if (writing_ || gone_) return;
-    if (out_.empty()) {
-      if (aborting_) return finish_and_close();
-      if (ending_) return write_last_chunk();
-      if (auto fn = std::move(drained_)) fn();
-      return;
-    }
-    // Everything queued goes out as one chunk in one gathered write (one system call, no copy,
-    // however many pieces the application sent since the last write finished).
-    std::size_t n = 0;
-    for (const auto& d : out_) n += d.size();
-    auto pieces = std::make_shared<std::vector<std::string>>(std::make_move_iterator(out_.begin()), std::make_move_iterator(out_.end()));
-    out_.clear();
-    char size_line[24];
-    const int len = std::snprintf(size_line, sizeof size_line, "%zx\r\n", n);
-    pieces->emplace_back(size_line, static_cast<std::size_t>(len));  // last, so the buffers above stay put
-    std::vector<net::const_buffer> buffers;
-    buffers.reserve(pieces->size() + 1);
-    buffers.push_back(net::buffer(pieces->back()));
-    for (std::size_t i = 0; i + 1 < pieces->size(); ++i) buffers.push_back(net::buffer((*pieces)[i]));
-    static constexpr char kCrlf[] = "\r\n";
-    buffers.push_back(net::buffer(kCrlf, 2));
-    writing_ = true;
-    net::async_write(stream_, buffers, [self = this->shared_from_this(), pieces, n](beast::error_code ec, std::size_t) {
-      self->queued_ -= std::min(self->queued_, n);
-      self->writing_ = false;
-      if (ec) return self->client_gone();
+  // Writes wait for the end of the current handler, so that a head, the pieces an application
+  // sends in one go and the last chunk leave in one write.
+  void schedule_flush() {
+    if (writing_ || flush_scheduled_) return;
+    flush_scheduled_ = true;
+    net::post(socket().get_executor(), [self = this->shared_from_this()] {
+      self->flush_scheduled_ = false;
       self->flush();
     });
   }
 
-  void write_last_chunk() {
+  void flush() {
+    if (writing_ || gone_ || closed_) return;
+    const bool ends = ending_;  // end_stream() or abort(): nothing more comes after what is queued
+    const bool last_chunk = ends && chunked_ && !aborting_;
+    if (out_.empty() && !head_pending_ && !last_chunk) {
+      if (ends) return stream_done();
+      if (auto fn = std::move(drained_)) fn();
+      return;
+    }
+    // Everything queued goes out in one gathered write (one system call, no copy, however many
+    // pieces the application sent since the last write finished): the head if it has not gone
+    // yet, the pieces as one chunk, and the last chunk once the stream has ended.
+    std::size_t n = 0;
+    for (const auto& d : out_) n += d.size();
+    pieces_.assign(std::make_move_iterator(out_.begin()), std::make_move_iterator(out_.end()));
+    out_.clear();
+    buffers_.clear();
+    if (head_pending_) buffers_.push_back(net::buffer(head_out_));
+    head_pending_ = false;
+    static constexpr char kCrlf[] = "\r\n";
+    static constexpr char kLastChunk[] = "0\r\n\r\n";
+    if (n > 0) {
+      if (chunked_) {
+        const int len = std::snprintf(size_line_, sizeof size_line_, "%zx\r\n", n);
+        buffers_.push_back(net::buffer(size_line_, static_cast<std::size_t>(len)));
+      }
+      for (const auto& p : pieces_) buffers_.push_back(net::buffer(p));
+      if (chunked_) buffers_.push_back(net::buffer(kCrlf, 2));
+    }
+    if (last_chunk) buffers_.push_back(net::buffer(kLastChunk, 5));
     writing_ = true;
-    net::async_write(stream_, bhttp::make_chunk_last(), [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
+    net::async_write(stream_, buffers_, [self = this->shared_from_this(), n, ends](beast::error_code ec, std::size_t) {
+      self->queued_ -= std::min(self->queued_, n);
       self->writing_ = false;
-      self->finish();
-      if (ec || !self->keep_alive_) return self->close();
-      self->read();
+      self->pieces_.clear();
+      if (ec) return self->client_gone();
+      if (ends) return self->stream_done();
+      self->flush();
     });
+  }
+
+  // The stream's last byte is written (or, aborting or HTTP/1.0, the close ends it).
+  void stream_done() {
+    finish(/*from_io=*/true);
+    if (aborting_ || !keep_alive_) return close();
+    next_request();
   }
 
   // ---- the client going away --------------------------------------------------------------------
-  // While the application works: a readable socket with nothing to read means the client left.
-  void watch(std::uint64_t seq) {
-    watching_ = true;
-    beast::get_lowest_layer(stream_).socket().async_wait(tcp::socket::wait_read, [self = this->shared_from_this(), seq](beast::error_code ec) {
-      if (seq != self->seq_ || !self->open_ || self->ending_ || ec == net::error::operation_aborted) return;
-      auto& socket = beast::get_lowest_layer(self->stream_).socket();
-      beast::error_code ec2;
-      std::size_t avail = socket.available(ec2);
-      if (!ec && !ec2 && avail == 0) {
-        // Readiness can be stale (the bytes that raised it were already taken by a read, e.g.
-        // the TLS layer's): only a peek that returns 0 is the client's end of stream.
-        char byte;
-        ssize_t n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return self->watch(seq);
-        if (n > 0) avail = static_cast<std::size_t>(n);
-      }
-      if (ec || ec2 || avail == 0) return self->client_gone();
-      // TLS records cannot be taken off the socket here: stop watching (a write will notice).
-      if constexpr (kTls) return;
-      // Pipelined bytes of the next request: keep them for the parser (bounded).
-      if (self->buffer_.size() + avail > self->t_.opt.max_body_bytes + self->t_.opt.max_header_bytes) return self->client_gone();
-      auto buf = self->buffer_.prepare(avail);
-      std::size_t n = socket.read_some(buf, ec2);
-      self->buffer_.commit(n);
-      if (ec2) return self->client_gone();
-      self->watch(seq);
-    });
-  }
-
-  void stop_watching() {
-    if (!watching_) return;
-    watching_ = false;
-    beast::error_code ec;
-    beast::get_lowest_layer(stream_).socket().cancel(ec);
-  }
-
   void client_gone() {
     if (gone_) return;
     gone_ = true;
@@ -396,16 +512,18 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   }
 
   // ---- ends -------------------------------------------------------------------------------------
-  // The exchange is answered (or given up): its handle goes inert, its context goes.
-  void finish() {
+  // The exchange is answered (or given up): its handle goes inert, its context goes. Within an
+  // application's call the context is not destroyed (the application may be inside a call that
+  // ends in this one): it goes with the next request, or in a handler of its own when the
+  // connection closes.
+  void finish(bool from_io = false) {
     if (!open_) return;
     open_ = false;
     --t_.open_exchanges;
     on_gone_ = nullptr;
     drained_ = nullptr;
     queued_ = 0;
-    // Not destroyed here: the application may be inside a call that ends in this one.
-    if (context_) net::post(stream_.get_executor(), [c = std::move(context_)] {});
+    if (from_io) context_.reset();
   }
 
   void finish_and_close() {
@@ -419,17 +537,19 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     if (!closed_) --t_.connections;
     closed_ = true;
     timer_.cancel();  // its handler holds the session
+    // The context may hold an Exchange, and so this session: released in a handler of its own.
+    if (context_) net::post(socket().get_executor(), [c = std::move(context_)] {});
     beast::error_code ec;
-    beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ec);
-    beast::get_lowest_layer(stream_).socket().close(ec);
+    socket().shutdown(tcp::socket::shutdown_both, ec);
+    socket().close(ec);
   }
 
   Stream stream_;
-  net::steady_timer timer_;
+  net::basic_waitable_timer<std::chrono::steady_clock, net::wait_traits<std::chrono::steady_clock>, net::io_context::executor_type> timer_;
   bool timed_out_ = false, timer_pending_ = false;
-  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max(), timer_at_{};
+  std::chrono::steady_clock::time_point deadline_ = kNoDeadline, timer_at_{};
   beast::flat_buffer buffer_;
-  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  std::optional<RequestParser> parser_;  // fills request_
   unsigned version_ = 11;
   Request request_;
   Transport::Impl& t_;
@@ -437,7 +557,13 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   // progress, and the client's.
   std::uint64_t seq_ = 0;
   bool open_ = false, streaming_ = false, ending_ = false, writing_ = false, gone_ = false, watching_ = false;
-  bool keep_alive_ = true, closed_ = false, aborting_ = false;
+  bool keep_alive_ = true, closed_ = false, aborting_ = false, chunked_ = true, head_pending_ = false, flush_scheduled_ = false;
+  bool reading_ = false, awaiting_first_byte_ = false, peer_done_ = false;
+  std::string head_out_, body_out_;       // the answer being written
+  std::vector<std::string> pieces_;       // the stream's pieces in the write under way
+  std::vector<net::const_buffer> buffers_;
+  char size_line_[24];
+  std::array<char, kReadSize> read_buf_;  // not zeroed: written by each read before it is used
   std::deque<std::string> out_;
   std::size_t queued_ = 0;  // bytes in out_ and in the write under way
   std::function<void()> on_gone_, drained_;
@@ -446,19 +572,18 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
 }  // namespace
 
-void Transport::Impl::refuse(tcp::socket socket) {
+void Transport::Impl::refuse(Socket socket) {
   // Too many connections: the application's answer and close, without reading the request.
-  auto res = to_beast(app.error_response(TransportError::kTooManyConnections), 11, false, opt.server_header);
+  auto r = app.error_response(TransportError::kTooManyConnections);
+  const auto head = head_of(r, 11, false, opt.server_header, r.body.size(), false);
   beast::error_code ec;
-  bhttp::write(socket, res, ec);
+  net::write(socket, std::array<net::const_buffer, 2>{net::buffer(head), net::buffer(r.body)}, ec);
   socket.close(ec);
 }
 
 void Transport::Impl::accept() {
-  // With one I/O thread every handler already runs one at a time: a strand per connection would
-  // only add its dispatch to every completion.
-  auto executor = opt.io_threads <= 1 ? net::any_io_executor(ioc.get_executor()) : net::any_io_executor(net::make_strand(ioc));
-  acceptor.async_accept(executor, [this](beast::error_code ec, tcp::socket socket) {
+  auto& loop = loops[next_loop++ % loops.size()]->ioc;
+  acceptor.async_accept(loop, [this](beast::error_code ec, Socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted) return;
       return accept();
@@ -473,9 +598,9 @@ void Transport::Impl::accept() {
       return accept();
     }
     if (ssl) {
-      std::make_shared<Session<beast::ssl_stream<beast::tcp_stream>>>(*this, std::move(socket), *ssl)->start();
+      std::make_shared<Session<beast::ssl_stream<Socket>>>(*this, std::move(socket), *ssl)->start();
     } else {
-      std::make_shared<Session<beast::tcp_stream>>(*this, std::move(socket))->start();
+      std::make_shared<Session<Socket>>(*this, std::move(socket))->start();
     }
     accept();
   });
@@ -486,7 +611,7 @@ void Transport::Impl::begin_shutdown() {
   spdlog::info("shutdown: not ready; finishing in-flight requests for up to {} s", opt.shutdown_timeout.count());
   drain_thread = std::thread([this] {
     app.drain(std::chrono::duration_cast<std::chrono::milliseconds>(opt.shutdown_timeout));
-    net::post(ioc, [this] {
+    net::post(main(), [this] {
       beast::error_code ec;
       acceptor.close(ec);
     });
@@ -495,8 +620,7 @@ void Transport::Impl::begin_shutdown() {
     while (open_exchanges.load() > 0 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    work.reset();
-    ioc.stop();
+    stop_loops();
   });
 }
 
@@ -504,8 +628,7 @@ Transport::Transport(TransportOptions options, Application& app) : impl_(std::ma
 
 Transport::~Transport() {
   if (impl_->drain_thread.joinable()) impl_->drain_thread.join();
-  impl_->work.reset();
-  impl_->ioc.stop();
+  impl_->stop_loops();
   for (auto& t : impl_->threads) {
     if (t.joinable()) t.join();
   }
@@ -536,7 +659,7 @@ Status Transport::start() {
   if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return Status(StatusCode::kUnavailable, "cannot listen on " + o.host + ":" + std::to_string(o.port) + ": " + ec.message());
   impl_->bound_port = a.local_endpoint().port();
-  impl_->work.emplace(net::make_work_guard(impl_->ioc));
+  for (auto& l : impl_->loops) l->work.emplace(net::make_work_guard(l->ioc));
   impl_->accept();
   return Status::ok();
 }
@@ -546,7 +669,7 @@ bool Transport::draining() const { return impl_->draining; }
 std::size_t Transport::connections() const { return impl_->connections; }
 
 void Transport::shutdown() {
-  net::post(impl_->ioc, [impl = impl_.get()] { impl->begin_shutdown(); });
+  net::post(impl_->main(), [impl = impl_.get()] { impl->begin_shutdown(); });
 }
 
 void Transport::run(bool handle_signals) {
@@ -559,12 +682,11 @@ void Transport::run(bool handle_signals) {
     signals->async_wait(on_signal);
   };
   if (handle_signals) {
-    signals.emplace(impl_->ioc, SIGINT, SIGTERM);
+    signals.emplace(impl_->main(), SIGINT, SIGTERM);
     signals->async_wait(on_signal);
   }
-  const int n = std::max(1, impl_->opt.io_threads);
-  for (int i = 1; i < n; ++i) impl_->threads.emplace_back([this] { impl_->ioc.run(); });
-  impl_->ioc.run();
+  for (std::size_t i = 1; i < impl_->loops.size(); ++i) impl_->threads.emplace_back([loop = impl_->loops[i].get()] { loop->ioc.run(); });
+  impl_->main().run();
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
 }
@@ -573,7 +695,8 @@ void Transport::run(bool handle_signals) {
 
 namespace lmserve::server::http {
 
-net::any_io_executor AsioAccess::executor_of(const Exchange& exchange) { return exchange.session_->executor(); }
-net::io_context& AsioAccess::context_of(Transport& transport) { return transport.impl_->ioc; }
+net::any_io_executor AsioAccess::executor_of(const Exchange& exchange) { return exchange.session_->context().get_executor(); }
+net::io_context& AsioAccess::io_context_of(const Exchange& exchange) { return exchange.session_->context(); }
+net::io_context& AsioAccess::context_of(Transport& transport) { return transport.impl_->main(); }
 
 }  // namespace lmserve::server::http

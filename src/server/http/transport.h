@@ -6,7 +6,7 @@
 // How an application plugs in (the OpenAI server in server/server.cpp is one):
 //
 //   class MyApp : public http::Application {
-//     void handle(http::Exchange ex) override {          // on the connection's strand
+//     void handle(http::Exchange ex) override {          // on the connection's thread
 //       if (ex.request().path == "/hello") return ex.reply({.status = 200, .body = "hi"});
 //       ex.start_stream({.status = 200, .content_type = "text/event-stream"});
 //       ex.send("data: 1\n\n");                          // any number of chunks, in order
@@ -19,13 +19,17 @@
 //
 // Each request gets exactly one answer: reply(), or start_stream() + send()... + end_stream().
 // Work that completes later (an engine's tokens, a replica's reply) keeps the Exchange (a cheap
-// handle) and calls it back on the connection's strand through Exchange::post().
+// handle) and calls it back on the connection's thread through Exchange::post().
 //
-// Threading: `io_threads` threads run one Asio io_context. A connection's handlers all run on
-// its own strand, so Application::handle and everything it posts for that exchange run one at a
-// time; no thread is dedicated to a connection, and handlers must never block. Exchange methods
-// must be called on the exchange's strand (from handle(), or from a function given to post());
-// post() itself may be called from any thread.
+// Threading: each of the `io_threads` threads runs an event loop (an Asio io_context) of its own,
+// and accepted connections go round them; a connection's handlers all run on its loop's thread,
+// so Application::handle and everything it posts for that exchange run one at a time, and the
+// threads share nothing but the counters. No thread is dedicated to a connection, and handlers
+// must never block. Exchange methods must be called on the exchange's thread (from handle(), or
+// from a function given to post()); post() itself may be called from any thread.
+//
+// Writes of a streamed answer wait for the end of the handler that queued them, so a head, the
+// chunks sent in one go and the end leave in one system call.
 //
 // Lifetime: an Exchange handle refers to one request. Once its answer is complete (or the
 // connection closed), its methods do nothing, even if the connection goes on to serve another
@@ -85,6 +89,11 @@ struct Response {
   std::string content_type = "application/json";
   std::string body;        // ignored by start_stream()
   Headers headers;         // added as given (Retry-After, Cache-Control, ...)
+  // Header lines already formatted ("Name: value\r\n" each), written after `headers` as they are:
+  // for a proxy passing a replica's headers on without a string per header. Not checked: the
+  // caller guarantees well-formed lines and no framing header (Content-Length, Transfer-Encoding,
+  // Connection).
+  std::string head_lines;
   bool close = false;      // close the connection after this answer, whatever the request asked
 };
 
@@ -117,9 +126,9 @@ class Exchange {
   // streamed body without its last chunk). For an application that cannot finish what it began.
   void abort();
   // Watches the socket while the application works on the request: when the client closes it
-  // (or a write fails), `on_gone` runs once on the strand and later answers are dropped.
+  // (or a write fails), `on_gone` runs once on the exchange's thread and later answers are dropped.
   void watch_disconnect(std::function<void()> on_gone);
-  // Runs `fn` on this exchange's strand; callable from any thread. fn runs even when the
+  // Runs `fn` on this exchange's thread; callable from any thread. fn runs even when the
   // exchange is over (check active()).
   void post(std::function<void()> fn) const;
   // Keeps the application's state for this request alive until the answer is complete or the
@@ -128,7 +137,7 @@ class Exchange {
   // Still waiting for its answer, and the client still there.
   bool active() const;
   // Backpressure for streamed answers: bytes given to send() and not yet written to the socket,
-  // and a way to wait for them. `fn` runs once on the strand when everything queued is written
+  // and a way to wait for them. `fn` runs once on the exchange's thread when everything queued is written
   // (at once, posted, when nothing is queued); it does not run if the client goes (watch that
   // with watch_disconnect) or the answer ends first.
   std::size_t queued_bytes() const;
