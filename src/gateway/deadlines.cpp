@@ -10,6 +10,7 @@ struct Deadlines::Shard {
   boost::asio::io_context& io;
   boost::asio::steady_timer timer;
   bool armed = false;
+  int idle_ticks = 0;  // ticks in a row that found nothing to watch
   std::list<std::weak_ptr<Watched>> watched;
 };
 
@@ -48,6 +49,7 @@ void Deadlines::add(const std::shared_ptr<Watched>& w, boost::asio::io_context& 
   s.watched.push_front(w);
   w->where_ = s.watched.begin();
   w->shard_ = &s;
+  s.idle_ticks = 0;
   if (!s.armed) arm(s);
 }
 
@@ -58,8 +60,9 @@ void Deadlines::remove(Watched& w) {
   w.shard_ = nullptr;
 }
 
-// The timer runs while the shard watches anything (and stops when it is empty, so an idle
-// gateway does not wake every tick).
+// The timer runs while the shard watches anything and for a second after (so that an idle
+// gateway does not wake every tick, and a lone client's requests, each alone in the list, do not
+// re-arm it each time: a system call per request).
 void Deadlines::arm(Shard& s) {
   if (stopped_) return;
   s.armed = true;
@@ -68,7 +71,8 @@ void Deadlines::arm(Shard& s) {
     sh->armed = false;
     if (ec || stopped_) return;
     scan(*sh);
-    if (!sh->watched.empty()) arm(*sh);
+    sh->idle_ticks = sh->watched.empty() ? sh->idle_ticks + 1 : 0;
+    if (sh->idle_ticks * tick_ < std::chrono::seconds(1)) arm(*sh);
   });
 }
 

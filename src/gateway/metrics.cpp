@@ -1,7 +1,7 @@
 #include "gateway/metrics.h"
 
 #include <atomic>
-#include <cstdio>
+#include <charconv>
 
 namespace lmserve::gateway {
 
@@ -66,7 +66,7 @@ void GatewayMetrics::request(const std::string& model, const std::string& backen
                              double ttft_s, double total_s) {
   auto& s = shard();
   char code[16];
-  const int n = std::snprintf(code, sizeof code, "%d", status);
+  const auto n = std::to_chars(code, code + sizeof code, status).ptr - code;
   std::lock_guard lock(s.mu);
   ++series(s.requests, joined(model, backend, version, std::string_view(code, static_cast<std::size_t>(n))), zero);
   const auto& key = joined(model, version);

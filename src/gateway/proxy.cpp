@@ -273,6 +273,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
 
   void on_upstream(beast::error_code ec) {
     const auto g = gen_;
+    if (streamed_) pending_.reserve(pending_.size() + rbuf_.size());  // what this read brought, at most
     const bool had_head = parser_->is_header_done();
     beast::error_code pec = parse_upstream();
     if (g != gen_ || done_) return;  // the head failed this attempt (5xx, 429), or on_bytes gave up on it
@@ -350,6 +351,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     replica_->on_success();
     streamed_ = p.content_type.starts_with("text/event-stream");
     content_type_ = std::move(p.content_type);
+    if (!streamed_ && p.content_length()) whole_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(*p.content_length(), kMaxWholeBody)));
     head_lines_ = std::move(p.pass_lines);
     keep_alive_ = p.keep_alive();
     if (!streamed_) arm(cfg_.timeouts.idle, "idle_timeout");

@@ -14,6 +14,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -476,8 +477,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     static constexpr char kLastChunk[] = "0\r\n\r\n";
     if (n > 0) {
       if (chunked_) {
-        const int len = std::snprintf(size_line_, sizeof size_line_, "%zx\r\n", n);
-        buffers_.push_back(net::buffer(size_line_, static_cast<std::size_t>(len)));
+        auto [end, ec] = std::to_chars(size_line_, size_line_ + sizeof size_line_ - 2, n, 16);
+        *end++ = '\r';
+        *end++ = '\n';
+        buffers_.push_back(net::buffer(size_line_, static_cast<std::size_t>(end - size_line_)));
       }
       for (const auto& p : pieces_) buffers_.push_back(net::buffer(p));
       if (chunked_) buffers_.push_back(net::buffer(kCrlf, 2));
