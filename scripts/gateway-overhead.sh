@@ -9,6 +9,9 @@
 #
 #   scripts/gateway-overhead.sh                 BUILD=build/release DURATION=10 CONNS="1 32"
 #
+# BUILD_B=DIR adds a second gateway (DIR/lmserve, on the same cores, target "gateway_b"): an A/B
+# of two builds in the same run, since two runs on the GPU machine may land on different hosts.
+#
 # Prints a table per concurrency: requests/s and p50/p99 latency per target, plain JSON answers
 # and SSE streams (16 events each), and the latency each proxy adds at p50/p99. One connection
 # shows the latency a proxy adds to an unloaded request; 32 load it. "CPU us/req" is the proxy
@@ -24,9 +27,11 @@ FAKE_CPUS=${FAKE_CPUS:-$CLIENT_CPUS}  # the fake replica's
 WRK_THREADS=${WRK_THREADS:-1}
 FAKE_THREADS=${FAKE_THREADS:-1}
 PROXY_WORKERS=${PROXY_WORKERS:-1}   # nginx worker_processes and the gateway's io_threads
+BUILD_B=${BUILD_B:-}
 UP_PORT=${UP_PORT:-19181}
 NGINX_PORT=${NGINX_PORT:-19182}
 GW_PORT=${GW_PORT:-19183}
+GWB_PORT=${GWB_PORT:-19184}
 CHUNKS=${CHUNKS:-16}
 REPEAT=${REPEAT:-3}  # rounds over all targets, interleaved; the table gives each figure's median
 
@@ -98,8 +103,17 @@ CONF
 taskset -c "$PROXY_CPU" "$lmserve" --log-level warning gateway --config "$work/gateway.yaml" >"$work/gateway.log" 2>&1 &
 pids+=($!)
 gateway_pid=$!
+targets="direct:$UP_PORT nginx:$NGINX_PORT gateway:$GW_PORT"
+gateway_b_pid=""
+if [[ -n $BUILD_B ]]; then
+  taskset -c "$PROXY_CPU" "$BUILD_B/lmserve" --log-level warning gateway --config "$work/gateway.yaml" --port "$GWB_PORT" >"$work/gateway_b.log" 2>&1 &
+  pids+=($!)
+  gateway_b_pid=$!
+  targets="$targets gateway_b:$GWB_PORT"
+fi
 
-for port in "$UP_PORT" "$NGINX_PORT" "$GW_PORT"; do
+ports="$UP_PORT $NGINX_PORT $GW_PORT"; [[ -n $BUILD_B ]] && ports="$ports $GWB_PORT"
+for port in $ports; do
   for _ in $(seq 100); do http GET "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.05; done
 done
 
@@ -113,7 +127,7 @@ LUA
 done
 
 # Checks that each target answers as the replica does before measuring it.
-for port in "$UP_PORT" "$NGINX_PORT" "$GW_PORT"; do
+for port in $ports; do
   out=$(http POST "http://127.0.0.1:$port/v1/completions" '{"model":"m","prompt":"x","stream":true}')
   [[ $out == *"data: [DONE]"* ]] || { echo "gateway-overhead: port $port did not stream: $out" >&2; exit 1; }
 done
@@ -121,14 +135,14 @@ done
 nginx_workers=$(pgrep -P "$nginx_master" | tr '\n' ' ')
 # CPU seconds processes have used (user + system, every thread), from /proc.
 cpu_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + ($14 + $15) / hz }' "/proc/$p/stat"); done; echo "$t"; }
-declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid)
+declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid [gateway_b]=$gateway_b_pid)
 
 results="$work/results.txt"
 for round in $(seq "$REPEAT"); do
 for conns in $CONNS; do
   threads=$(( WRK_THREADS < conns ? WRK_THREADS : conns ))  # wrk wants a connection per thread at least
   for mode in plain stream; do
-    for target in direct:$UP_PORT nginx:$NGINX_PORT gateway:$GW_PORT; do
+    for target in $targets; do
       name=${target%%:*}; port=${target##*:}
       taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d1s -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >/dev/null  # warm-up
       pid=${proxy_pid[$name]}
@@ -166,9 +180,13 @@ print(f"{'conns':>5} {'mode':7} {'target':8} {'req/s':>10} {'p50 ms':>8} {'p99 m
 for conns in order:
     for mode in ("plain", "stream"):
         d = rows[(conns, mode, "direct")]
-        for name in ("direct", "nginx", "gateway"):
+        for name in [n for n in ("direct", "nginx", "gateway", "gateway_b") if (conns, mode, n) in rows]:
             r = rows[(conns, mode, name)]
             add = "" if name == "direct" else f"{r[1]-d[1]:8.3f} {r[2]-d[2]:8.3f}"
             cpu = "" if name == "direct" else f"{r[5]:10.1f}"
             print(f"{conns:>5} {mode:7} {name:8} {r[0]:10.0f} {r[1]:8.3f} {r[2]:8.3f} {add:>17} {cpu:>10}  {r[3]} {r[4]}")
+print("each round, req/s (CPU us/req):")
+for (conns, mode, name), v in runs.items():
+    if name != "direct":
+        print(f"  {conns:>5} {mode:7} {name:9} " + "  ".join(f"{x[0]:.0f} ({x[5]:.1f})" for x in v))
 PY

@@ -158,6 +158,48 @@ class UpstreamParser : public bhttp::basic_parser<false> {
   std::function<bool(std::string_view)> on_body_;
 };
 
+// Calls are allocated from a free list per thread: a call is about a kilobyte, which glibc serves
+// from its large bins, consolidating its fast bins first on every request (perf on the build VM:
+// malloc_consolidate in the profile of every plain request).
+template <class T>
+struct RecyclingAllocator {
+  using value_type = T;
+  RecyclingAllocator() = default;
+  template <class U>
+  RecyclingAllocator(const RecyclingAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    auto& fl = free_list();
+    if (n == 1 && !fl.empty()) {
+      void* p = fl.back();
+      fl.pop_back();
+      return static_cast<T*>(p);
+    }
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) {
+    auto& fl = free_list();
+    if (n == 1 && fl.size() < kKept) return fl.push_back(p);
+    ::operator delete(p);
+  }
+  template <class U>
+  bool operator==(const RecyclingAllocator<U>&) const {
+    return true;
+  }
+
+ private:
+  static constexpr std::size_t kKept = 1024;
+  struct List {
+    std::vector<void*> blocks;
+    ~List() {
+      for (void* p : blocks) ::operator delete(p);
+    }
+  };
+  static std::vector<void*>& free_list() {
+    thread_local List list;
+    return list.blocks;
+  }
+};
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 thread_local std::mt19937_64 tl_rng{std::random_device{}()};
@@ -583,7 +625,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
 }  // namespace
 
 void start_proxy(State& state, std::shared_ptr<Snapshot> snapshot, const ModelConfig& model, Exchange exchange, RouteInfo info) {
-  auto call = std::make_shared<ProxyCall>(state, std::move(snapshot), model, exchange, std::move(info));
+  auto call = std::allocate_shared<ProxyCall>(RecyclingAllocator<ProxyCall>(), state, std::move(snapshot), model, exchange, std::move(info));
   exchange.set_context(call);
   call->start();
 }

@@ -482,6 +482,16 @@ TEST_F(ServerTest, ServesHttpsWithTheGivenCertificate) {
   ASSERT_FALSE(hec) << "read: " << hec.message();
   EXPECT_EQ(res.result_int(), 200u);
   EXPECT_EQ(ojson::parse(res.body())["usage"]["completion_tokens"], 4);
+  // A streamed answer on the same connection (the disconnect watch reads through TLS meanwhile).
+  req.body() = R"({"prompt":"The hacker","max_tokens":4,"temperature":0,"stream":true})";
+  req.prepare_payload();
+  http::write(s, req, hec);
+  ASSERT_FALSE(hec) << "write: " << hec.message();
+  http::response<http::string_body> streamed;
+  http::read(s, buf, streamed, hec);
+  ASSERT_FALSE(hec) << "read: " << hec.message();
+  EXPECT_EQ(streamed.result_int(), 200u);
+  EXPECT_TRUE(streamed.body().ends_with("data: [DONE]\n\n")) << streamed.body();
   // Plain HTTP to the TLS port is not served.
   EXPECT_EQ(get("/health").status, 0);
   beast::error_code ec;

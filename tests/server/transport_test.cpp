@@ -10,6 +10,8 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <thread>
 
 namespace lmserve::server::http {
@@ -73,6 +75,24 @@ class TestApp : public Application {
     if (r.path == "/bulk") {  // 64 MiB, never more than 256 KiB queued ahead of the socket
       ex.start_stream({.status = 200, .content_type = "application/octet-stream"});
       return bulk(ex, 0);
+    }
+    if (r.path == "/watched-later") {  // watched while the answer is worked on elsewhere
+      ex.watch_disconnect([] {});
+      std::thread([ex] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        ex.post([ex]() mutable { ex.reply({.status = 200, .body = "watched"}); });
+      }).detach();
+      return;
+    }
+    if (r.path == "/lines") {  // pre-formatted header lines, and headers the transport owns
+      return ex.reply({.status = 201, .content_type = "text/plain", .body = "x",
+                       .headers = {{"Server", "custom"}, {"Content-Length", "99"}, {"X-Bad", "a\r\nInjected: 1"}},
+                       .head_lines = "X-A: 1\r\nX-B: two\r\n"});
+    }
+    if (r.path == "/thread") {
+      std::ostringstream id;
+      id << std::this_thread::get_id();
+      return ex.reply({.status = 200, .content_type = "text/plain", .body = id.str()});
     }
     if (r.path == "/twice") {
       ex.reply({.status = 200, .body = "first"});
@@ -323,6 +343,96 @@ TEST_F(TransportTest, ShutdownDrainsTheApplicationThenReturnsFromRun) {
   EXPECT_TRUE(transport_->draining());
   EXPECT_EQ(app_.drained_with, std::chrono::milliseconds(3000));
   transport_.reset();
+}
+
+TEST_F(TransportTest, HeadGetsTheLengthButNoBody) {
+  start();
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(endpoint());
+  net::write(s, net::buffer(std::string("HEAD /echo HTTP/1.1\r\nHost: h\r\n\r\nGET /echo HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")));
+  std::string got;
+  beast::error_code ec;
+  char buf[4096];
+  for (;;) {
+    const std::size_t n = s.read_some(net::buffer(buf), ec);
+    got.append(buf, n);
+    if (ec) break;
+  }
+  // The HEAD answer's head says how long the body would be; the next answer follows it at once.
+  const auto second = got.find("HTTP/1.1 200", 1);
+  ASSERT_NE(second, std::string::npos) << got;
+  const std::string head = got.substr(0, second);
+  EXPECT_NE(head.find("Content-Length: 22\r\n"), std::string::npos) << head;  // "HEAD /echo   127.0.0.1"
+  EXPECT_TRUE(head.ends_with("\r\n\r\n")) << head;
+  EXPECT_NE(got.find("GET /echo"), std::string::npos) << got;
+}
+
+TEST_F(TransportTest, AnHttp10StreamIsTheBodyUntilTheClose) {
+  start();
+  net::io_context ioc;
+  tcp::socket s(ioc);
+  s.connect(endpoint());
+  net::write(s, net::buffer(std::string("GET /stream?n=3 HTTP/1.0\r\n\r\n")));
+  std::string got;
+  beast::error_code ec;
+  char buf[4096];
+  for (;;) {
+    const std::size_t n = s.read_some(net::buffer(buf), ec);
+    got.append(buf, n);
+    if (ec) break;
+  }
+  EXPECT_EQ(ec, net::error::eof);
+  EXPECT_TRUE(got.starts_with("HTTP/1.0 200 OK\r\n")) << got;
+  EXPECT_EQ(got.find("Transfer-Encoding"), std::string::npos) << got;  // HTTP/1.0 has no chunks
+  EXPECT_TRUE(got.ends_with("\r\n\r\ndata: 0\n\ndata: 1\n\ndata: 2\n\n")) << got;
+}
+
+// The request that arrives while the application still works on a watched one is read by the
+// disconnect watch, kept, and answered after it, in order.
+TEST_F(TransportTest, ARequestReadByTheDisconnectWatchIsAnsweredNext) {
+  start();
+  net::io_context ioc;
+  beast::tcp_stream s(ioc);
+  s.connect(endpoint());
+  s.expires_after(std::chrono::seconds(10));
+  net::write(s, net::buffer(std::string("GET /watched-later HTTP/1.1\r\nHost: h\r\n\r\n")));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the application has it, and watches
+  net::write(s, net::buffer(std::string("POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nConnection: close\r\n\r\nnext")));
+  beast::flat_buffer buf;
+  bhttp::response<bhttp::string_body> first, second;
+  bhttp::read(s, buf, first);
+  bhttp::read(s, buf, second);
+  EXPECT_EQ(first.body(), "watched");
+  EXPECT_EQ(second.body(), "POST /echo  next 127.0.0.1");
+  EXPECT_EQ(app_.handled, 2);
+}
+
+TEST_F(TransportTest, HeaderLinesPassAsGivenAndTheFramingIsTheTransports) {
+  start();
+  auto r = exchange("GET /lines HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].result_int(), 201u);
+  EXPECT_EQ(r[0]["X-A"], "1");
+  EXPECT_EQ(r[0]["X-B"], "two");
+  EXPECT_EQ(r[0][bhttp::field::server], "custom");     // the application's replaces the transport's
+  EXPECT_EQ(r[0][bhttp::field::content_length], "1");  // the transport's, not the application's 99
+  EXPECT_EQ(r[0]["X-Bad"], "");                          // a value with CR/LF is dropped
+  EXPECT_EQ(r[0]["Injected"], "");
+  EXPECT_EQ(r[0].body(), "x");
+}
+
+TEST_F(TransportTest, ConnectionsGoRoundTheIoThreads) {
+  TransportOptions o;
+  o.io_threads = 4;
+  start(o);
+  std::set<std::string> threads;
+  for (int i = 0; i < 8; ++i) {  // one connection each, in turn
+    auto r = exchange("GET /thread HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+    ASSERT_EQ(r.size(), 1u);
+    threads.insert(r[0].body());
+  }
+  EXPECT_EQ(threads.size(), 4u);
 }
 
 TEST(Transport, BadOptionsFailStart) {
