@@ -1,12 +1,124 @@
-// lmserve gateway --config FILE: the entry point in front of `serve` replicas (src/gateway/).
+// lmserve gateway --config FILE: the entry point in front of `serve` replicas (src/gateway/);
+// lmserve gateway keys add|list|revoke|rotate: its API keys (gateway/keys.h).
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdio>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "gateway/gateway.h"
+#include "gateway/keys.h"
 
 namespace lmserve::cli {
+
+namespace {
+
+std::int64_t unix_now() { return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+std::string date_of(std::int64_t t) {
+  if (t == 0) return "-";
+  const std::time_t tt = t;
+  std::tm tm{};
+  gmtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+struct KeyOpts {
+  std::string db, secret_file, tenant, models, lane, expires, target;
+  gateway::KeyLimits limits;
+  std::int64_t grace_s = 86400;
+};
+
+// `keys` and its four commands; the one that ran is in `which`.
+void add_keys_commands(CLI::App& gw, std::shared_ptr<KeyOpts> k, std::shared_ptr<std::string> which) {
+  auto* keys = gw.add_subcommand("keys", "API keys: add, list, revoke, rotate (stored as HMAC-SHA-256, never in clear)");
+  keys->require_subcommand(1);
+  auto common = [&](CLI::App* c) {
+    c->add_option("--db", k->db, "the keys database (SQLite; the gateway config's keys_db)")->required();
+    c->add_option("--key-secret-file", k->secret_file, "the server secret, at least 32 bytes (the config's key_secret_file)")->required();
+    c->callback([which, name = c->get_name()] { *which = name; });
+  };
+  auto* add = keys->add_subcommand("add", "make a key for a tenant and print it (once: it is stored nowhere)");
+  common(add);
+  add->add_option("--tenant", k->tenant, "the system the key belongs to")->required();
+  add->add_option("--models", k->models, "models it may use, comma-separated (default: all)");
+  add->add_option("--lane", k->lane, "the lane its requests go to (overrides the client's x-lmserve-lane)")->check(CLI::IsMember({"high", "low"}));
+  add->add_option("--rpm", k->limits.rpm, "requests per minute (0: no limit)");
+  add->add_option("--tpm", k->limits.tpm, "tokens per minute (0: no limit)");
+  add->add_option("--max-concurrency", k->limits.max_concurrency, "requests at once (0: no limit)");
+  add->add_option("--daily-tokens", k->limits.daily_tokens, "tokens per day (0: no limit)");
+  add->add_option("--max-input-tokens", k->limits.max_input_tokens, "prompt tokens per request (0: no limit)");
+  add->add_option("--expires", k->expires, "YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ (UTC)");
+  common(keys->add_subcommand("list", "the keys, masked, with their tenants, limits and state"));
+  auto* revoke = keys->add_subcommand("revoke", "revoke a key at once (given as the key or its id)");
+  common(revoke);
+  revoke->add_option("key", k->target, "the key or its id (key_...)")->required();
+  auto* rotate = keys->add_subcommand("rotate", "a new key with the same settings; the old one stays valid for --grace-seconds");
+  common(rotate);
+  rotate->add_option("key", k->target, "the key or its id (key_...)")->required();
+  rotate->add_option("--grace-seconds", k->grace_s, "how long the old key keeps working (default a day)");
+}
+
+void print_key(const gateway::KeyRecord& r, std::int64_t now) {
+  std::string models;
+  for (const auto& m : r.models) models += (models.empty() ? "" : ",") + m;
+  const auto& l = r.limits;
+  const char* state = r.revoked_at ? "revoked" : (r.expires_at && now >= r.expires_at) ? "expired" : "active";
+  std::printf("%s  %-12s %s  models=%s lane=%s rpm=%lld tpm=%lld concurrency=%lld daily=%lld input=%lld created=%s expires=%s %s%s%s\n", r.id.c_str(),
+              r.tenant.c_str(), r.masked.c_str(), models.empty() ? "*" : models.c_str(), r.lane.empty() ? "-" : r.lane.c_str(), (long long)l.rpm,
+              (long long)l.tpm, (long long)l.max_concurrency, (long long)l.daily_tokens, (long long)l.max_input_tokens, date_of(r.created_at).c_str(),
+              date_of(r.expires_at).c_str(), state, r.replaced_by.empty() ? "" : " replaced_by=", r.replaced_by.c_str());
+}
+
+int run_keys(const KeyOpts& k, const std::string& which) {
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "lmserve gateway keys: %s\n", st.message().c_str());
+    return 2;
+  };
+  auto secret = gateway::read_key_secret(k.secret_file);
+  if (!secret) return fail(secret.error());
+  auto store = gateway::KeyStore::open(k.db, *secret);
+  if (!store) return fail(store.error());
+  const auto now = unix_now();
+  if (which == "add") {
+    gateway::NewKey spec{.tenant = k.tenant, .lane = k.lane, .limits = k.limits};
+    std::stringstream in(k.models);
+    for (std::string m; std::getline(in, m, ',');) {
+      if (!m.empty()) spec.models.push_back(m);
+    }
+    if (!k.expires.empty()) {
+      auto t = gateway::parse_expiry(k.expires);
+      if (!t) return fail(t.error());
+      if (*t <= now) return fail(Status(StatusCode::kInvalidArgument, "--expires is in the past"));
+      spec.expires_at = *t;
+    }
+    auto made = (*store)->add(spec, now);
+    if (!made) return fail(made.error());
+    std::printf("%s\n", made->first.c_str());
+    std::fprintf(stderr, "made %s for tenant %s; the key above is shown once and stored nowhere\n", made->second.id.c_str(), made->second.tenant.c_str());
+    return 0;
+  }
+  if (which == "list") {
+    for (const auto& r : (*store)->list()) print_key(r, now);
+    return 0;
+  }
+  if (which == "revoke") {
+    auto r = (*store)->revoke(k.target, now);
+    if (!r) return fail(r.error());
+    std::printf("revoked %s (%s)\n", r->id.c_str(), r->masked.c_str());
+    return 0;
+  }
+  auto made = (*store)->rotate(k.target, std::chrono::seconds(k.grace_s), now);
+  if (!made) return fail(made.error());
+  std::printf("%s\n", made->first.c_str());
+  std::fprintf(stderr, "made %s; the old key works for %lld s more\n", made->second.id.c_str(), (long long)k.grace_s);
+  return 0;
+}
+
+}  // namespace
 
 Command add_gateway_command(CLI::App& app) {
   struct Opts {
@@ -15,10 +127,18 @@ Command add_gateway_command(CLI::App& app) {
     bool check = false;
   };
   auto o = std::make_shared<Opts>();
-  app.add_option("--config", o->config, "the gateway's YAML file (models, backends, policies, timeouts, health)")->required();
+  auto k = std::make_shared<KeyOpts>();
+  auto which = std::make_shared<std::string>();
+  app.add_option("--config", o->config, "the gateway's YAML file (models, backends, policies, timeouts, health)");
+  add_keys_commands(app, k, which);
   app.add_option("--port", o->port, "listen on this port instead of the file's `listen` port (0: any free port)");
   app.add_flag("--check", o->check, "validate the configuration, print it back in brief, and exit");
-  return [o]() {
+  return [o, k, which]() {
+    if (!which->empty()) return run_keys(*k, *which);
+    if (o->config.empty()) {
+      std::fprintf(stderr, "lmserve gateway: --config is required\n");
+      return 2;
+    }
     if (o->check) {
       auto c = gateway::load_config(o->config);
       if (!c) {

@@ -28,6 +28,8 @@ void write_access_log(const AccessRecord& r) {
                       {"retries", r.retries}, {"total_ms", r.total_s * 1e3}, {"client", r.client}, {"path", r.path}};
   j["ttft_ms"] = r.ttft_s < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.ttft_s * 1e3);
   if (!r.error.empty()) j["error"] = r.error;
+  if (!r.key_id.empty()) j["key_id"] = r.key_id;
+  if (!r.tenant.empty()) j["tenant"] = r.tenant;
   const auto line = j.dump() + "\n";
   static std::mutex mu;
   std::lock_guard lock(mu);

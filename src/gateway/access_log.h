@@ -12,6 +12,7 @@ namespace lmserve::gateway {
 struct AccessRecord {
   std::uint64_t id = 0;
   std::string model, backend, version, path, client, error;
+  std::string key_id, tenant;  // with API keys: the key's id (never the key) and its tenant
   int status = 0;
   bool stream = false;
   int retries = 0;

@@ -183,7 +183,7 @@ ModelConfig parse_model(const YAML::Node& n, const std::string& path) {
 
 GatewayConfig parse_root(const YAML::Node& root) {
   check_keys(root, "", {"listen", "models", "timeouts_ms", "health", "eject", "prefix", "scrape_interval_ms", "dns_refresh_ms",
-                        "max_attempts", "access_log", "io_threads", "max_connections"});
+                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file"});
   GatewayConfig c;
   if (root["listen"]) parse_listen(get_string(root["listen"], "listen"), c);
   const auto ms = root["models"];
@@ -227,6 +227,9 @@ GatewayConfig parse_root(const YAML::Node& root) {
   if (root["access_log"]) c.access_log = get_bool(root["access_log"], "access_log");
   if (root["io_threads"]) c.io_threads = static_cast<int>(get_int(root["io_threads"], "io_threads", 1, 1024));
   if (root["max_connections"]) c.max_connections = static_cast<std::size_t>(get_int(root["max_connections"], "max_connections", 1, 10000000));
+  if (root["keys_db"]) c.keys_db = get_string(root["keys_db"], "keys_db");
+  if (root["key_secret_file"]) c.key_secret_file = get_string(root["key_secret_file"], "key_secret_file");
+  if (c.keys_db.empty() != c.key_secret_file.empty()) fail(c.keys_db.empty() ? "keys_db" : "key_secret_file", "keys_db and key_secret_file go together");
   return c;
 }
 

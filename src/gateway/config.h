@@ -101,6 +101,9 @@ struct GatewayConfig {
   bool access_log = true;  // one JSON line per request
   int io_threads = 2;
   std::size_t max_connections = 10000;
+  // API keys (keys.h): with keys_db set, every API request needs a valid key. Read at start;
+  // changing them takes a restart.
+  std::string keys_db, key_secret_file;
 
   const ModelConfig* find_model(const std::string& name) const;
 };

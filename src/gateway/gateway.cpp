@@ -6,9 +6,11 @@
 #include <boost/asio/signal_set.hpp>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <variant>
 
 #include "gateway/access_log.h"
 #include "gateway/errors.h"
+#include "gateway/keys.h"
 #include "gateway/monitor.h"
 #include "gateway/proxy.h"
 #include "server/http/asio.h"
@@ -108,6 +110,8 @@ struct Gateway::Impl : http::Application {
   std::unique_ptr<http::Transport> transport;
   std::unique_ptr<State> state;
   std::unique_ptr<Monitor> monitor;
+  std::unique_ptr<KeyIndex> keys;  // with keys_db: every API request needs one of them
+  std::optional<net::steady_timer> keys_timer;
   std::optional<net::signal_set> hangup;
   std::mutex reload_mu;
 
@@ -119,6 +123,10 @@ struct Gateway::Impl : http::Application {
     if (path == "/health") return ex.reply({.status = 200, .content_type = "text/plain", .body = "ok\n"});
     if (path == "/ready") return ready(ex, *snap);
     if (path == "/metrics") return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = render_metrics(*snap)});
+    if (keys && path.starts_with("/v1/")) {  // OpenAI's API asks for the key on every route
+      auto a = authenticate(req, "");
+      if (auto* r = std::get_if<http::Response>(&a)) return ex.reply(std::move(*r));
+    }
     if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return models(ex, *snap);
     if (path == "/admin/reload") {
       if (req.method != "POST") return ex.reply(error_response(405, "use POST", "method_not_allowed"));
@@ -146,9 +154,24 @@ struct Gateway::Impl : http::Application {
     if (!fields.model) return refuse(error_response(400, "'model' is required", "invalid_request"), "", "no_model");
     const auto* model = snap->config.find_model(*fields.model);
     if (!model) return refuse(error_response(404, "the model does not exist", "model_not_found"), "", "model_not_found");
+    std::optional<KeyRecord> key;
+    if (keys) {
+      auto a = authenticate(req, model->name);
+      if (auto* r = std::get_if<http::Response>(&a)) {
+        const int status = r->status;
+        return refuse(std::move(*r), model->name, status == 403 ? "model_not_allowed" : "invalid_api_key");
+      }
+      key = std::move(std::get<std::optional<KeyRecord>>(a));
+    }
     RouteInfo info;
     if (model->policy == Policy::kPrefixAware) info.prompt = prompt_text(nlohmann::json::parse(req.body, nullptr, false));
     info.lane = req.header("x-lmserve-lane");
+    if (key) {
+      info.key_id = key->id;
+      info.tenant = key->tenant;
+      info.drop_authorization = true;  // the gateway's key is not the replica's
+      if (!key->lane.empty()) info.lane = key->lane;  // the key's lane, whatever the client asked
+    }
     if (!model->canary.header.empty()) info.header_version = req.header(model->canary.header);
     if (model->canary.sticky == CanaryConfig::Sticky::kUser) info.sticky_key = fields.user;
     if (model->canary.sticky == CanaryConfig::Sticky::kHeader) info.sticky_key = req.header(model->canary.sticky_header);
@@ -184,6 +207,34 @@ struct Gateway::Impl : http::Application {
     while (state->in_flight.load() > 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     monitor->stop();
     state->deadlines.stop();
+    if (keys_timer) net::post(state->ioc, [this] { keys_timer->cancel(); });
+  }
+
+  // The key table is read again every 500 ms when it changed: a revoked key stops within that.
+  void refresh_keys() {
+    keys_timer->expires_after(std::chrono::milliseconds(500));
+    keys_timer->async_wait([this](const boost::system::error_code& ec) {
+      if (ec || transport->draining()) return;
+      if (auto st = keys->refresh(); !st.is_ok()) spdlog::error("gateway: {} (keeping the keys read before)", st.message());
+      refresh_keys();
+    });
+  }
+
+  // The request's key, when keys are on: its record, or the answer that refuses the request.
+  std::variant<std::optional<KeyRecord>, http::Response> authenticate(const http::Request& req, const std::string& model) {
+    if (!keys) return std::optional<KeyRecord>();
+    auto auth = req.header("authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    if (auth.size() <= kBearer.size() || strncasecmp(auth.data(), kBearer.data(), kBearer.size()) != 0) {
+      return error_response(401, "an API key is required: Authorization: Bearer sk-lms-...", "invalid_api_key");
+    }
+    auto k = keys->find(auth.substr(kBearer.size()));
+    if (!k) return error_response(401, "the API key is not valid", "invalid_api_key");
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (k->revoked_at != 0) return error_response(401, "the API key has been revoked", "invalid_api_key");
+    if (!k->valid_at(now)) return error_response(401, "the API key has expired", "invalid_api_key");
+    if (!model.empty() && !k->may_use(model)) return error_response(403, "the API key may not use this model", "model_not_allowed");
+    return k;
   }
 
   // ---- routes -------------------------------------------------------------------------------
@@ -238,8 +289,8 @@ struct Gateway::Impl : http::Application {
     const auto old_snap = state->current();
     const auto& old = old_snap->config;
     if (c->listen_host != old.listen_host || (options.port_override < 0 && c->listen_port != old.listen_port) || c->io_threads != old.io_threads ||
-        c->max_connections != old.max_connections) {
-      spdlog::warn("gateway: listen, io_threads and max_connections take effect at the next start");
+        c->max_connections != old.max_connections || c->keys_db != old.keys_db || c->key_secret_file != old.key_secret_file) {
+      spdlog::warn("gateway: listen, io_threads, max_connections, keys_db and key_secret_file take effect at the next start");
     }
     c->listen_host = old.listen_host;
     c->listen_port = old.listen_port;
@@ -277,6 +328,13 @@ Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
   impl->state = std::make_unique<State>(http::context_of(*impl->transport));
   impl->state->set(std::make_shared<Snapshot>(std::move(*c)));
   impl->monitor = std::make_unique<Monitor>(*impl->state);
+  const auto& cfg = impl->state->current()->config;
+  if (!cfg.keys_db.empty()) {
+    auto keys = KeyIndex::open(cfg.keys_db, cfg.key_secret_file);
+    if (!keys) return error(keys.error());
+    impl->keys = std::move(*keys);
+    impl->keys_timer.emplace(impl->state->ioc);
+  }
   return std::unique_ptr<Gateway>(new Gateway(std::move(impl)));
 }
 
@@ -284,6 +342,7 @@ Status Gateway::start() {
   Monitor::resolve_now(*impl_->state, impl_->state->current()->config);
   LMSERVE_RETURN_IF_ERROR(impl_->transport->start());
   impl_->monitor->start();
+  if (impl_->keys) net::post(impl_->state->ioc, [impl = impl_.get()] { impl->refresh_keys(); });
   return Status::ok();
 }
 

@@ -275,9 +275,11 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     out_.reserve(size);
     out_.append(req.method).append(" ").append(req.target).append(" HTTP/1.1\r\nHost: ").append(replica_->host_port()).append("\r\n");
     for (const auto& [k, v] : req.headers) {
-      if (hop_by_hop(k) || iequals(k, "x-forwarded-for")) continue;
+      if (hop_by_hop(k) || iequals(k, "x-forwarded-for") || iequals(k, "x-lmserve-lane")) continue;
+      if (info_.drop_authorization && iequals(k, "authorization")) continue;
       out_.append(k).append(": ").append(v).append("\r\n");
     }
+    if (!info_.lane.empty()) out_.append("x-lmserve-lane: ").append(info_.lane).append("\r\n");
     const auto ct = req.header("content-type");
     if (!ct.empty()) out_.append("Content-Type: ").append(ct).append("\r\n");
     const auto xff = req.header("x-forwarded-for");
@@ -588,7 +590,8 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
       const auto& req = ex_.request();
       write_access_log({.id = id_, .model = model_.name, .backend = backend, .version = version_, .path = req.path, .client = req.remote_address,
                         .error = !failed_mid_stream_.empty() ? failed_mid_stream_ : status >= 500 ? last_failure_ : "",
-                        .status = status, .stream = streamed_, .retries = retries_, .ttft_s = ttft_, .total_s = total});
+                        .key_id = info_.key_id, .tenant = info_.tenant, .status = status, .stream = streamed_, .retries = retries_,
+                        .ttft_s = ttft_, .total_s = total});
     }
   }
 

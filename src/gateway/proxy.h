@@ -25,10 +25,14 @@ namespace lmserve::gateway {
 // What the gateway reads from a request's JSON body and headers to route it.
 struct RouteInfo {
   std::string prompt;        // prompt text or the messages' contents (prefix_aware)
-  std::string lane;          // x-lmserve-lane
+  std::string lane;          // sent upstream as x-lmserve-lane: the client's, or the key's
   std::string header_version;  // the canary header's value
   std::string sticky_key;
   std::string session_key;
+  // With API keys: the key's id and tenant (for the log), and the client's Authorization header
+  // kept from the replica.
+  std::string key_id, tenant;
+  bool drop_authorization = false;
 };
 
 // Starts proxying `exchange` for `model` (its answer follows on the exchange's thread).

@@ -73,6 +73,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Bad{"listen: 1.2.3.4:80", "models: is required"},
                       Bad{"models: []", "models: must be a non-empty list"},
                       Bad{"modles: []", "modles: unknown key"},
+                      Bad{"keys_db: /tmp/k.sqlite\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "key_secret_file: keys_db and key_secret_file go together"},
+                      Bad{"key_secret_file: /tmp/s\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "keys_db: keys_db and key_secret_file go together"},
                       Bad{"models: [{backends: [{url: 'http://a:1'}]}]", "models[0].name: is required"},
                       Bad{"models: [{name: m}]", "models[0].backends: is required"},
                       Bad{"models: [{name: m, backends: [{url: 'https://a:1'}]}]", "models[0].backends[0].url: must start with http://"},

@@ -56,6 +56,11 @@ void FakeUpstream::handle(http::Exchange ex) {
                              "\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.1\n"});
   }
   ++requests;
+  {
+    std::lock_guard lock(seen_mu);
+    seen_lane = req.header("x-lmserve-lane");
+    seen_authorization = req.header("authorization");
+  }
   const auto j = nlohmann::json::parse(req.body, nullptr, false);
   const bool stream = !j.is_discarded() && j.value("stream", false);
   ex.watch_disconnect([this] { ++disconnects; });

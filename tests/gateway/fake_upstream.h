@@ -47,6 +47,9 @@ class FakeUpstream : public server::http::Application {
   std::atomic<std::int64_t> disconnects{0};  // clients (the gateway) gone before the end
   std::atomic<std::int64_t> waiting{0};      // queued behind max_concurrent
   std::atomic<std::int64_t> events_sent{0};  // streamed events handed to the transport
+  // The last completion request's x-lmserve-lane and Authorization headers.
+  std::mutex seen_mu;
+  std::string seen_lane, seen_authorization;
 
   void handle(server::http::Exchange ex) override;
   server::http::Response error_response(server::http::TransportError) override;

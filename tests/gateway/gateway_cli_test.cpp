@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -80,6 +81,49 @@ TEST_F(GatewayCliTest, ABadFileIsRefusedNamingTheKeyAndCheckPrintsTheConfigurati
   EXPECT_NE(r.output.find("listen 127.0.0.1:9123"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("model m: kv_aware, 2 backend(s)"), std::string::npos) << r.output;
   EXPECT_EQ(run_gateway({"--config", "/nonexistent/gateway.yaml"}).code, 2);
+}
+
+TEST_F(GatewayCliTest, KeysAreMadeListedMaskedRotatedAndRevoked) {
+  const auto dir = fs::temp_directory_path() / ("lmserve_gw_cli_keys_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string db = (dir / "keys.sqlite").string(), secret = (dir / "secret").string();
+  std::ofstream(secret) << std::string(40, 'q') << "\n";
+  const std::vector<std::string> where{"--db", db, "--key-secret-file", secret};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.end(), where.begin(), where.end());
+    return run_gateway(args);
+  };
+  auto made = with({"keys", "add", "--tenant", "compliance", "--models", "m,n", "--lane", "high", "--rpm", "60", "--expires", "2099-01-01"});
+  ASSERT_EQ(made.code, 0) << made.output;
+  std::smatch km;
+  ASSERT_TRUE(std::regex_search(made.output, km, std::regex("sk-lms-[0-9A-Za-z]{43}"))) << made.output;
+  const std::string key = km.str();
+  std::smatch im;
+  ASSERT_TRUE(std::regex_search(made.output, im, std::regex("key_[0-9a-f]{12}"))) << made.output;
+  const std::string id = im.str();
+  auto listed = with({"keys", "list"});
+  EXPECT_EQ(listed.code, 0) << listed.output;
+  EXPECT_EQ(listed.output.find(key), std::string::npos) << "list shows the key";
+  EXPECT_NE(listed.output.find(key.substr(0, 11) + "..." + key.substr(key.size() - 4)), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("models=m,n lane=high rpm=60"), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("expires=2099-01-01T00:00:00Z active"), std::string::npos) << listed.output;
+  auto rotated = with({"keys", "rotate", key, "--grace-seconds", "60"});
+  ASSERT_EQ(rotated.code, 0) << rotated.output;
+  EXPECT_EQ(rotated.output.find(key), std::string::npos);
+  EXPECT_NE(with({"keys", "list"}).output.find("replaced_by=key_"), std::string::npos);
+  auto revoked = with({"keys", "revoke", id});
+  EXPECT_EQ(revoked.code, 0) << revoked.output;
+  EXPECT_NE(with({"keys", "list"}).output.find(id), std::string::npos);
+  EXPECT_NE(with({"keys", "list"}).output.find("revoked"), std::string::npos);
+  EXPECT_EQ(with({"keys", "revoke", "key_000000000000"}).code, 2);
+  EXPECT_EQ(with({"keys", "add", "--tenant", "t", "--lane", "urgent"}).code != 0, true);
+  EXPECT_EQ(with({"keys", "add", "--tenant", "t", "--expires", "2001-01-01"}).code, 2);
+  std::ofstream(secret) << std::string(40, 'z') << "\n";  // another secret: refused, not silently empty
+  auto wrong = with({"keys", "list"});
+  EXPECT_EQ(wrong.code, 2);
+  EXPECT_NE(wrong.output.find("not the secret"), std::string::npos) << wrong.output;
+  EXPECT_EQ(run_gateway({}).code, 2);  // neither --config nor keys
+  fs::remove_all(dir);
 }
 
 TEST_F(GatewayCliTest, LogsOneJsonLinePerRequestReloadsOnSighupAndStopsOnSigterm) {

@@ -4,6 +4,7 @@
 // under load, and kv_aware against round_robin on a skewed load. Real `lmserve serve` replicas
 // are in gateway_serve_test.cpp.
 #include "gateway/gateway.h"
+#include "gateway/keys.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -70,7 +71,8 @@ class GatewayTest : public ::testing::Test {
   void write_config(const std::string& models, const std::string& extra = "") {
     const auto tmp = config_path_ + ".tmp";
     const bool own_health = extra.find("health:") != std::string::npos;
-    std::ofstream(tmp) << "listen: 127.0.0.1:0\naccess_log: false\nscrape_interval_ms: 20\n"
+    const bool own_log = extra.find("access_log:") != std::string::npos;
+    std::ofstream(tmp) << "listen: 127.0.0.1:0\n" << (own_log ? "" : "access_log: false\n") << "scrape_interval_ms: 20\n"
                        << (own_health ? "" : "health: {interval_ms: 50, fail_after: 2, pass_after: 2}\n") << extra << "\nmodels:\n"
                        << models;
     std::filesystem::rename(tmp, config_path_);
@@ -490,6 +492,72 @@ TEST_F(GatewayTest, OwnRoutesAnswerAndBadRequestsGetOpenAiErrors) {
   auto r = c.send(post(completion()));
   EXPECT_EQ(r.status, 503);
   EXPECT_FALSE(r.header("retry-after").empty());
+}
+
+// API keys (issue #30's first part): every /v1 route needs a valid key; the key's models and lane
+// hold; a revoked key fails within a second; no key reaches the replica, the log or /metrics.
+TEST_F(GatewayTest, ApiKeysGateTheRoutesSetTheLaneAndNeverLeak) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lmserve_gw_keys_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string secret(48, 'k'), db = (dir / "keys.sqlite").string(), secret_path = (dir / "secret").string();
+  std::ofstream(secret_path) << secret;
+  auto store = KeyStore::open(db, secret);
+  ASSERT_TRUE(store) << store.error().message();
+  auto all = (*store)->add({.tenant = "compliance", .lane = "high"}, 1);
+  auto other = (*store)->add({.tenant = "retrieval", .models = {"other"}}, 1);
+  auto doomed = (*store)->add({.tenant = "retrieval"}, 1);
+  ASSERT_TRUE(all && other && doomed);
+  auto& a = fake("a");
+  ::testing::internal::CaptureStdout();
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()), "access_log: true\nkeys_db: " + db + "\nkey_secret_file: " + secret_path + "\n");
+  Client c(port_);
+  auto bearer = [](const std::string& k) { return std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + k}}; };
+  const std::string body = R"({"model":"m","prompt":"hi"})";
+
+  auto none = c.send(post(body));
+  EXPECT_EQ(none.status, 401);
+  EXPECT_NE(none.body.find("\"invalid_api_key\""), std::string::npos) << none.body;
+  EXPECT_EQ(c.send(post(body, bearer("sk-lms-" + std::string(43, 'x')))).status, 401);
+  EXPECT_EQ(c.send(post(body, {{"Authorization", "Basic abc"}})).status, 401);
+  EXPECT_EQ(c.send({.method = "GET", .path = "/v1/models"}).status, 401);
+  EXPECT_EQ(c.send({.method = "GET", .path = "/v1/models", .headers = bearer(all->first)}).status, 200);
+  EXPECT_EQ(a.requests.load(), 0);  // nothing refused reached the replica
+
+  auto headers = bearer(all->first);
+  headers.emplace_back("x-lmserve-lane", "low");  // the key's lane wins
+  auto ok = c.send(post(body, headers));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  {
+    std::lock_guard lock(a.seen_mu);
+    EXPECT_EQ(a.seen_lane, "high");
+    EXPECT_EQ(a.seen_authorization, "");  // the gateway's key stays with the gateway
+  }
+  auto forbidden = c.send(post(body, bearer(other->first)));
+  EXPECT_EQ(forbidden.status, 403);
+  EXPECT_NE(forbidden.body.find("\"model_not_allowed\""), std::string::npos) << forbidden.body;
+
+  EXPECT_EQ(c.send(post(body, bearer(doomed->first))).status, 200);
+  ASSERT_TRUE((*store)->revoke(doomed->second.id, 2));
+  const auto revoked_at = std::chrono::steady_clock::now();
+  while (c.send(post(body, bearer(doomed->first))).status == 200 && since(revoked_at) < 5000) std::this_thread::sleep_for(Ms(10));
+  const double took = since(revoked_at);
+  std::fprintf(stderr, "a revoked key failed %.0f ms after the revocation\n", took);
+  EXPECT_LT(took, 1000);
+  auto gone = c.send(post(body, bearer(doomed->first)));
+  EXPECT_EQ(gone.status, 401);
+  EXPECT_NE(gone.body.find("revoked"), std::string::npos) << gone.body;
+
+  const auto m = metrics();
+  stop_gateway();
+  const std::string log = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(log.find("\"key_id\":\"" + all->second.id + "\""), std::string::npos) << log;
+  EXPECT_NE(log.find("\"tenant\":\"compliance\""), std::string::npos);
+  for (const auto* k : {&all->first, &other->first, &doomed->first}) {
+    EXPECT_EQ(log.find(*k), std::string::npos) << "a key in the access log";
+    EXPECT_EQ(log.find(k->substr(7)), std::string::npos);
+    EXPECT_EQ(m.find(k->substr(7)), std::string::npos) << "a key in /metrics";
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(GatewayTest, KvAwareBeatsRoundRobinWhenOneReplicaIsSlow) {
