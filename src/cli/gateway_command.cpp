@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "gateway/audit.h"
 #include "gateway/gateway.h"
 #include "gateway/keys.h"
 
@@ -131,9 +132,24 @@ Command add_gateway_command(CLI::App& app) {
   auto which = std::make_shared<std::string>();
   app.add_option("--config", o->config, "the gateway's YAML file (models, backends, policies, timeouts, health)");
   add_keys_commands(app, k, which);
+  auto audit_dir = std::make_shared<std::string>();
+  auto* audit = app.add_subcommand("audit", "the audit trail: verify");
+  audit->require_subcommand(1);
+  auto* verify = audit->add_subcommand("verify", "check a directory's hash chain; name the first record that breaks it");
+  verify->add_option("dir", *audit_dir, "the audit directory (the config's audit.dir)")->required();
+  verify->callback([which] { *which = "audit verify"; });
   app.add_option("--port", o->port, "listen on this port instead of the file's `listen` port (0: any free port)");
   app.add_flag("--check", o->check, "validate the configuration, print it back in brief, and exit");
-  return [o, k, which]() {
+  return [o, k, which, audit_dir]() {
+    if (*which == "audit verify") {
+      const auto v = gateway::verify_audit(*audit_dir);
+      if (!v.ok) {
+        std::printf("broken: %s (%llu records verified before it)\n", v.broken.c_str(), static_cast<unsigned long long>(v.records));
+        return 1;
+      }
+      std::printf("ok: %llu records in %llu segments\n", static_cast<unsigned long long>(v.records), static_cast<unsigned long long>(v.segments));
+      return 0;
+    }
     if (!which->empty()) return run_keys(*k, *which);
     if (o->config.empty()) {
       std::fprintf(stderr, "lmserve gateway: --config is required\n");

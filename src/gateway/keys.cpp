@@ -235,7 +235,7 @@ Result<std::pair<std::string, KeyRecord>> KeyStore::add(const NewKey& spec, std:
 
 std::vector<KeyRecord> KeyStore::list() {
   std::vector<KeyRecord> out;
-  Stmt s(db_->handle, (std::string("SELECT ") + kColumns + " FROM keys ORDER BY created_at, id").c_str());
+  Stmt s(db_->handle, (std::string("SELECT ") + kColumns + " FROM keys ORDER BY created_at, rowid").c_str());
   while (s.step() == SQLITE_ROW) out.push_back(row(s));
   return out;
 }

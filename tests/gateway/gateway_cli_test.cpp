@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "client.h"
+#include "gateway/audit.h"
 #include "fake_upstream.h"
 #include "test_paths.h"
 
@@ -123,6 +124,29 @@ TEST_F(GatewayCliTest, KeysAreMadeListedMaskedRotatedAndRevoked) {
   EXPECT_EQ(wrong.code, 2);
   EXPECT_NE(wrong.output.find("not the secret"), std::string::npos) << wrong.output;
   EXPECT_EQ(run_gateway({}).code, 2);  // neither --config nor keys
+  fs::remove_all(dir);
+}
+
+TEST_F(GatewayCliTest, AuditVerifySaysOkOrNamesTheFirstBrokenRecord) {
+  const auto dir = fs::temp_directory_path() / ("lmserve_gw_cli_audit_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    auto log = gateway::AuditLog::open(dir.string(), {});
+    ASSERT_TRUE(log) << log.error().message();
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE((*log)->append({{"id", i}, {"tenant", "t"}}).is_ok());
+  }
+  auto ok = run_gateway({"audit", "verify", dir.string()});
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("ok: 5 records in 1 segments"), std::string::npos) << ok.output;
+  const auto seg = dir / "audit-000001.jsonl";
+  std::string text = slurp(seg.string());
+  const auto at = text.find("\"id\":3");
+  ASSERT_NE(at, std::string::npos);
+  text[at + 5] = '7';
+  std::ofstream(seg, std::ios::trunc) << text;
+  auto broken = run_gateway({"audit", "verify", dir.string()});
+  EXPECT_EQ(broken.code, 1) << broken.output;
+  EXPECT_NE(broken.output.find("broken: audit-000001.jsonl:4: its hash does not match"), std::string::npos) << broken.output;
   fs::remove_all(dir);
 }
 

@@ -1,0 +1,249 @@
+#include "gateway/audit.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <openssl/sha.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+namespace lmserve::gateway {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kGenesis(64, '0');
+
+std::string segment_name(std::uint64_t n) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "audit-%06llu.jsonl", static_cast<unsigned long long>(n));
+  return buf;
+}
+
+// The segments in a directory, by number.
+std::vector<std::pair<std::uint64_t, fs::path>> segments(const std::string& dir) {
+  std::vector<std::pair<std::uint64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file()) continue;  // (a device would be read forever)
+    const auto name = e.path().filename().string();
+    unsigned long long n = 0;
+    char tail[8] = {0};
+    if (std::sscanf(name.c_str(), "audit-%6llu.%5s", &n, tail) == 2 && std::string(tail) == "jsonl" && name.size() == 18) out.emplace_back(n, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string line_hash(const std::string& prev, const nlohmann::json& rec) { return sha256_hex(prev + rec.dump()); }
+
+// Walks one segment's lines, checking the chain from `hash`; returns false with `why` (and the
+// line number) at the first break. `sealed` tells whether it ended with its seal.
+bool walk(const fs::path& path, std::string& hash, std::uint64_t& records, bool& sealed, std::uint64_t& line_no, std::string& why) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    why = "cannot be read";
+    return false;
+  }
+  sealed = false;
+  std::uint64_t in_segment = 0;
+  line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (sealed) {
+      why = "a line after the seal";
+      return false;
+    }
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      why = "not a JSON object";
+      return false;
+    }
+    if (j.contains("seal")) {
+      if (!j["seal"].is_string() || j["seal"] != hash || !j.contains("records") || j["records"] != in_segment) {
+        why = "the seal does not match the records before it";
+        return false;
+      }
+      sealed = true;
+      continue;
+    }
+    if (!j.contains("prev") || !j.contains("rec") || !j.contains("hash") || !j["prev"].is_string() || !j["hash"].is_string() || !j["rec"].is_object()) {
+      why = "not an audit record";
+      return false;
+    }
+    if (j["prev"] != hash) {
+      why = "the previous hash does not match (a record before it was changed, removed or moved)";
+      return false;
+    }
+    if (j["hash"] != line_hash(hash, j["rec"])) {
+      why = "its hash does not match its content (the record was changed)";
+      return false;
+    }
+    hash = j["hash"].get<std::string>();
+    ++in_segment;
+    ++records;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string sha256_hex(std::string_view data) {
+  unsigned char md[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(2 * SHA256_DIGEST_LENGTH, '0');
+  for (int i = 0; i < SHA256_DIGEST_LENGTH; ++i) {
+    out[2 * i] = kDigits[md[i] >> 4];
+    out[2 * i + 1] = kDigits[md[i] & 15];
+  }
+  return out;
+}
+
+AuditVerdict verify_audit(const std::string& dir) {
+  AuditVerdict v;
+  if (!fs::is_directory(dir)) {
+    v.broken = dir + ": not a directory";
+    return v;
+  }
+  const auto segs = segments(dir);
+  std::string hash = kGenesis;
+  std::uint64_t expect = segs.empty() ? 0 : segs.front().first;
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    const auto& [n, path] = segs[i];
+    const auto name = path.filename().string();
+    if (n != expect) {
+      v.broken = segment_name(expect) + ": missing (the segments jump to " + name + ")";
+      return v;
+    }
+    ++expect;
+    bool sealed = false;
+    std::uint64_t line = 0;
+    std::string why;
+    if (!walk(path, hash, v.records, sealed, line, why)) {
+      v.broken = name + ":" + std::to_string(line) + ": " + why;
+      return v;
+    }
+    if (!sealed && i + 1 < segs.size()) {
+      v.broken = name + ": not sealed, yet another segment follows";
+      return v;
+    }
+    ++v.segments;
+  }
+  v.ok = true;
+  return v;
+}
+
+Result<std::unique_ptr<AuditLog>> AuditLog::open(const std::string& dir, Options options) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir)) return error(StatusCode::kUnavailable, "audit.dir: cannot create " + dir);
+  std::unique_ptr<AuditLog> log(new AuditLog());
+  log->dir_ = dir;
+  log->opt_ = options;
+  log->last_hash_ = kGenesis;
+  const auto segs = segments(dir);
+  if (segs.empty()) {
+    log->segment_ = 1;
+  } else {
+    // Go on from the chain there; it must hold (only the last segment is walked: the rest is
+    // for `audit verify`).
+    const auto& [n, path] = segs.back();
+    std::string hash;
+    if (segs.size() == 1) {
+      hash = kGenesis;
+    } else {
+      // The previous segment's seal is where this one starts.
+      std::ifstream in(segs[segs.size() - 2].second, std::ios::binary);
+      std::string line, last;
+      while (std::getline(in, line)) last = line;
+      const auto j = nlohmann::json::parse(last, nullptr, false);
+      if (j.is_discarded() || !j.contains("seal")) return error(StatusCode::kDataLoss, "audit.dir: " + segs[segs.size() - 2].second.string() + " is not sealed");
+      hash = j["seal"].get<std::string>();
+    }
+    std::uint64_t records = 0, line = 0;
+    bool sealed = false;
+    std::string why;
+    if (!walk(path, hash, records, sealed, line, why)) {
+      return error(StatusCode::kDataLoss, "audit.dir: " + path.filename().string() + ":" + std::to_string(line) + ": " + why);
+    }
+    log->last_hash_ = hash;
+    log->segment_ = sealed ? n + 1 : n;
+    log->in_segment_ = sealed ? 0 : records;
+  }
+  if (auto st = log->begin_segment(); !st.is_ok()) return error(st);
+  return log;
+}
+
+AuditLog::~AuditLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status AuditLog::begin_segment() {
+  const auto path = (fs::path(dir_) / segment_name(segment_)).string();
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+  if (fd_ < 0) return Status(StatusCode::kUnavailable, "audit: cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  segment_size_ = ::fstat(fd_, &st) == 0 ? static_cast<std::size_t>(st.st_size) : 0;
+  return Status::ok();
+}
+
+// Writes all of `line` or fails; a short write is undone (the chain stays whole).
+static Status write_line(int fd, const std::string& line, bool sync, std::size_t size_before) {
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      if (done > 0) (void)::ftruncate(fd, static_cast<off_t>(size_before));
+      return Status(StatusCode::kUnavailable, std::string("audit: cannot write a record: ") + std::strerror(err));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (sync && ::fdatasync(fd) != 0) return Status(StatusCode::kUnavailable, std::string("audit: cannot sync a record: ") + std::strerror(errno));
+  return Status::ok();
+}
+
+Status AuditLog::seal() {
+  const std::string line = nlohmann::json{{"seal", last_hash_}, {"records", in_segment_}}.dump() + "\n";
+  if (auto st = write_line(fd_, line, true, segment_size_); !st.is_ok()) return st;
+  ::close(fd_);
+  fd_ = -1;
+  ++segment_;
+  in_segment_ = 0;
+  return begin_segment();
+}
+
+Status AuditLog::append(const nlohmann::json& rec) {
+  std::lock_guard lock(mu_);
+  if (fd_ < 0) {
+    if (auto st = begin_segment(); !st.is_ok()) return st;
+  }
+  const auto hash = line_hash(last_hash_, rec);
+  const std::string line = nlohmann::json{{"prev", last_hash_}, {"rec", rec}, {"hash", hash}}.dump() + "\n";
+  if (auto st = write_line(fd_, line, opt_.sync, segment_size_); !st.is_ok()) return st;
+  segment_size_ += line.size();
+  last_hash_ = hash;
+  ++in_segment_;
+  ++appended_;
+  if (segment_size_ >= opt_.segment_bytes) {
+    // The record is in: a seal that fails is tried again at the next record.
+    if (auto st = seal(); !st.is_ok()) spdlog::error("{}", st.message());
+  }
+  return Status::ok();
+}
+
+std::uint64_t AuditLog::records() const {
+  std::lock_guard lock(mu_);
+  return appended_;
+}
+
+}  // namespace lmserve::gateway
