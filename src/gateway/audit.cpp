@@ -1,8 +1,9 @@
 #include "gateway/audit.h"
 
+#include "gateway/digest.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <openssl/sha.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -94,18 +95,6 @@ bool walk(const fs::path& path, std::string& hash, std::uint64_t& records, bool&
 }
 
 }  // namespace
-
-std::string sha256_hex(std::string_view data) {
-  unsigned char md[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * SHA256_DIGEST_LENGTH, '0');
-  for (int i = 0; i < SHA256_DIGEST_LENGTH; ++i) {
-    out[2 * i] = kDigits[md[i] >> 4];
-    out[2 * i + 1] = kDigits[md[i] & 15];
-  }
-  return out;
-}
 
 AuditVerdict verify_audit(const std::string& dir) {
   AuditVerdict v;

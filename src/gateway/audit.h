@@ -27,9 +27,6 @@
 
 namespace lmserve::gateway {
 
-// SHA-256 of `data` as 64 hex digits.
-std::string sha256_hex(std::string_view data);
-
 class AuditLog {
  public:
   struct Options {

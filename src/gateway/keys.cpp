@@ -1,14 +1,15 @@
 #include "gateway/keys.h"
 
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <sqlite3.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <sstream>
+
+#include "common/file.h"
+#include "gateway/digest.h"
 
 namespace lmserve::gateway {
 
@@ -17,16 +18,6 @@ namespace {
 constexpr char kPrefix[] = "sk-lms-";
 constexpr std::size_t kPrefixLen = sizeof(kPrefix) - 1;
 constexpr std::size_t kRandomChars = 43;  // base62: about 256 bits
-
-std::string hex(const unsigned char* p, std::size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (std::size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[p[i] >> 4];
-    out[2 * i + 1] = kDigits[p[i] & 15];
-  }
-  return out;
-}
 
 Result<std::string> random_base62(std::size_t n) {
   static constexpr char kAlphabet[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
@@ -44,7 +35,7 @@ Result<std::string> random_base62(std::size_t n) {
 Result<std::string> random_hex(std::size_t bytes) {
   unsigned char buf[32];
   if (bytes > sizeof buf || RAND_bytes(buf, static_cast<int>(bytes)) != 1) return error(StatusCode::kInternal, "no random bytes from OpenSSL");
-  return hex(buf, bytes);
+  return to_hex(buf, bytes);
 }
 
 std::string mask(const std::string& key) { return key.substr(0, kPrefixLen + 4) + "..." + key.substr(key.size() - 4); }
@@ -73,20 +64,15 @@ constexpr char kCheckText[] = "lmserve gateway key secret check";
 bool KeyRecord::may_use(const std::string& model) const { return models.empty() || std::find(models.begin(), models.end(), model) != models.end(); }
 
 Result<std::string> read_key_secret(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return error(StatusCode::kInvalidArgument, "key_secret_file: cannot read " + path);
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto bytes = read_file(path);
+  if (!bytes) return error(StatusCode::kInvalidArgument, "key_secret_file: cannot read " + path);
+  std::string secret = std::move(*bytes);
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.size() < 32) return error(StatusCode::kInvalidArgument, "key_secret_file: " + path + " holds fewer than 32 bytes");
   return secret;
 }
 
-std::string key_digest(const std::string& secret, const std::string& key) {
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(key.data()), key.size(), out, &len);
-  return hex(out, len);
-}
+std::string key_digest(const std::string& secret, const std::string& key) { return hmac_sha256_hex(secret, key); }
 
 Result<std::int64_t> parse_expiry(const std::string& text) {
   std::tm tm{};

@@ -3,10 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/container/small_vector.hpp>
-#include <nlohmann/json.hpp>
 #include <cstring>
 #include <random>
 #include <strings.h>

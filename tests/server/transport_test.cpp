@@ -181,6 +181,24 @@ class TransportTest : public ::testing::Test {
     return out;
   }
 
+  // Sends `bytes` on a new connection and reads everything until the server ends it: the raw
+  // text, and how the reading ended.
+  std::pair<std::string, beast::error_code> read_until_closed(const std::string& bytes) {
+    net::io_context ioc;
+    tcp::socket s(ioc);
+    s.connect(endpoint());
+    net::write(s, net::buffer(bytes));
+    std::string got;
+    beast::error_code ec;
+    char buf[4096];
+    for (;;) {
+      const std::size_t n = s.read_some(net::buffer(buf), ec);
+      got.append(buf, n);
+      if (ec) break;
+    }
+    return {got, ec};
+  }
+
   TestApp app_;
   std::unique_ptr<Transport> transport_;
   std::thread thread_;
@@ -220,18 +238,7 @@ TEST_F(TransportTest, StreamedAnswersArriveInOrderAndTheConnectionGoesOn) {
 
 TEST_F(TransportTest, AnAbortedStreamCutsTheConnectionWithoutItsLastChunk) {
   start();
-  net::io_context ioc;
-  tcp::socket s(ioc);
-  s.connect(endpoint());
-  net::write(s, net::buffer(std::string("GET /abort HTTP/1.1\r\nHost: h\r\n\r\n")));
-  std::string got;
-  beast::error_code ec;
-  char buf[4096];
-  for (;;) {
-    const std::size_t n = s.read_some(net::buffer(buf), ec);
-    got.append(buf, n);
-    if (ec) break;
-  }
+  const auto [got, ec] = read_until_closed("GET /abort HTTP/1.1\r\nHost: h\r\n\r\n");
   EXPECT_EQ(ec, net::error::eof);
   EXPECT_NE(got.find("data: 1\n\n"), std::string::npos) << got;
   EXPECT_EQ(got.find("\r\n0\r\n\r\n"), std::string::npos) << "the last chunk was sent: " << got;
@@ -347,18 +354,7 @@ TEST_F(TransportTest, ShutdownDrainsTheApplicationThenReturnsFromRun) {
 
 TEST_F(TransportTest, HeadGetsTheLengthButNoBody) {
   start();
-  net::io_context ioc;
-  tcp::socket s(ioc);
-  s.connect(endpoint());
-  net::write(s, net::buffer(std::string("HEAD /echo HTTP/1.1\r\nHost: h\r\n\r\nGET /echo HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")));
-  std::string got;
-  beast::error_code ec;
-  char buf[4096];
-  for (;;) {
-    const std::size_t n = s.read_some(net::buffer(buf), ec);
-    got.append(buf, n);
-    if (ec) break;
-  }
+  const auto [got, ec] = read_until_closed("HEAD /echo HTTP/1.1\r\nHost: h\r\n\r\nGET /echo HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
   // The HEAD answer's head says how long the body would be; the next answer follows it at once.
   const auto second = got.find("HTTP/1.1 200", 1);
   ASSERT_NE(second, std::string::npos) << got;
@@ -370,18 +366,7 @@ TEST_F(TransportTest, HeadGetsTheLengthButNoBody) {
 
 TEST_F(TransportTest, AnHttp10StreamIsTheBodyUntilTheClose) {
   start();
-  net::io_context ioc;
-  tcp::socket s(ioc);
-  s.connect(endpoint());
-  net::write(s, net::buffer(std::string("GET /stream?n=3 HTTP/1.0\r\n\r\n")));
-  std::string got;
-  beast::error_code ec;
-  char buf[4096];
-  for (;;) {
-    const std::size_t n = s.read_some(net::buffer(buf), ec);
-    got.append(buf, n);
-    if (ec) break;
-  }
+  const auto [got, ec] = read_until_closed("GET /stream?n=3 HTTP/1.0\r\n\r\n");
   EXPECT_EQ(ec, net::error::eof);
   EXPECT_TRUE(got.starts_with("HTTP/1.0 200 OK\r\n")) << got;
   EXPECT_EQ(got.find("Transfer-Encoding"), std::string::npos) << got;  // HTTP/1.0 has no chunks

@@ -15,7 +15,6 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <charconv>
-#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <optional>
