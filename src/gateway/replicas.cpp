@@ -125,6 +125,12 @@ void Replica::close_idle() {
   }
 }
 
+ReplicaRegistry::~ReplicaRegistry() {
+  for (const auto& [_, list] : by_backend_) {
+    for (const auto& r : list) r->close_idle();
+  }
+}
+
 std::vector<std::shared_ptr<Replica>> ReplicaRegistry::of(const BackendConfig& backend) const {
   std::lock_guard lock(mu_);
   auto it = by_backend_.find(key(backend.host, backend.port));

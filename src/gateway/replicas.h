@@ -104,6 +104,12 @@ class Replica : public std::enable_shared_from_this<Replica> {
 // Every replica of every configured backend, by backend (host:port) and by address.
 class ReplicaRegistry {
  public:
+  ReplicaRegistry() = default;
+  // Closes every replica's idle connections: threads' views may keep a replica past the registry,
+  // and its pooled sockets must not outlive the io_contexts they belong to.
+  ~ReplicaRegistry();
+  ReplicaRegistry(const ReplicaRegistry&) = delete;
+  ReplicaRegistry& operator=(const ReplicaRegistry&) = delete;
   // The replicas a backend currently resolves to (empty until its name resolved).
   std::vector<std::shared_ptr<Replica>> of(const BackendConfig& backend) const;
   // The same from this thread's copy of the registry, refreshed when the registry changed: no lock

@@ -153,7 +153,9 @@ TEST_F(GatewayCliTest, AuditVerifySaysOkOrNamesTheFirstBrokenRecord) {
 TEST_F(GatewayCliTest, LogsOneJsonLinePerRequestReloadsOnSighupAndStopsOnSigterm) {
   lmserve::testing::FakeUpstream f("f");
   f.start();
-  write("listen: 127.0.0.1:0\nmodels:\n  - name: m\n    backends: [{url: '" + f.url() + "'}]\n");
+  // One I/O thread: the main thread's loop, whose thread-local state outlives the gateway (its
+  // pooled upstream connections once crashed the exit).
+  write("listen: 127.0.0.1:0\nio_threads: 1\nmodels:\n  - name: m\n    backends: [{url: '" + f.url() + "'}]\n");
   pid_ = fork();
   if (pid_ == 0) {
     int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -206,6 +208,17 @@ TEST_F(GatewayCliTest, LogsOneJsonLinePerRequestReloadsOnSighupAndStopsOnSigterm
   EXPECT_NE(slurp(log_).find("reload refused"), std::string::npos);
   EXPECT_EQ(c.send({.body = R"({"model":"m2","prompt":"x","max_tokens":1})"}).status, 200);
   c.reset();
+  // Concurrent calls leave many upstream connections pooled for the exit to close.
+  std::vector<std::thread> callers;
+  std::atomic<int> ok{0};
+  for (int t = 0; t < 32; ++t) {
+    callers.emplace_back([&] {
+      Client k(port);
+      for (int i = 0; i < 10; ++i) ok += k.send({.body = R"({"model":"m","prompt":"x","max_tokens":1})"}).status == 200;
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(ok, 320);
   kill(pid_, SIGTERM);
   int status = 0;
   waitpid(pid_, &status, 0);
