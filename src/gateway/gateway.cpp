@@ -228,7 +228,7 @@ struct Gateway::Impl : http::Application {
     if (auth.size() <= kBearer.size() || strncasecmp(auth.data(), kBearer.data(), kBearer.size()) != 0) {
       return error_response(401, "an API key is required: Authorization: Bearer sk-lms-...", "invalid_api_key");
     }
-    auto k = keys->find(auth.substr(kBearer.size()));
+    auto k = keys->find(std::string(auth.substr(kBearer.size())));
     if (!k) return error_response(401, "the API key is not valid", "invalid_api_key");
     const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     if (k->revoked_at != 0) return error_response(401, "the API key has been revoked", "invalid_api_key");

@@ -210,7 +210,7 @@ void OpenAiApp::generate(http::Exchange& ex, const ojson& body, bool chat, const
   if (!p.max_tokens_given) {
     p.params.max_tokens = std::max<std::int64_t>(1, engine_->options().scheduler.max_model_len - static_cast<std::int64_t>(prompt.size()));
   }
-  std::string lane = ex.request().header("x-lmserve-lane");
+  std::string lane(ex.request().header("x-lmserve-lane"));
   if (lane.empty()) lane = p.lane;
   const std::string lane_name = lane.empty() ? engine_->options().scheduler.lanes.back().name : lane;
   auto sub = engine_->submit({.prompt = prompt, .params = p.params, .lane = lane, .priority = p.priority, .cache_salt = p.cache_salt});

@@ -14,9 +14,9 @@ namespace lmserve::server {
 
 namespace {
 
-bool key_matches(const std::string& header, const std::string& key) {
-  const std::string prefix = "Bearer ";
-  if (header.size() != prefix.size() + key.size() || header.compare(0, prefix.size(), prefix) != 0) return false;
+bool key_matches(std::string_view header, const std::string& key) {
+  constexpr std::string_view prefix = "Bearer ";
+  if (header.size() != prefix.size() + key.size() || !header.starts_with(prefix)) return false;
   unsigned diff = 0;  // constant time over the key
   for (std::size_t i = 0; i < key.size(); ++i) diff |= static_cast<unsigned>(header[prefix.size() + i] ^ key[i]);
   return diff == 0;

@@ -32,7 +32,7 @@ class TestApp : public Application {
     ++handled;
     if (r.path == "/echo") {
       return ex.reply({.status = 200, .content_type = "text/plain",
-                       .body = r.method + " " + r.path + " " + r.header("x-test") + " " + r.body + " " + r.remote_address});
+                       .body = r.method + " " + r.path + " " + std::string(r.header("x-test")) + " " + r.body + " " + r.remote_address});
     }
     if (r.path == "/stream") {
       const int n = std::stoi(r.target.substr(r.target.find("n=") + 2));

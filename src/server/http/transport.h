@@ -80,8 +80,9 @@ struct Request {
   std::string body;
   bool keep_alive = true;
   std::string remote_address;  // the peer's IP address
-  // The first header of that name (case-insensitive); "" when there is none.
-  std::string header(std::string_view name) const;
+  // The first header of that name (case-insensitive); "" when there is none. A view into
+  // `headers`.
+  std::string_view header(std::string_view name) const;
 };
 
 struct Response {
