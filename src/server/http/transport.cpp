@@ -14,14 +14,12 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
-#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <deque>
 #include <optional>
 #include <strings.h>
 #include <thread>
-#include <type_traits>
 
 namespace lmserve::server::http {
 
@@ -342,63 +340,11 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void read_more() {
     if (reading_) return;  // its completion goes on from here
     reading_ = true;
-    if constexpr (std::is_same_v<Stream, Socket>) {
-      beast::error_code ec;
-      std::size_t n = 0;
-      if (!drained_now_ && try_receive(ec, n)) {  // there at once (as Asio's read would try)
-        net::post(socket().get_executor(), [self = this->shared_from_this(), ec, n] {
-          self->reading_ = false;
-          self->got(ec, n);
-        });
-        return;
-      }
-      return wait_then_read();
-    } else {
-      stream_.async_read_some(net::buffer(read_buf_), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
-        self->reading_ = false;
-        self->got(ec, n);
-      });
-    }
-  }
-
-  // A plain socket's reads: a readiness wait, then a non-blocking receive. A read right after one
-  // that found the socket drained, in a handler the reactor ran for it (drained_now_), waits at
-  // once: trying first would be a system call that finds nothing (the client is awaiting the
-  // answer) on every request. A wait started any later would miss bytes whose readiness the
-  // reactor reported while nothing was queued, so those try first.
-  void wait_then_read() {
-    socket().async_wait(tcp::socket::wait_read, [self = this->shared_from_this()](beast::error_code ec) {
-      std::size_t n = 0;
-      if (!ec && !self->try_receive(ec, n)) return self->wait_then_read();  // woken for nothing
+    stream_.async_read_some(net::buffer(read_buf_), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
       self->reading_ = false;
-      self->drained_now_ = !ec && n < self->read_buf_.size();
-      self->got(ec, n);
-      self->drained_now_ = false;
+      self->buffer_.commit(net::buffer_copy(self->buffer_.prepare(n), net::buffer(self->read_buf_.data(), n)));
+      self->on_bytes(ec, n);
     });
-  }
-
-  // One non-blocking receive into read_buf_: false when nothing is there.
-  bool try_receive(beast::error_code& ec, std::size_t& n) {
-    for (;;) {
-      const auto r = ::recv(socket().native_handle(), read_buf_.data(), read_buf_.size(), MSG_DONTWAIT);
-      if (r > 0) {
-        n = static_cast<std::size_t>(r);
-        return true;
-      }
-      if (r == 0) {
-        ec = net::error::eof;
-        return true;
-      }
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      ec = beast::error_code(errno, boost::system::system_category());
-      return true;
-    }
-  }
-
-  void got(beast::error_code ec, std::size_t n) {
-    buffer_.commit(net::buffer_copy(buffer_.prepare(n), net::buffer(read_buf_.data(), n)));
-    on_bytes(ec, n);
   }
 
   void on_bytes(beast::error_code ec, std::size_t n) {
@@ -615,7 +561,6 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   bool open_ = false, streaming_ = false, ending_ = false, writing_ = false, gone_ = false, watching_ = false;
   bool keep_alive_ = true, closed_ = false, aborting_ = false, chunked_ = true, head_pending_ = false, flush_scheduled_ = false;
   bool reading_ = false, awaiting_first_byte_ = false, peer_done_ = false;
-  bool drained_now_ = false;  // see wait_then_read()
   std::string head_out_, body_out_;       // the answer being written
   std::vector<std::string> pieces_;       // the stream's pieces in the write under way
   std::vector<net::const_buffer> buffers_;
