@@ -147,7 +147,8 @@ Command add_gateway_command(CLI::App& app) {
         std::printf("broken: %s (%llu records verified before it)\n", v.broken.c_str(), static_cast<unsigned long long>(v.records));
         return 1;
       }
-      std::printf("ok: %llu records in %llu segments\n", static_cast<unsigned long long>(v.records), static_cast<unsigned long long>(v.segments));
+      std::printf("ok: %llu record%s in %llu segment%s\n", static_cast<unsigned long long>(v.records), v.records == 1 ? "" : "s",
+                  static_cast<unsigned long long>(v.segments), v.segments == 1 ? "" : "s");
       return 0;
     }
     if (!which->empty()) return run_keys(*k, *which);

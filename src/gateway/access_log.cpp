@@ -8,7 +8,6 @@
 
 namespace lmserve::gateway {
 
-namespace {
 std::string utc_now() {
   const auto now = std::chrono::system_clock::now();
   const auto t = std::chrono::system_clock::to_time_t(now);
@@ -20,7 +19,6 @@ std::string utc_now() {
   std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms));
   return buf;
 }
-}  // namespace
 
 void write_access_log(const AccessRecord& r) {
   nlohmann::json j = {{"time", utc_now()},    {"event", "request"}, {"id", r.id},           {"model", r.model},

@@ -22,4 +22,7 @@ struct AccessRecord {
 
 void write_access_log(const AccessRecord& r);
 
+// Now in UTC, ISO 8601 with milliseconds: "2026-12-02T18:30:00.123Z".
+std::string utc_now();
+
 }  // namespace lmserve::gateway

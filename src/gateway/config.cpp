@@ -27,6 +27,12 @@ const ModelConfig* GatewayConfig::find_model(const std::string& name) const {
   return nullptr;
 }
 
+const TenantConfig& GatewayConfig::tenant(std::string_view name) const {
+  static const TenantConfig kDefault;
+  auto it = tenants.find(name);
+  return it == tenants.end() ? kDefault : it->second;
+}
+
 namespace {
 
 // Errors carry the key's path; thrown inside this file only and turned into a Status below.
@@ -183,7 +189,7 @@ ModelConfig parse_model(const YAML::Node& n, const std::string& path) {
 
 GatewayConfig parse_root(const YAML::Node& root) {
   check_keys(root, "", {"listen", "models", "timeouts_ms", "health", "eject", "prefix", "scrape_interval_ms", "dns_refresh_ms",
-                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file"});
+                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file", "audit", "tenants"});
   GatewayConfig c;
   if (root["listen"]) parse_listen(get_string(root["listen"], "listen"), c);
   const auto ms = root["models"];
@@ -230,6 +236,32 @@ GatewayConfig parse_root(const YAML::Node& root) {
   if (root["keys_db"]) c.keys_db = get_string(root["keys_db"], "keys_db");
   if (root["key_secret_file"]) c.key_secret_file = get_string(root["key_secret_file"], "key_secret_file");
   if (c.keys_db.empty() != c.key_secret_file.empty()) fail(c.keys_db.empty() ? "keys_db" : "key_secret_file", "keys_db and key_secret_file go together");
+  if (const auto a = root["audit"]) {
+    check_keys(a, "audit", {"dir", "fail_closed", "segment_kb", "sync"});
+    if (!a["dir"]) fail("audit.dir", "is required");
+    c.audit.dir = get_string(a["dir"], "audit.dir");
+    if (a["fail_closed"]) c.audit.fail_closed = get_bool(a["fail_closed"], "audit.fail_closed");
+    if (a["segment_kb"]) c.audit.segment_bytes = static_cast<std::size_t>(get_int(a["segment_kb"], "audit.segment_kb", 1, 1 << 22)) << 10;
+    if (a["sync"]) c.audit.sync = get_bool(a["sync"], "audit.sync");
+  }
+  if (const auto ts = root["tenants"]) {
+    if (!ts.IsMap()) fail("tenants", "must be a mapping of tenant names");
+    for (const auto& kv : ts) {
+      const auto name = kv.first.as<std::string>();
+      const auto path = "tenants." + name;
+      const auto& t = kv.second;
+      TenantConfig tc;
+      if (!t.IsNull()) {
+        check_keys(t, path, {"audit_content"});
+        if (t["audit_content"]) {
+          const auto v = get_string(t["audit_content"], path + ".audit_content");
+          if (v == "redacted") tc.audit_content = TenantConfig::AuditContent::kRedacted;
+          else if (v != "none") fail(path + ".audit_content", "must be none or redacted");
+        }
+      }
+      c.tenants.emplace(name, tc);
+    }
+  }
   return c;
 }
 

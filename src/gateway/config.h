@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,21 @@ struct PrefixConfig {
   std::int64_t balance_threshold = 8;  // outstanding requests above the least loaded replica's
 };
 
+// The audit trail (audit.h): a record of every request that reached admission. Read at start;
+// changing it takes a restart.
+struct AuditConfig {
+  std::string dir;  // empty: no audit trail
+  bool fail_closed = true;  // a record that cannot be written refuses its request (503)
+  std::size_t segment_bytes = 64 << 20;
+  bool sync = false;  // fdatasync after each record
+};
+
+// What the gateway does per tenant (an API key's tenant).
+struct TenantConfig {
+  enum class AuditContent { kNone, kRedacted };
+  AuditContent audit_content = AuditContent::kNone;  // redacted: prompt and answer text, redacted
+};
+
 struct GatewayConfig {
   std::string listen_host = "127.0.0.1";
   int listen_port = 8080;
@@ -104,8 +120,11 @@ struct GatewayConfig {
   // API keys (keys.h): with keys_db set, every API request needs a valid key. Read at start;
   // changing them takes a restart.
   std::string keys_db, key_secret_file;
+  AuditConfig audit;
+  std::map<std::string, TenantConfig, std::less<>> tenants;
 
   const ModelConfig* find_model(const std::string& name) const;
+  const TenantConfig& tenant(std::string_view name) const;  // the defaults for one not listed
 };
 
 // InvalidArgument naming the key for anything wrong.

@@ -29,4 +29,19 @@ std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
   return to_hex(out, len);
 }
 
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr); }
+
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+
+void Sha256::update(std::string_view data) { EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data.data(), data.size()); }
+
+std::string Sha256::hex() {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  auto* ctx = static_cast<EVP_MD_CTX*>(ctx_);
+  EVP_DigestFinal_ex(ctx, md, &n);
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  return to_hex(md, n);
+}
+
 }  // namespace lmserve::gateway

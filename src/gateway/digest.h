@@ -13,4 +13,18 @@ std::string sha256_hex(std::string_view data);
 // HMAC-SHA-256 of `data` under `key`, 64 hex digits.
 std::string hmac_sha256_hex(std::string_view key, std::string_view data);
 
+// SHA-256 over data given in pieces (an answer as it streams).
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void update(std::string_view data);
+  std::string hex();  // of everything given; then the hash starts again
+
+ private:
+  void* ctx_;  // EVP_MD_CTX
+};
+
 }  // namespace lmserve::gateway

@@ -6,9 +6,10 @@
 #include <boost/asio/signal_set.hpp>
 #include <nlohmann/json.hpp>
 #include <thread>
-#include <variant>
 
 #include "gateway/access_log.h"
+#include "gateway/digest.h"
+#include "gateway/redact.h"
 #include "gateway/errors.h"
 #include "gateway/keys.h"
 #include "gateway/monitor.h"
@@ -125,7 +126,7 @@ struct Gateway::Impl : http::Application {
     if (path == "/metrics") return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = render_metrics(*snap)});
     if (keys && path.starts_with("/v1/")) {  // OpenAI's API asks for the key on every route
       auto a = authenticate(req, "");
-      if (auto* r = std::get_if<http::Response>(&a)) return ex.reply(std::move(*r));
+      if (a.refusal) return ex.reply(std::move(*a.refusal));
     }
     if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return models(ex, *snap);
     if (path == "/admin/reload") {
@@ -157,13 +158,20 @@ struct Gateway::Impl : http::Application {
     std::optional<KeyRecord> key;
     if (keys) {
       auto a = authenticate(req, model->name);
-      if (auto* r = std::get_if<http::Response>(&a)) {
-        const int status = r->status;
-        return refuse(std::move(*r), model->name, status == 403 ? "model_not_allowed" : "invalid_api_key");
+      if (a.refusal) {
+        const int status = a.refusal->status;
+        if (a.key && state->audit) {  // a valid key: the request reached admission, and its refusal is audited
+          auto rec = audit_base("refused", state->next_id(), a.key->tenant, a.key->id, model->name, req);
+          rec["status"] = status;
+          rec["error"] = "model_not_allowed";
+          if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
+        }
+        return refuse(std::move(*a.refusal), model->name, status == 403 ? "model_not_allowed" : "invalid_api_key");
       }
-      key = std::move(std::get<std::optional<KeyRecord>>(a));
+      key = std::move(a.key);
     }
     RouteInfo info;
+    info.id = state->next_id();
     if (model->policy == Policy::kPrefixAware) info.prompt = prompt_text(nlohmann::json::parse(req.body, nullptr, false));
     info.lane = req.header("x-lmserve-lane");
     if (key) {
@@ -180,7 +188,39 @@ struct Gateway::Impl : http::Application {
       if (info.session_key.empty()) info.session_key = fields.user;
       if (info.session_key.empty()) info.session_key = req.remote_address;
     }
+    if (state->audit) {  // the admission's record, before anything goes to a replica
+      auto rec = audit_base("admitted", info.id, info.tenant, info.key_id, model->name, req);
+      rec["lane"] = info.lane;
+      if (snap->config.tenant(info.tenant).audit_content == TenantConfig::AuditContent::kRedacted) {
+        info.audit_text = true;
+        rec["prompt"] = redact(prompt_text(nlohmann::json::parse(req.body, nullptr, false)));
+      }
+      if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
+    }
     start_proxy(*state, std::move(snap), *model, ex, std::move(info));
+  }
+
+  // ---- the audit trail --------------------------------------------------------------------------
+  // A record's common fields. The prompt's digest is the SHA-256 of the request body as received.
+  nlohmann::json audit_base(const char* event, std::uint64_t id, const std::string& tenant, const std::string& key_id,
+                            const std::string& model, const http::Request& req) {
+    return {{"event", event},   {"id", id},       {"time", utc_now()}, {"tenant", tenant},
+            {"key_id", key_id}, {"model", model}, {"path", req.path},  {"prompt_sha256", sha256_hex(req.body)}};
+  }
+
+  // False when the record could not be written and the trail is fail-closed.
+  bool write_audit(const nlohmann::json& rec) {
+    if (!state->audit) return true;
+    auto st = state->audit->append(rec);
+    if (st.is_ok()) return true;
+    spdlog::error("gateway: audit record not written: {}", st.message());
+    return !state->audit_fail_closed;
+  }
+
+  static http::Response audit_unavailable() {
+    auto r = error_response(503, "the audit trail cannot be written", "audit_unavailable");
+    r.headers.emplace_back("Retry-After", "1");
+    return r;
   }
 
   http::Response error_response(http::TransportError e) override {
@@ -220,21 +260,28 @@ struct Gateway::Impl : http::Application {
     });
   }
 
-  // The request's key, when keys are on: its record, or the answer that refuses the request.
-  std::variant<std::optional<KeyRecord>, http::Response> authenticate(const http::Request& req, const std::string& model) {
-    if (!keys) return std::optional<KeyRecord>();
+  // The request's key, when keys are on, and the answer that refuses the request if it is refused
+  // (with the key when it is valid but may not do what was asked).
+  struct Auth {
+    std::optional<KeyRecord> key;
+    std::optional<http::Response> refusal;
+  };
+  Auth authenticate(const http::Request& req, const std::string& model) {
+    if (!keys) return {};
     auto auth = req.header("authorization");
     constexpr std::string_view kBearer = "Bearer ";
     if (auth.size() <= kBearer.size() || strncasecmp(auth.data(), kBearer.data(), kBearer.size()) != 0) {
-      return error_response(401, "an API key is required: Authorization: Bearer sk-lms-...", "invalid_api_key");
+      return {.refusal = error_response(401, "an API key is required: Authorization: Bearer sk-lms-...", "invalid_api_key")};
     }
     auto k = keys->find(std::string(auth.substr(kBearer.size())));
-    if (!k) return error_response(401, "the API key is not valid", "invalid_api_key");
+    if (!k) return {.refusal = error_response(401, "the API key is not valid", "invalid_api_key")};
     const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-    if (k->revoked_at != 0) return error_response(401, "the API key has been revoked", "invalid_api_key");
-    if (!k->valid_at(now)) return error_response(401, "the API key has expired", "invalid_api_key");
-    if (!model.empty() && !k->may_use(model)) return error_response(403, "the API key may not use this model", "model_not_allowed");
-    return k;
+    if (k->revoked_at != 0) return {.refusal = error_response(401, "the API key has been revoked", "invalid_api_key")};
+    if (!k->valid_at(now)) return {.refusal = error_response(401, "the API key has expired", "invalid_api_key")};
+    if (!model.empty() && !k->may_use(model)) {
+      return {.key = std::move(k), .refusal = error_response(403, "the API key may not use this model", "model_not_allowed")};
+    }
+    return {.key = std::move(k)};
   }
 
   // ---- routes -------------------------------------------------------------------------------
@@ -289,9 +336,12 @@ struct Gateway::Impl : http::Application {
     const auto old_snap = state->current();
     const auto& old = old_snap->config;
     if (c->listen_host != old.listen_host || (options.port_override < 0 && c->listen_port != old.listen_port) || c->io_threads != old.io_threads ||
-        c->max_connections != old.max_connections || c->keys_db != old.keys_db || c->key_secret_file != old.key_secret_file) {
-      spdlog::warn("gateway: listen, io_threads, max_connections, keys_db and key_secret_file take effect at the next start");
+        c->max_connections != old.max_connections || c->keys_db != old.keys_db || c->key_secret_file != old.key_secret_file ||
+        c->audit.dir != old.audit.dir || c->audit.fail_closed != old.audit.fail_closed || c->audit.segment_bytes != old.audit.segment_bytes ||
+        c->audit.sync != old.audit.sync) {
+      spdlog::warn("gateway: listen, io_threads, max_connections, keys_db, key_secret_file and audit take effect at the next start");
     }
+    c->audit = old.audit;  // the trail in force is the one the snapshot describes
     c->listen_host = old.listen_host;
     c->listen_port = old.listen_port;
     Monitor::resolve_now(*state, *c);
@@ -329,6 +379,12 @@ Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
   impl->state->set(std::make_shared<Snapshot>(std::move(*c)));
   impl->monitor = std::make_unique<Monitor>(*impl->state);
   const auto& cfg = impl->state->current()->config;
+  if (!cfg.audit.dir.empty()) {
+    auto audit = AuditLog::open(cfg.audit.dir, {.segment_bytes = cfg.audit.segment_bytes, .sync = cfg.audit.sync});
+    if (!audit) return error(audit.error());
+    impl->state->audit = std::move(*audit);
+    impl->state->audit_fail_closed = cfg.audit.fail_closed;
+  }
   if (!cfg.keys_db.empty()) {
     auto keys = KeyIndex::open(cfg.keys_db, cfg.key_secret_file);
     if (!keys) return error(keys.error());

@@ -10,8 +10,11 @@
 #include <strings.h>
 
 #include "gateway/access_log.h"
+#include "gateway/answer.h"
 #include "gateway/deadlines.h"
+#include "gateway/digest.h"
 #include "gateway/errors.h"
+#include "gateway/redact.h"
 #include "server/http/asio.h"
 
 namespace lmserve::gateway {
@@ -206,7 +209,9 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
  public:
   ProxyCall(State& state, std::shared_ptr<Snapshot> snap, const ModelConfig& model, Exchange ex, RouteInfo info)
       : state_(state), snap_(std::move(snap)), model_(model), cfg_(snap_->config), ex_(std::move(ex)), info_(std::move(info)),
-        io_(server::http::io_context_of(ex_)), id_(state.next_id()) {}
+        io_(server::http::io_context_of(ex_)), id_(info_.id ? info_.id : state.next_id()) {
+    if (state_.audit) audit_.emplace(info_.audit_text);
+  }
 
   void on_deadline() override { on_timer(); }
 
@@ -427,6 +432,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     phase_kind_ = "idle_timeout";
     phase_deadline_ = Clock::now() + cfg_.timeouts.idle;
     update_deadline();  // an atomic store
+    if (audit_) audit_->take(pending_, true);
     tail_.append(pending_.size() > 2 ? pending_.substr(pending_.size() - 2) : pending_);
     if (tail_.size() > 2) tail_.erase(0, tail_.size() - 2);
     ex_.send(std::move(pending_));
@@ -443,8 +449,17 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
       }
       ex_.end_stream();
     } else {
-      add_identity();
       ttft_ = seconds_since(arrived_);
+      if (audit_) {  // the outcome's record before the answer: an answer is not served unaudited
+        audit_->take(whole_, false);
+        if (!audit_completed(status_)) {
+          auto r = error_response(503, "the audit trail cannot be written", "audit_unavailable");
+          r.headers.emplace_back("Retry-After", "1");
+          ex_.reply(std::move(r));
+          return finish(503);
+        }
+      }
+      add_identity();
       ex_.reply({.status = status_, .content_type = content_type_, .body = std::move(whole_), .head_lines = std::move(head_lines_)});
     }
     if (keep_alive_ && rbuf_.size() == 0 && sock_) {
@@ -580,6 +595,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     if (counted_) --replica_->outstanding;
     counted_ = false;
     --state_.in_flight;
+    if (audit_ && !audit_->written) audit_completed(status);  // a stream's, or a failure's (a stream already flowed)
     const double total = seconds_since(arrived_);
     static const std::string kNone;
     const std::string& backend = replica_ && status != 503 ? replica_->url() : kNone;
@@ -592,6 +608,44 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
                         .ttft_s = ttft_, .total_s = total});
     }
   }
+
+  // The outcome's audit record: status, replica, tokens as the replica reported them, times, and
+  // the SHA-256 of the answer's body as the replica sent it. False when it could not be written
+  // and the trail is fail-closed.
+  bool audit_completed(int status) {
+    auto& a = *audit_;
+    a.written = true;
+    const auto& req = ex_.request();
+    nlohmann::json rec = {{"event", "completed"}, {"id", id_}, {"time", utc_now()}, {"tenant", info_.tenant}, {"key_id", info_.key_id},
+                          {"model", model_.name}, {"path", req.path}, {"lane", info_.lane}, {"status", status}, {"stream", streamed_},
+                          {"retries", retries_}, {"latency_ms", seconds_since(arrived_) * 1e3}, {"completion_sha256", a.hash.hex()}};
+    rec["replica"] = replica_ ? replica_->url() : "";  // the last one tried
+    rec["version"] = replica_ ? version_ : "";
+    rec["ttft_ms"] = ttft_ < 0 ? nlohmann::json(nullptr) : nlohmann::json(ttft_ * 1e3);
+    const auto& u = a.reader.usage();
+    rec["prompt_tokens"] = u.prompt_tokens >= 0 ? nlohmann::json(u.prompt_tokens) : nlohmann::json(nullptr);
+    rec["completion_tokens"] = u.completion_tokens >= 0 ? nlohmann::json(u.completion_tokens) : nlohmann::json(nullptr);
+    const std::string& failure = !failed_mid_stream_.empty() ? failed_mid_stream_ : status >= 500 ? last_failure_ : "";
+    if (!failure.empty()) rec["error"] = failure;
+    if (info_.audit_text) rec["completion"] = redact(a.reader.text());
+    auto st = state_.audit->append(rec);
+    if (st.is_ok()) return true;
+    spdlog::error("gateway: audit record of request {} not written: {}", id_, st.message());
+    return !state_.audit_fail_closed;
+  }
+
+  // What the audit takes from the answer as it passes.
+  struct AuditTap {
+    explicit AuditTap(bool text) : reader(text) {}
+    void take(std::string_view body, bool streamed) {
+      hash.update(body);
+      if (streamed) reader.feed_stream(body);
+      else reader.read_whole(body);
+    }
+    AnswerReader reader;
+    Sha256 hash;
+    bool written = false;
+  };
 
   State& state_;
   std::shared_ptr<Snapshot> snap_;
@@ -621,6 +675,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   double ttft_ = -1;
   std::optional<int> retry_after_;
   std::string last_failure_, failed_mid_stream_;
+  std::optional<AuditTap> audit_;  // with the audit trail on
 };
 
 }  // namespace

@@ -33,6 +33,8 @@ struct RouteInfo {
   // kept from the replica.
   std::string key_id, tenant;
   bool drop_authorization = false;
+  std::uint64_t id = 0;  // the request's id (State::next_id), as its audit record and log line name it
+  bool audit_text = false;  // the audit keeps the answer's text (redacted)
 };
 
 // Starts proxying `exchange` for `model` (its answer follows on the exchange's thread).

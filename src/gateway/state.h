@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "gateway/audit.h"
 #include "gateway/config.h"
 #include "gateway/deadlines.h"
 #include "gateway/metrics.h"
@@ -31,6 +32,10 @@ struct State {
   ReplicaRegistry replicas;
   GatewayMetrics metrics;
   std::atomic<std::int64_t> in_flight{0};
+  // The audit trail (config audit.dir; null without): every admitted request's record is written
+  // before it goes to a replica, and its outcome's when it ends.
+  std::unique_ptr<AuditLog> audit;
+  bool audit_fail_closed = true;
 
   // The configuration in force. current() is what a request takes: a pointer whose reference
   // count is this thread's own (one shared count, touched by every request on every I/O thread,

@@ -44,6 +44,25 @@ TEST(GatewayConfig, TheIssueExampleParses) {
   EXPECT_EQ(c->scrape_interval.count(), 100);  // 10 Hz by default
 }
 
+TEST(GatewayConfig, AuditAndTenants) {
+  auto c = parse_config(
+      "audit: {dir: /var/log/lmserve/audit, fail_closed: false, segment_kb: 512}\n"
+      "tenants:\n  compliance: {audit_content: redacted}\n  retrieval: {audit_content: none}\n  plain:\n"
+      "models: [{name: m, backends: [{url: 'http://a:1'}]}]");
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_EQ(c->audit.dir, "/var/log/lmserve/audit");
+  EXPECT_FALSE(c->audit.fail_closed);
+  EXPECT_EQ(c->audit.segment_bytes, 512u << 10);
+  EXPECT_EQ(c->tenant("compliance").audit_content, TenantConfig::AuditContent::kRedacted);
+  EXPECT_EQ(c->tenant("retrieval").audit_content, TenantConfig::AuditContent::kNone);
+  EXPECT_EQ(c->tenant("plain").audit_content, TenantConfig::AuditContent::kNone);
+  EXPECT_EQ(c->tenant("unlisted").audit_content, TenantConfig::AuditContent::kNone);
+  auto d = parse_config("models: [{name: m, backends: [{url: 'http://a:1'}]}]");
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->audit.dir.empty());
+  EXPECT_TRUE(d->audit.fail_closed);  // the default, once a directory is named
+}
+
 TEST(GatewayConfig, DnsNamesAndDefaultPorts) {
   auto c = parse_config("models: [{name: m, backends: [{url: 'http://replicas.ns.svc.cluster.local'}, {url: 'http://[::1]:9000/'}]}]");
   ASSERT_TRUE(c) << c.error().message();
@@ -75,6 +94,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"modles: []", "modles: unknown key"},
                       Bad{"keys_db: /tmp/k.sqlite\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "key_secret_file: keys_db and key_secret_file go together"},
                       Bad{"key_secret_file: /tmp/s\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "keys_db: keys_db and key_secret_file go together"},
+                      Bad{"audit: {fail_closed: true}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "audit.dir: is required"},
+                      Bad{"audit: {dir: /tmp/a, fail_open: true}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "audit.fail_open: unknown key"},
+                      Bad{"audit: {dir: /tmp/a, segment_kb: 0}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "audit.segment_kb: must be between 1"},
+                      Bad{"tenants: [a]\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants: must be a mapping"},
+                      Bad{"tenants: {c: {audit_content: full}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.audit_content: must be none or redacted"},
+                      Bad{"tenants: {c: {audit: x}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.audit: unknown key"},
                       Bad{"models: [{backends: [{url: 'http://a:1'}]}]", "models[0].name: is required"},
                       Bad{"models: [{name: m}]", "models[0].backends: is required"},
                       Bad{"models: [{name: m, backends: [{url: 'https://a:1'}]}]", "models[0].backends[0].url: must start with http://"},

@@ -63,6 +63,8 @@ void FakeUpstream::handle(http::Exchange ex) {
   }
   const auto j = nlohmann::json::parse(req.body, nullptr, false);
   const bool stream = !j.is_discarded() && j.value("stream", false);
+  // As vLLM: a last event with the usage when the client asks for it.
+  const bool usage = stream && j.contains("stream_options") && j["stream_options"].is_object() && j["stream_options"].value("include_usage", false);
   ex.watch_disconnect([this] { ++disconnects; });
   const int status = behaviour.status;
   if (status != 200) {
@@ -74,15 +76,15 @@ void FakeUpstream::handle(http::Exchange ex) {
     std::lock_guard lock(mu_);
     if (running_ >= behaviour.max_concurrent) {
       ++waiting;
-      queue_.push_back([this, ex, stream] {
+      queue_.push_back([this, ex, stream, usage] {
         --waiting;
-        ex.post([this, ex, stream] { serve(ex, stream); });
+        ex.post([this, ex, stream, usage] { serve(ex, stream, usage); });
       });
       return;
     }
     ++running_;
   }
-  serve(ex, stream);
+  serve(ex, stream, usage);
 }
 
 void FakeUpstream::release_slot() {
@@ -100,7 +102,7 @@ void FakeUpstream::release_slot() {
   next();  // the slot passes to the next request
 }
 
-void FakeUpstream::serve(http::Exchange ex, bool stream) {
+void FakeUpstream::serve(http::Exchange ex, bool stream, bool usage) {
   const int delay = behaviour.first_byte_delay_ms + behaviour.service_ms;
   auto release = std::make_shared<std::function<void()>>([this] { release_slot(); });
   if (!stream) {
@@ -113,13 +115,13 @@ void FakeUpstream::serve(http::Exchange ex, bool stream) {
       (*release)();
     });
   }
-  after(ex, delay, [this, ex, release]() mutable {
+  after(ex, delay, [this, ex, release, usage]() mutable {
     ex.start_stream({.status = 200, .content_type = "text/event-stream", .headers = {{"Cache-Control", "no-cache"}}});
-    stream_from(ex, 0, release);
+    stream_from(ex, 0, release, usage);
   });
 }
 
-void FakeUpstream::stream_from(http::Exchange ex, int i, std::shared_ptr<std::function<void()>> release) {
+void FakeUpstream::stream_from(http::Exchange ex, int i, std::shared_ptr<std::function<void()>> release, bool usage) {
   if (!ex.active()) return (*release)();
   if (i == behaviour.drop_after_chunks) {
     ex.abort();
@@ -127,12 +129,17 @@ void FakeUpstream::stream_from(http::Exchange ex, int i, std::shared_ptr<std::fu
   }
   if (i == behaviour.stall_after_chunks) return (*release)();  // never another byte
   if (i >= behaviour.chunks) {
+    if (usage) {
+      nlohmann::json ev = {{"id", "cmpl-fake"}, {"object", "text_completion"}, {"choices", nlohmann::json::array()},
+                           {"usage", {{"prompt_tokens", 3}, {"completion_tokens", i}, {"total_tokens", 3 + i}}}};
+      ex.send("data: " + ev.dump() + "\n\n");
+    }
     ex.send("data: [DONE]\n\n");
     ex.end_stream();
     return (*release)();
   }
   // A replica that honours backpressure: nothing more while the client is 256 KiB behind.
-  if (ex.queued_bytes() > 256 * 1024) return ex.when_drained([this, ex, i, release] { stream_from(ex, i, release); });
+  if (ex.queued_bytes() > 256 * 1024) return ex.when_drained([this, ex, i, release, usage] { stream_from(ex, i, release, usage); });
   const int pad = behaviour.event_bytes;
   std::string text = "t" + std::to_string(i);
   if (pad > 0) text.resize(static_cast<std::size_t>(pad), 'x');
@@ -140,7 +147,7 @@ void FakeUpstream::stream_from(http::Exchange ex, int i, std::shared_ptr<std::fu
                        {"choices", {{{"index", 0}, {"text", text}, {"finish_reason", nullptr}}}}};
   ex.send("data: " + ev.dump() + "\n\n");
   ++events_sent;
-  after(ex, behaviour.chunk_delay_ms, [this, ex, i, release] { stream_from(ex, i + 1, release); });
+  after(ex, behaviour.chunk_delay_ms, [this, ex, i, release, usage] { stream_from(ex, i + 1, release, usage); });
 }
 
 }  // namespace lmserve::testing

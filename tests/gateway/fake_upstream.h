@@ -2,7 +2,8 @@
 // /v1/completions on the real transport, with faults to order (an error status, a slow first
 // token, a drop or a stall mid-stream, a failing /health) and an optional queue (one request at a
 // time, the rest waiting and counted in /metrics as vllm:num_requests_waiting), so that a slow
-// replica looks to the gateway as a loaded `serve` does.
+// replica looks to the gateway as a loaded `serve` does. Streams end with a usage event when the
+// request asks for it (stream_options.include_usage).
 #pragma once
 
 #include <atomic>
@@ -56,8 +57,8 @@ class FakeUpstream : public server::http::Application {
   void drain(std::chrono::milliseconds) override {}
 
  private:
-  void serve(server::http::Exchange ex, bool stream);
-  void stream_from(server::http::Exchange ex, int i, std::shared_ptr<std::function<void()>> release);
+  void serve(server::http::Exchange ex, bool stream, bool usage);
+  void stream_from(server::http::Exchange ex, int i, std::shared_ptr<std::function<void()>> release, bool usage);
   void release_slot();
 
   const std::string name_;

@@ -137,7 +137,7 @@ TEST_F(GatewayCliTest, AuditVerifySaysOkOrNamesTheFirstBrokenRecord) {
   }
   auto ok = run_gateway({"audit", "verify", dir.string()});
   EXPECT_EQ(ok.code, 0) << ok.output;
-  EXPECT_NE(ok.output.find("ok: 5 records in 1 segments"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("ok: 5 records in 1 segment\n"), std::string::npos) << ok.output;
   const auto seg = dir / "audit-000001.jsonl";
   std::string text = slurp(seg.string());
   const auto at = text.find("\"id\":3");

@@ -1,0 +1,296 @@
+// What the gateway enforces and records per request, end to end in front of fake replicas: API
+// keys (401/403, the key's lane, never a key in a log), the audit trail (a record per admitted
+// request and its outcome, refusals, digests, redacted content, fail-closed refusal when a record
+// cannot be written).
+#include <sys/stat.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "gateway/audit.h"
+#include "gateway/digest.h"
+#include "gateway/keys.h"
+#include "gateway_fixture.h"
+
+namespace lmserve::gateway {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every record of an audit directory, in chain order (the segments in order).
+std::vector<nlohmann::json> audit_records(const fs::path& dir) {
+  std::vector<fs::path> segments;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().extension() == ".jsonl") segments.push_back(e.path());
+  }
+  std::sort(segments.begin(), segments.end());
+  std::vector<nlohmann::json> out;
+  for (const auto& s : segments) {
+    std::ifstream in(s);
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("rec")) out.push_back(j["rec"]);
+    }
+  }
+  return out;
+}
+
+std::string slurp_dir(const fs::path& dir) {
+  std::string all;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream in(e.path());
+    all.append(std::istreambuf_iterator<char>(in), {});
+  }
+  return all;
+}
+
+class GatewayPolicyTest : public GatewayTest {
+ protected:
+  void TearDown() override {
+    GatewayTest::TearDown();
+    std::error_code ec;
+    fs::permissions(dir_, fs::perms::owner_all, ec);
+    fs::remove_all(dir_, ec);
+  }
+  // Keys in a fresh store under dir_; the configuration lines that name it.
+  std::string keys_config() {
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "secret") << std::string(48, 'k');
+    return "keys_db: " + (dir_ / "keys.sqlite").string() + "\nkey_secret_file: " + (dir_ / "secret").string() + "\n";
+  }
+  std::unique_ptr<KeyStore> store() {
+    auto s = KeyStore::open((dir_ / "keys.sqlite").string(), std::string(48, 'k'));
+    EXPECT_TRUE(s) << s.error().message();
+    return std::move(*s);
+  }
+  const fs::path dir_ = fs::temp_directory_path() / ("lmserve_gw_policy_" + std::to_string(::getpid()));
+};
+
+using Headers = std::vector<std::pair<std::string, std::string>>;
+Headers bearer(const std::string& k) { return {{"Authorization", "Bearer " + k}}; }
+
+TEST_F(GatewayPolicyTest, ApiKeysGateTheRoutesSetTheLaneAndNeverLeak) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lmserve_gw_keys_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string secret(48, 'k'), db = (dir / "keys.sqlite").string(), secret_path = (dir / "secret").string();
+  std::ofstream(secret_path) << secret;
+  auto store = KeyStore::open(db, secret);
+  ASSERT_TRUE(store) << store.error().message();
+  auto all = (*store)->add({.tenant = "compliance", .lane = "high"}, 1);
+  auto other = (*store)->add({.tenant = "retrieval", .models = {"other"}}, 1);
+  auto doomed = (*store)->add({.tenant = "retrieval"}, 1);
+  ASSERT_TRUE(all && other && doomed);
+  auto& a = fake("a");
+  ::testing::internal::CaptureStdout();
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()), "access_log: true\nkeys_db: " + db + "\nkey_secret_file: " + secret_path + "\n");
+  Client c(port_);
+  auto bearer = [](const std::string& k) { return std::vector<std::pair<std::string, std::string>>{{"Authorization", "Bearer " + k}}; };
+  const std::string body = R"({"model":"m","prompt":"hi"})";
+
+  auto none = c.send(post(body));
+  EXPECT_EQ(none.status, 401);
+  EXPECT_NE(none.body.find("\"invalid_api_key\""), std::string::npos) << none.body;
+  EXPECT_EQ(c.send(post(body, bearer("sk-lms-" + std::string(43, 'x')))).status, 401);
+  EXPECT_EQ(c.send(post(body, {{"Authorization", "Basic abc"}})).status, 401);
+  EXPECT_EQ(c.send({.method = "GET", .path = "/v1/models"}).status, 401);
+  EXPECT_EQ(c.send({.method = "GET", .path = "/v1/models", .headers = bearer(all->first)}).status, 200);
+  EXPECT_EQ(a.requests.load(), 0);  // nothing refused reached the replica
+
+  auto headers = bearer(all->first);
+  headers.emplace_back("x-lmserve-lane", "low");  // the key's lane wins
+  auto ok = c.send(post(body, headers));
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  {
+    std::lock_guard lock(a.seen_mu);
+    EXPECT_EQ(a.seen_lane, "high");
+    EXPECT_EQ(a.seen_authorization, "");  // the gateway's key stays with the gateway
+  }
+  auto forbidden = c.send(post(body, bearer(other->first)));
+  EXPECT_EQ(forbidden.status, 403);
+  EXPECT_NE(forbidden.body.find("\"model_not_allowed\""), std::string::npos) << forbidden.body;
+
+  EXPECT_EQ(c.send(post(body, bearer(doomed->first))).status, 200);
+  ASSERT_TRUE((*store)->revoke(doomed->second.id, 2));
+  const auto revoked_at = std::chrono::steady_clock::now();
+  while (c.send(post(body, bearer(doomed->first))).status == 200 && since(revoked_at) < 5000) std::this_thread::sleep_for(Ms(10));
+  const double took = since(revoked_at);
+  std::fprintf(stderr, "a revoked key failed %.0f ms after the revocation\n", took);
+  EXPECT_LT(took, 1000);
+  auto gone = c.send(post(body, bearer(doomed->first)));
+  EXPECT_EQ(gone.status, 401);
+  EXPECT_NE(gone.body.find("revoked"), std::string::npos) << gone.body;
+
+  const auto m = metrics();
+  stop_gateway();
+  const std::string log = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(log.find("\"key_id\":\"" + all->second.id + "\""), std::string::npos) << log;
+  EXPECT_NE(log.find("\"tenant\":\"compliance\""), std::string::npos);
+  for (const auto* k : {&all->first, &other->first, &doomed->first}) {
+    EXPECT_EQ(log.find(*k), std::string::npos) << "a key in the access log";
+    EXPECT_EQ(log.find(k->substr(7)), std::string::npos);
+    EXPECT_EQ(m.find(k->substr(7)), std::string::npos) << "a key in /metrics";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(GatewayPolicyTest, TheAuditRecordsEveryAdmittedRequestItsOutcomeAndRefusalsWithoutKeysOrPlainContent) {
+  const auto keys = keys_config();
+  auto s = store();
+  auto compliance = s->add({.tenant = "compliance"}, 1);
+  auto retrieval = s->add({.tenant = "retrieval", .models = {"other"}}, 1);
+  ASSERT_TRUE(compliance && retrieval);
+  auto& a = fake("a");
+  a.behaviour.chunks = 4;
+  const auto trail = dir_ / "trail";
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()),
+                keys + "audit: {dir: " + trail.string() + ", segment_kb: 2}\ntenants:\n  compliance: {audit_content: redacted}\n  retrieval: {}\n");
+  // Plain and streamed requests (half of the streams ask for usage), each with its own prompt
+  // carrying a mobile number the trail must not keep.
+  struct Sent {
+    std::string body;
+    bool stream, usage;
+    lmserve::testing::Reply reply;
+  };
+  std::vector<Sent> sent;
+  for (int i = 0; i < 24; ++i) {
+    const bool stream = i % 2 == 1, usage = i % 4 == 3;
+    std::string body = R"({"model":"m","prompt":"call me on 13812345678, request )" + std::to_string(i) + "\"";
+    if (stream) body += R"(,"stream":true)";
+    if (usage) body += R"(,"stream_options":{"include_usage":true})";
+    body += "}";
+    sent.push_back({body, stream, usage, {}});
+  }
+  auto replies = lmserve::testing::run_calls(port_, static_cast<int>(sent.size()), 4, [&](int i) { return post(sent[static_cast<std::size_t>(i)].body, bearer(compliance->first)); });
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    sent[i].reply = replies[i];
+    ASSERT_EQ(replies[i].status, 200) << replies[i].body;
+  }
+  Client c(port_);
+  const std::string refused_body = R"({"model":"m","prompt":"not for you"})";
+  EXPECT_EQ(c.send(post(refused_body, bearer(retrieval->first))).status, 403);
+  EXPECT_EQ(c.send(post(refused_body)).status, 401);  // no key: never reached admission, no record
+  stop_gateway();
+
+  const auto verdict = verify_audit(trail.string());
+  EXPECT_TRUE(verdict.ok) << verdict.broken;
+  EXPECT_GT(verdict.segments, 1u);  // sealed and continued
+  const auto records = audit_records(trail);
+  ASSERT_EQ(records.size(), 2 * sent.size() + 1);
+  std::map<std::string, nlohmann::json> admitted_by_digest;  // prompt digest -> record
+  std::map<std::uint64_t, nlohmann::json> completed_by_id;
+  int refused = 0;
+  for (const auto& r : records) {
+    EXPECT_TRUE(r["time"].is_string());
+    if (r["event"] == "admitted") admitted_by_digest[r["prompt_sha256"]] = r;
+    if (r["event"] == "completed") {
+      EXPECT_TRUE(completed_by_id.emplace(r["id"].get<std::uint64_t>(), r).second) << "two outcomes for one request";
+    }
+    if (r["event"] == "refused") {
+      ++refused;
+      EXPECT_EQ(r["status"], 403);
+      EXPECT_EQ(r["tenant"], "retrieval");
+      EXPECT_EQ(r["key_id"], retrieval->second.id);
+      EXPECT_EQ(r["prompt_sha256"], sha256_hex(refused_body));
+    }
+  }
+  EXPECT_EQ(refused, 1);
+  for (const auto& x : sent) {
+    const auto it = admitted_by_digest.find(sha256_hex(x.body));
+    ASSERT_NE(it, admitted_by_digest.end()) << "no admission record for " << x.body;
+    const auto& ad = it->second;
+    EXPECT_EQ(ad["tenant"], "compliance");
+    EXPECT_EQ(ad["key_id"], compliance->second.id);
+    EXPECT_EQ(ad["model"], "m");
+    // The redacted tenant's prompt is kept, its number replaced.
+    ASSERT_TRUE(ad["prompt"].is_string());
+    EXPECT_NE(ad["prompt"].get<std::string>().find("call me on [PHONE]"), std::string::npos) << ad["prompt"];
+    const auto done = completed_by_id.find(ad["id"].get<std::uint64_t>());
+    ASSERT_NE(done, completed_by_id.end()) << "no outcome for request " << ad["id"];
+    const auto& out = done->second;
+    EXPECT_EQ(out["status"], 200);
+    EXPECT_EQ(out["stream"], x.stream);
+    EXPECT_EQ(out["replica"], a.url());
+    EXPECT_EQ(out["version"], "v1");
+    EXPECT_EQ(out["completion_sha256"], sha256_hex(x.reply.body));  // what the client was given
+    EXPECT_GE(out["latency_ms"].get<double>(), 0.0);
+    if (!x.stream) {
+      EXPECT_EQ(out["prompt_tokens"], 3);
+      EXPECT_EQ(out["completion_tokens"], 1);
+      EXPECT_EQ(out["completion"], "hello");
+    } else if (x.usage) {
+      EXPECT_EQ(out["completion_tokens"], 4);  // the usage event at the stream's end
+      EXPECT_EQ(out["completion"], "t0t1t2t3");
+    } else {
+      EXPECT_TRUE(out["completion_tokens"].is_null());  // not reported: not guessed
+    }
+  }
+  const auto all = slurp_dir(trail);
+  EXPECT_EQ(all.find("13812345678"), std::string::npos) << "a mobile number in the audit trail";
+  for (const auto* k : {&compliance->first, &retrieval->first}) EXPECT_EQ(all.find(k->substr(7)), std::string::npos) << "a key in the audit trail";
+}
+
+TEST_F(GatewayPolicyTest, AnAuditThatCannotBeWrittenRefusesRequestsAndNothingIsServedWithoutItsRecord) {
+  auto& a = fake("a");
+  const auto trail = dir_ / "trail";
+  fs::create_directories(dir_);
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()), "audit: {dir: " + trail.string() + ", segment_kb: 1}\n");
+  std::atomic<int> next{0};
+  std::atomic<bool> broken{false};
+  std::vector<lmserve::testing::Reply> replies(400);
+  std::vector<std::string> bodies(replies.size());
+  for (std::size_t i = 0; i < bodies.size(); ++i) bodies[i] = R"({"model":"m","prompt":"request )" + std::to_string(i) + R"("})";
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&] {
+      Client c(port_);
+      for (auto i = static_cast<std::size_t>(next++); i < replies.size(); i = static_cast<std::size_t>(next++)) replies[i] = c.send(post(bodies[i]));
+    });
+  }
+  // Mid-run, the disk "fills": the directory is made read-only, and (as root ignores that) the
+  // segments still to come are links to /dev/full, where every write fails.
+  while (next < 100) std::this_thread::sleep_for(Ms(1));
+  std::uint64_t last = 0;
+  for (const auto& e : fs::directory_iterator(trail)) last = std::max<std::uint64_t>(last, std::stoull(e.path().stem().string().substr(6)));
+  std::vector<fs::path> links;
+  for (std::uint64_t n = last + 1; n < last + 2000; ++n) {
+    char name[32];
+    std::snprintf(name, sizeof name, "audit-%06llu.jsonl", static_cast<unsigned long long>(n));
+    std::error_code ec;
+    fs::create_symlink("/dev/full", trail / name, ec);
+    if (!ec) links.push_back(trail / name);
+  }
+  fs::permissions(trail, fs::perms::owner_read | fs::perms::owner_exec);
+  broken = true;
+  for (auto& t : clients) t.join();
+  stop_gateway();
+  fs::permissions(trail, fs::perms::owner_all);
+  for (const auto& l : links) fs::remove(l);
+
+  std::set<std::string> recorded;  // the prompt digests with both records
+  std::map<std::uint64_t, std::string> digest_of;
+  for (const auto& r : audit_records(trail)) {
+    if (r["event"] == "admitted") digest_of[r["id"].get<std::uint64_t>()] = r["prompt_sha256"];
+    if (r["event"] == "completed" && r["status"] == 200) recorded.insert(digest_of[r["id"].get<std::uint64_t>()]);
+  }
+  int ok = 0, refused = 0;
+  for (std::size_t i = 0; i < replies.size(); ++i) {
+    const auto& r = replies[i];
+    if (r.status == 200) {
+      ++ok;
+      EXPECT_TRUE(recorded.count(sha256_hex(bodies[i]))) << "request " << i << " answered 200 without its record";
+    } else {
+      ++refused;
+      EXPECT_EQ(r.status, 503) << r.body;
+      EXPECT_NE(r.body.find("\"audit_unavailable\""), std::string::npos) << r.body;
+      EXPECT_FALSE(r.header("retry-after").empty());
+    }
+  }
+  std::fprintf(stderr, "%d answered with their records, %d refused once the trail could not be written\n", ok, refused);
+  EXPECT_GE(ok, 90);  // the 100 begun before the break, but those under way then
+  EXPECT_GT(refused, 250);  // every request after the break, but those whose records went in before it
+  const auto verdict = verify_audit(trail.string());
+  EXPECT_TRUE(verdict.ok) << verdict.broken;  // what was written is a whole chain
+}
+
+}  // namespace
+}  // namespace lmserve::gateway
