@@ -137,10 +137,12 @@ Policy parse_policy(const std::string& s, const std::string& path) {
 }
 
 ModelConfig parse_model(const YAML::Node& n, const std::string& path) {
-  check_keys(n, path, {"name", "policy", "affinity", "backends", "canary"});
+  check_keys(n, path, {"name", "policy", "affinity", "backends", "canary", "tokenizer", "default_max_tokens"});
   ModelConfig m;
   if (!n["name"]) fail(join(path, "name"), "is required");
   m.name = get_string(n["name"], join(path, "name"));
+  if (n["tokenizer"]) m.tokenizer = get_string(n["tokenizer"], join(path, "tokenizer"));
+  if (n["default_max_tokens"]) m.default_max_tokens = get_int(n["default_max_tokens"], join(path, "default_max_tokens"), 1, 1 << 24);
   if (n["policy"]) m.policy = parse_policy(get_string(n["policy"], join(path, "policy")), join(path, "policy"));
   if (const auto a = n["affinity"]) {
     const auto p = join(path, "affinity");

@@ -56,6 +56,11 @@ struct ModelConfig {
   AffinityConfig affinity;
   CanaryConfig canary;
   std::vector<BackendConfig> backends;
+  // The token limits' counting (tokens.h): the model folder whose tokenizer (and chat template)
+  // count a prompt (empty: estimated), and the completion tokens a request without max_tokens
+  // reserves.
+  std::string tokenizer;
+  std::int64_t default_max_tokens = 1024;
 };
 
 struct Timeouts {

@@ -10,6 +10,7 @@
 #include "gateway/access_log.h"
 #include "gateway/digest.h"
 #include "gateway/redact.h"
+#include "gateway/tokens.h"
 #include "gateway/errors.h"
 #include "gateway/keys.h"
 #include "gateway/monitor.h"
@@ -104,6 +105,26 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
 
 }  // namespace
 
+// The prompt counters of the models that name a tokenizer folder; those of `before` (the
+// configuration in force) are kept where the folder is the same.
+static Status load_counters(Snapshot& snap, const Snapshot* before) {
+  for (const auto& m : snap.config.models) {
+    if (m.tokenizer.empty()) continue;
+    if (before) {
+      const auto* was = before->config.find_model(m.name);
+      const auto it = before->counters.find(m.name);
+      if (was && was->tokenizer == m.tokenizer && it != before->counters.end()) {
+        snap.counters.emplace(m.name, it->second);
+        continue;
+      }
+    }
+    auto c = PromptCounter::load(m.tokenizer);
+    if (!c) return Status(c.error().code(), "models." + m.name + ".tokenizer: " + c.error().message());
+    snap.counters.emplace(m.name, std::move(*c));
+  }
+  return Status::ok();
+}
+
 struct Gateway::Impl : http::Application {
   GatewayOptions options;
   // Declared after the transport, so destroyed before it: the state's sockets and timers (idle
@@ -188,6 +209,18 @@ struct Gateway::Impl : http::Application {
       if (info.session_key.empty()) info.session_key = fields.user;
       if (info.session_key.empty()) info.session_key = req.remote_address;
     }
+    if (key && has_limits(key->limits)) {
+      auto refusal = admit(req, *snap, *model, *key, info);
+      if (refusal) {
+        if (state->audit) {
+          auto rec = audit_base("refused", info.id, key->tenant, key->id, model->name, req);
+          rec["status"] = refusal->first.status;
+          rec["error"] = refusal->second;
+          if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
+        }
+        return refuse(std::move(refusal->first), model->name, refusal->second);
+      }
+    }
     if (state->audit) {  // the admission's record, before anything goes to a replica
       auto rec = audit_base("admitted", info.id, info.tenant, info.key_id, model->name, req);
       rec["lane"] = info.lane;
@@ -198,6 +231,43 @@ struct Gateway::Impl : http::Application {
       if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
     }
     start_proxy(*state, std::move(snap), *model, ex, std::move(info));
+  }
+
+  // ---- limits -----------------------------------------------------------------------------------
+  static bool has_limits(const KeyLimits& l) { return l.rpm > 0 || l.tpm > 0 || l.max_concurrency > 0 || l.daily_tokens > 0 || l.max_input_tokens > 0; }
+
+  // Counts the request against its key's limits: on admission its grant goes in `info`; else the
+  // answer that refuses it and the limit's name.
+  std::optional<std::pair<http::Response, std::string>> admit(const http::Request& req, const Snapshot& snap, const ModelConfig& model,
+                                                              const KeyRecord& key, RouteInfo& info) {
+    const auto& l = key.limits;
+    std::int64_t reserve = 0;
+    if (l.tpm > 0 || l.daily_tokens > 0 || l.max_input_tokens > 0) {
+      const auto body = nlohmann::json::parse(req.body, nullptr, false);
+      const auto c = snap.counters.find(model.name);
+      const std::int64_t prompt = c != snap.counters.end() ? c->second->count(body) : estimate_prompt_tokens(body);
+      if (l.max_input_tokens > 0 && prompt > l.max_input_tokens) {
+        return std::pair{error_response(400,
+                                        "the prompt has " + std::to_string(prompt) + " tokens, over this key's max_input_tokens of " +
+                                            std::to_string(l.max_input_tokens),
+                                        "input_too_long"),
+                         std::string("max_input_tokens")};
+      }
+      std::int64_t max_tokens = model.default_max_tokens;
+      for (const char* name : {"max_completion_tokens", "max_tokens"}) {
+        if (auto m = body.find(name); m != body.end() && m->is_number_integer() && m->get<std::int64_t>() >= 0) max_tokens = m->get<std::int64_t>();
+      }
+      reserve = prompt + max_tokens;
+    }
+    const auto now = Limiter::Clock::now();
+    auto a = state->limiter->admit(key.id, l, info.id, reserve, now);
+    if (!a.admitted) {
+      auto r = error_response(429, a.message, "rate_limit_exceeded");
+      r.headers.emplace_back("Retry-After", std::to_string(a.retry_after_s));
+      return std::pair{std::move(r), a.limit};
+    }
+    info.grant = std::make_shared<Grant>(*state->limiter, key.id, l, info.id, reserve, now);
+    return std::nullopt;
   }
 
   // ---- the audit trail --------------------------------------------------------------------------
@@ -344,8 +414,13 @@ struct Gateway::Impl : http::Application {
     c->audit = old.audit;  // the trail in force is the one the snapshot describes
     c->listen_host = old.listen_host;
     c->listen_port = old.listen_port;
-    Monitor::resolve_now(*state, *c);
-    state->set(std::make_shared<Snapshot>(std::move(*c)));
+    auto next = std::make_shared<Snapshot>(std::move(*c));
+    if (auto st = load_counters(*next, old_snap.get()); !st.is_ok()) {
+      spdlog::error("gateway: reload refused, keeping the configuration in force: {}", st.message());
+      return st;
+    }
+    Monitor::resolve_now(*state, next->config);
+    state->set(std::move(next));
     spdlog::info("gateway: configuration reloaded from {}", options.config_path);
     return Status::ok();
   }
@@ -376,7 +451,9 @@ Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
   t.server_header = "lmserve-gateway";
   impl->transport = std::make_unique<http::Transport>(t, *impl);
   impl->state = std::make_unique<State>(http::context_of(*impl->transport));
-  impl->state->set(std::make_shared<Snapshot>(std::move(*c)));
+  auto first = std::make_shared<Snapshot>(std::move(*c));
+  if (auto st = load_counters(*first, nullptr); !st.is_ok()) return error(st);
+  impl->state->set(std::move(first));
   impl->monitor = std::make_unique<Monitor>(*impl->state);
   const auto& cfg = impl->state->current()->config;
   if (!cfg.audit.dir.empty()) {

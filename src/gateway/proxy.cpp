@@ -210,7 +210,8 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   ProxyCall(State& state, std::shared_ptr<Snapshot> snap, const ModelConfig& model, Exchange ex, RouteInfo info)
       : state_(state), snap_(std::move(snap)), model_(model), cfg_(snap_->config), ex_(std::move(ex)), info_(std::move(info)),
         io_(server::http::io_context_of(ex_)), id_(info_.id ? info_.id : state.next_id()) {
-    if (state_.audit) audit_.emplace(info_.audit_text);
+    const bool counts = info_.grant && info_.grant->counts_tokens();
+    if (state_.audit || counts) audit_.emplace(info_.audit_text, state_.audit != nullptr);
   }
 
   void on_deadline() override { on_timer(); }
@@ -450,8 +451,8 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
       ex_.end_stream();
     } else {
       ttft_ = seconds_since(arrived_);
-      if (audit_) {  // the outcome's record before the answer: an answer is not served unaudited
-        audit_->take(whole_, false);
+      if (audit_) audit_->take(whole_, false);
+      if (state_.audit) {  // the outcome's record before the answer: an answer is not served unaudited
         if (!audit_completed(status_)) {
           auto r = error_response(503, "the audit trail cannot be written", "audit_unavailable");
           r.headers.emplace_back("Retry-After", "1");
@@ -595,7 +596,13 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     if (counted_) --replica_->outstanding;
     counted_ = false;
     --state_.in_flight;
-    if (audit_ && !audit_->written) audit_completed(status);  // a stream's, or a failure's (a stream already flowed)
+    if (state_.audit && !audit_->written) audit_completed(status);  // a stream's, or a failure's (a stream already flowed)
+    if (info_.grant) {
+      // The tokens the replica reported; none when nothing was answered; else the reservation.
+      const Usage u = audit_ ? audit_->reader.usage() : Usage{};
+      info_.grant->settle(u.known() ? u.prompt_tokens + u.completion_tokens : !sent_ && status != 200 ? 0 : -1);
+      info_.grant.reset();
+    }
     const double total = seconds_since(arrived_);
     static const std::string kNone;
     const std::string& backend = replica_ && status != 503 ? replica_->url() : kNone;
@@ -618,7 +625,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     const auto& req = ex_.request();
     nlohmann::json rec = {{"event", "completed"}, {"id", id_}, {"time", utc_now()}, {"tenant", info_.tenant}, {"key_id", info_.key_id},
                           {"model", model_.name}, {"path", req.path}, {"lane", info_.lane}, {"status", status}, {"stream", streamed_},
-                          {"retries", retries_}, {"latency_ms", seconds_since(arrived_) * 1e3}, {"completion_sha256", a.hash.hex()}};
+                          {"retries", retries_}, {"latency_ms", seconds_since(arrived_) * 1e3}, {"completion_sha256", a.hash->hex()}};
     rec["replica"] = replica_ ? replica_->url() : "";  // the last one tried
     rec["version"] = replica_ ? version_ : "";
     rec["ttft_ms"] = ttft_ < 0 ? nlohmann::json(nullptr) : nlohmann::json(ttft_ * 1e3);
@@ -634,17 +641,19 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     return !state_.audit_fail_closed;
   }
 
-  // What the audit takes from the answer as it passes.
-  struct AuditTap {
-    explicit AuditTap(bool text) : reader(text) {}
+  // What the audit and the token limits take from the answer as it passes.
+  struct AnswerTap {
+    AnswerTap(bool text, bool hashed) : reader(text) {
+      if (hashed) hash.emplace();
+    }
     void take(std::string_view body, bool streamed) {
-      hash.update(body);
+      if (hash) hash->update(body);
       if (streamed) reader.feed_stream(body);
       else reader.read_whole(body);
     }
     AnswerReader reader;
-    Sha256 hash;
-    bool written = false;
+    std::optional<Sha256> hash;  // with the audit
+    bool written = false;        // the audit's outcome record
   };
 
   State& state_;
@@ -675,7 +684,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   double ttft_ = -1;
   std::optional<int> retry_after_;
   std::string last_failure_, failed_mid_stream_;
-  std::optional<AuditTap> audit_;  // with the audit trail on
+  std::optional<AnswerTap> audit_;  // with the audit trail or token limits
 };
 
 }  // namespace

@@ -35,6 +35,7 @@ struct RouteInfo {
   bool drop_authorization = false;
   std::uint64_t id = 0;  // the request's id (State::next_id), as its audit record and log line name it
   bool audit_text = false;  // the audit keeps the answer's text (redacted)
+  std::shared_ptr<Grant> grant;  // the key's limits: settled when the call ends
 };
 
 // Starts proxying `exchange` for `model` (its answer follows on the exchange's thread).

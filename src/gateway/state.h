@@ -13,9 +13,11 @@
 #include "gateway/audit.h"
 #include "gateway/config.h"
 #include "gateway/deadlines.h"
+#include "gateway/limits.h"
 #include "gateway/metrics.h"
 #include "gateway/replicas.h"
 #include "gateway/router.h"
+#include "gateway/tokens.h"
 
 namespace lmserve::gateway {
 
@@ -23,6 +25,7 @@ struct Snapshot {
   explicit Snapshot(GatewayConfig c);
   GatewayConfig config;
   std::map<std::string, std::unique_ptr<Router>> routers;  // by model name; thread-safe
+  std::map<std::string, std::shared_ptr<const PromptCounter>> counters;  // by model name: those with a tokenizer
 };
 
 struct State {
@@ -36,6 +39,7 @@ struct State {
   // before it goes to a replica, and its outcome's when it ends.
   std::unique_ptr<AuditLog> audit;
   bool audit_fail_closed = true;
+  std::unique_ptr<Limiter> limiter = make_local_limiter();  // the keys' limits
 
   // The configuration in force. current() is what a request takes: a pointer whose reference
   // count is this thread's own (one shared count, touched by every request on every I/O thread,

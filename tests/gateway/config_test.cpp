@@ -100,6 +100,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"tenants: [a]\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants: must be a mapping"},
                       Bad{"tenants: {c: {audit_content: full}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.audit_content: must be none or redacted"},
                       Bad{"tenants: {c: {audit: x}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.audit: unknown key"},
+                      Bad{"models: [{name: m, default_max_tokens: 0, backends: [{url: 'http://a:1'}]}]", "models[0].default_max_tokens: must be between 1"},
                       Bad{"models: [{backends: [{url: 'http://a:1'}]}]", "models[0].name: is required"},
                       Bad{"models: [{name: m}]", "models[0].backends: is required"},
                       Bad{"models: [{name: m, backends: [{url: 'https://a:1'}]}]", "models[0].backends[0].url: must start with http://"},

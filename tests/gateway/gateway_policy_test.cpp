@@ -292,5 +292,80 @@ TEST_F(GatewayPolicyTest, AnAuditThatCannotBeWrittenRefusesRequestsAndNothingIsS
   EXPECT_TRUE(verdict.ok) << verdict.broken;  // what was written is a whole chain
 }
 
+TEST_F(GatewayPolicyTest, LimitsHoldExactlyUnder200ConcurrentClientsAndTokensSettleToTheReportedUsage) {
+  const auto keys = keys_config();
+  auto s = store();
+  auto rpm = s->add({.tenant = "t", .limits = {.rpm = 50}}, 1);
+  auto tpm = s->add({.tenant = "t", .limits = {.tpm = 1000}}, 1);
+  auto conc = s->add({.tenant = "t", .limits = {.max_concurrency = 5}}, 1);
+  auto input = s->add({.tenant = "t", .limits = {.max_input_tokens = 10}}, 1);
+  ASSERT_TRUE(rpm && tpm && conc && input);
+  auto& a = fake("a");
+  a.behaviour.first_byte_delay_ms = 1000;  // nothing ends (and settles) while a burst is admitted
+  const auto trail = dir_ / "trail";
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()), keys + "audit: {dir: " + trail.string() + "}\n");
+  // No tokenizer configured: "abcdef" is estimated at 2 tokens; with max_tokens 98 a request
+  // reserves 100 of the key's 1000 a minute.
+  const std::string body = R"({"model":"m","prompt":"abcdef","max_tokens":98})";
+  auto burst = [&](const std::string& key, int n) {
+    std::map<int, int> by_status;
+    std::vector<lmserve::testing::Reply> refused;
+    for (const auto& r : lmserve::testing::run_calls(port_, n, 200, [&](int) { return post(body, bearer(key)); })) {
+      ++by_status[r.status];
+      if (r.status == 429) refused.push_back(r);
+    }
+    return std::pair{by_status, refused};
+  };
+  auto [by_rpm, rpm_refused] = burst(rpm->first, 400);
+  EXPECT_EQ(by_rpm[200], 50);
+  EXPECT_EQ(by_rpm[429], 350);
+  ASSERT_FALSE(rpm_refused.empty());
+  EXPECT_NE(rpm_refused[0].body.find("50 requests per minute"), std::string::npos) << rpm_refused[0].body;
+  EXPECT_NE(rpm_refused[0].body.find("\"rate_limit_exceeded\""), std::string::npos);
+  const int wait = std::stoi(rpm_refused[0].header("retry-after"));
+  EXPECT_GE(wait, 55);
+  EXPECT_LE(wait, 60);
+
+  auto [by_tpm, tpm_refused] = burst(tpm->first, 200);
+  EXPECT_EQ(by_tpm[200], 10);  // 10 x 100 reserved
+  EXPECT_EQ(by_tpm[429], 190);
+  EXPECT_NE(tpm_refused.at(0).body.find("1000 tokens per minute"), std::string::npos) << tpm_refused[0].body;
+  // They ended: the replica reported 3 + 1 tokens each, so 40 of the 1000 stay counted and the
+  // next nine fit at once (a reservation that stood would leave no room).
+  Client c(port_);
+  a.behaviour.first_byte_delay_ms = 0;
+  for (int i = 0; i < 9; ++i) EXPECT_EQ(c.send(post(body, bearer(tpm->first))).status, 200) << i;
+
+  a.behaviour.first_byte_delay_ms = 1500;
+  auto [by_conc, conc_refused] = burst(conc->first, 50);
+  EXPECT_EQ(by_conc[200], 5);
+  EXPECT_EQ(by_conc[429], 45);
+  a.behaviour.first_byte_delay_ms = 0;
+  EXPECT_EQ(c.send(post(body, bearer(conc->first))).status, 200);  // the slots came back
+
+  auto long_prompt = c.send(post(R"({"model":"m","prompt":")" + std::string(60, 'x') + R"("})", bearer(input->first)));
+  EXPECT_EQ(long_prompt.status, 400);
+  EXPECT_NE(long_prompt.body.find("max_input_tokens of 10"), std::string::npos) << long_prompt.body;
+  EXPECT_EQ(c.send(post(body, bearer(input->first))).status, 200);
+  stop_gateway();
+
+  // Every refusal is in the audit trail, naming its limit.
+  std::map<std::string, int> refused_by_limit;
+  for (const auto& r : audit_records(trail)) {
+    if (r["event"] == "refused") ++refused_by_limit[r["error"].get<std::string>()];
+  }
+  EXPECT_EQ(refused_by_limit["rpm"], 350);
+  EXPECT_EQ(refused_by_limit["tpm"], 190);
+  EXPECT_EQ(refused_by_limit["max_concurrency"], 45);
+  EXPECT_EQ(refused_by_limit["max_input_tokens"], 1);
+}
+
+TEST_F(GatewayPolicyTest, ATokenizerFolderThatDoesNotLoadStopsTheStartNamingIt) {
+  write_config("  - name: m\n    tokenizer: /nonexistent/model\n    backends:\n" + backend("http://127.0.0.1:9"));
+  auto g = Gateway::create({.config_path = config_path_, .port_override = 0});
+  ASSERT_FALSE(g);
+  EXPECT_NE(g.error().message().find("models.m.tokenizer"), std::string::npos) << g.error().message();
+}
+
 }  // namespace
 }  // namespace lmserve::gateway

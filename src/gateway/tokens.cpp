@@ -1,0 +1,84 @@
+#include "gateway/tokens.h"
+
+#include <nlohmann/json.hpp>
+
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace lmserve::gateway {
+
+Result<std::shared_ptr<const PromptCounter>> PromptCounter::load(const std::string& model_dir) {
+  auto tok = text::Tokenizer::load(model_dir);
+  if (!tok) return error(tok.error());
+  std::shared_ptr<PromptCounter> c(new PromptCounter());
+  c->tokenizer_ = std::move(*tok);
+  auto tpl = text::ChatTemplate::load(model_dir);
+  if (tpl) c->template_ = std::make_unique<text::ChatTemplate>(std::move(*tpl));
+  else if (tpl.error().code() != StatusCode::kNotFound) return error(tpl.error());
+  return std::shared_ptr<const PromptCounter>(std::move(c));
+}
+
+PromptCounter::~PromptCounter() = default;
+
+std::int64_t PromptCounter::count(const nlohmann::json& body) const {
+  if (!body.is_object()) return 0;
+  if (auto m = body.find("messages"); m != body.end() && m->is_array()) {
+    if (!template_) return estimate_prompt_tokens(body);
+    text::ChatRequest req;
+    req.messages = nlohmann::ordered_json::parse(m->dump(), nullptr, false);
+    if (auto t = body.find("tools"); t != body.end() && t->is_array()) req.tools = nlohmann::ordered_json::parse(t->dump(), nullptr, false);
+    auto rendered = template_->render(req);
+    if (!rendered) return estimate_prompt_tokens(body);  // the replica will refuse it anyway
+    const auto segments = rendered->segments();
+    return static_cast<std::int64_t>(tokenizer_->encode_segments(segments, false).size());
+  }
+  auto p = body.find("prompt");
+  if (p == body.end()) return 0;
+  const bool add = body.value("add_special_tokens", true);
+  auto one = [&](const nlohmann::json& v) -> std::int64_t {
+    if (v.is_string()) return static_cast<std::int64_t>(tokenizer_->encode(v.get_ref<const std::string&>(), {.add_special_tokens = add}).size());
+    if (v.is_array()) return static_cast<std::int64_t>(v.size());  // token ids
+    return 0;
+  };
+  if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+    std::int64_t n = 0;
+    for (const auto& v : *p) n += one(v);
+    return n;
+  }
+  return one(*p);
+}
+
+std::int64_t estimate_prompt_tokens(const nlohmann::json& body) {
+  std::size_t bytes = 0;
+  auto add_text = [&](const nlohmann::json& v) {
+    if (v.is_string()) bytes += v.get_ref<const std::string&>().size();
+  };
+  if (body.is_object()) {
+    if (auto p = body.find("prompt"); p != body.end()) {
+      if (p->is_string()) add_text(*p);
+      if (p->is_array()) {
+        for (const auto& v : *p) {
+          add_text(v);
+          if (v.is_number_integer()) bytes += 3;  // a token id
+        }
+      }
+    }
+    if (auto m = body.find("messages"); m != body.end() && m->is_array()) {
+      for (const auto& msg : *m) {
+        if (!msg.is_object()) continue;
+        bytes += 12;  // the role's markers
+        auto c = msg.find("content");
+        if (c == msg.end()) continue;
+        add_text(*c);
+        if (c->is_array()) {
+          for (const auto& part : *c) {
+            if (part.is_object() && part.contains("text")) add_text(part["text"]);
+          }
+        }
+      }
+    }
+  }
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>((bytes + 2) / 3));
+}
+
+}  // namespace lmserve::gateway
