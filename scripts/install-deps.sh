@@ -24,6 +24,7 @@ packages=(
   clang libclang-rt-14-dev  # libFuzzer targets (scripts/run-fuzz.sh)
   nginx-light               # the gateway's overhead comparison (scripts/gateway-overhead.sh)
   wrk                       # the HTTP load client of that comparison
+  redis-server libhiredis-dev  # the gateway's limits shared by several instances (and their tests)
 )
 
 # Node.js runs the end-to-end suite (the official openai client). Some Node.js builds bring

@@ -191,7 +191,7 @@ ModelConfig parse_model(const YAML::Node& n, const std::string& path) {
 
 GatewayConfig parse_root(const YAML::Node& root) {
   check_keys(root, "", {"listen", "models", "timeouts_ms", "health", "eject", "prefix", "scrape_interval_ms", "dns_refresh_ms",
-                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file", "audit", "tenants"});
+                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file", "audit", "tenants", "redis"});
   GatewayConfig c;
   if (root["listen"]) parse_listen(get_string(root["listen"], "listen"), c);
   const auto ms = root["models"];
@@ -245,6 +245,16 @@ GatewayConfig parse_root(const YAML::Node& root) {
     if (a["fail_closed"]) c.audit.fail_closed = get_bool(a["fail_closed"], "audit.fail_closed");
     if (a["segment_kb"]) c.audit.segment_bytes = static_cast<std::size_t>(get_int(a["segment_kb"], "audit.segment_kb", 1, 1 << 22)) << 10;
     if (a["sync"]) c.audit.sync = get_bool(a["sync"], "audit.sync");
+  }
+  if (root["redis"]) {
+    const auto r = get_string(root["redis"], "redis");
+    const auto colon = r.rfind(':');
+    if (colon == std::string::npos || colon == 0) fail("redis", "must be host:port, not '" + r + "'");
+    c.redis_host = r.substr(0, colon);
+    int port = 0;
+    const auto* end = r.data() + r.size();
+    if (std::from_chars(r.data() + colon + 1, end, port).ptr != end || port < 1 || port > 65535) fail("redis", "must be host:port, not '" + r + "'");
+    c.redis_port = port;
   }
   if (const auto ts = root["tenants"]) {
     if (!ts.IsMap()) fail("tenants", "must be a mapping of tenant names");

@@ -127,6 +127,10 @@ struct GatewayConfig {
   std::string keys_db, key_secret_file;
   AuditConfig audit;
   std::map<std::string, TenantConfig, std::less<>> tenants;
+  // The keys' limits shared with other gateways through this Redis server (empty: this
+  // process's counters). Read at start.
+  std::string redis_host;
+  int redis_port = 0;
 
   const ModelConfig* find_model(const std::string& name) const;
   const TenantConfig& tenant(std::string_view name) const;  // the defaults for one not listed

@@ -22,6 +22,12 @@ std::string sha256_hex(std::string_view data) {
   return to_hex(md, sizeof md);
 }
 
+std::string sha1_hex(std::string_view data) {
+  unsigned char md[SHA_DIGEST_LENGTH];
+  SHA1(reinterpret_cast<const unsigned char*>(data.data()), data.size(), md);
+  return to_hex(md, sizeof md);
+}
+
 std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;

@@ -262,6 +262,11 @@ struct Gateway::Impl : http::Application {
     const auto now = Limiter::Clock::now();
     auto a = state->limiter->admit(key.id, l, info.id, reserve, now);
     if (!a.admitted) {
+      if (a.unavailable) {
+        auto r = error_response(503, "the gateway's limits cannot be checked", "limits_unavailable");
+        r.headers.emplace_back("Retry-After", "1");
+        return std::pair{std::move(r), a.limit};
+      }
       auto r = error_response(429, a.message, "rate_limit_exceeded");
       r.headers.emplace_back("Retry-After", std::to_string(a.retry_after_s));
       return std::pair{std::move(r), a.limit};
@@ -408,8 +413,8 @@ struct Gateway::Impl : http::Application {
     if (c->listen_host != old.listen_host || (options.port_override < 0 && c->listen_port != old.listen_port) || c->io_threads != old.io_threads ||
         c->max_connections != old.max_connections || c->keys_db != old.keys_db || c->key_secret_file != old.key_secret_file ||
         c->audit.dir != old.audit.dir || c->audit.fail_closed != old.audit.fail_closed || c->audit.segment_bytes != old.audit.segment_bytes ||
-        c->audit.sync != old.audit.sync) {
-      spdlog::warn("gateway: listen, io_threads, max_connections, keys_db, key_secret_file and audit take effect at the next start");
+        c->audit.sync != old.audit.sync || c->redis_host != old.redis_host || c->redis_port != old.redis_port) {
+      spdlog::warn("gateway: listen, io_threads, max_connections, keys_db, key_secret_file, audit and redis take effect at the next start");
     }
     c->audit = old.audit;  // the trail in force is the one the snapshot describes
     c->listen_host = old.listen_host;
@@ -461,6 +466,11 @@ Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
     if (!audit) return error(audit.error());
     impl->state->audit = std::move(*audit);
     impl->state->audit_fail_closed = cfg.audit.fail_closed;
+  }
+  if (!cfg.redis_host.empty()) {
+    auto limiter = make_redis_limiter(cfg.redis_host, cfg.redis_port, cfg.timeouts.total);
+    if (!limiter) return error(limiter.error());
+    impl->state->limiter = std::move(*limiter);
   }
   if (!cfg.keys_db.empty()) {
     auto keys = KeyIndex::open(cfg.keys_db, cfg.key_secret_file);

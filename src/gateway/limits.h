@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 
+#include "common/status.h"
 #include "gateway/keys.h"
 
 namespace lmserve::gateway {
@@ -26,6 +27,7 @@ struct Admission {
   std::string limit;    // refused: "rpm", "tpm", "max_concurrency" or "daily_tokens"
   std::int64_t retry_after_s = 0;
   std::string message;  // refused: names the limit, e.g. "rate limit reached: 60 requests per minute for this key"
+  bool unavailable = false;  // refused because the shared counters could not be reached (limit "redis")
 };
 
 class Limiter {
@@ -41,6 +43,14 @@ class Limiter {
 
 // Counters in this process.
 std::unique_ptr<Limiter> make_local_limiter();
+
+// Counters in Redis (`host:port`), shared by every gateway that names the same server: each
+// admission and settlement is one Lua script run atomically there, on Redis's clock; request ids
+// are made unique per process. Keys: lmserve:{KEY_ID}:... (one hash slot per key), expiring when
+// idle. A request under way counts against max_concurrency for at most `lease` (a gateway that
+// died cannot hold slots for ever). When Redis cannot be reached, requests of limited keys are
+// refused (unavailable): limits that are not shared would not hold. Checks the server at once.
+Result<std::unique_ptr<Limiter>> make_redis_limiter(const std::string& host, int port, std::chrono::milliseconds lease);
 
 // An admitted request's hold on its key's limits, settled once: by settle(), or on destruction
 // with its reservation standing (a request that ended without a count). The limiter outlives it.

@@ -46,13 +46,15 @@ TEST(GatewayConfig, TheIssueExampleParses) {
 
 TEST(GatewayConfig, AuditAndTenants) {
   auto c = parse_config(
-      "audit: {dir: /var/log/lmserve/audit, fail_closed: false, segment_kb: 512}\n"
+      "audit: {dir: /var/log/lmserve/audit, fail_closed: false, segment_kb: 512}\nredis: 127.0.0.1:6379\n"
       "tenants:\n  compliance: {audit_content: redacted}\n  retrieval: {audit_content: none}\n  plain:\n"
       "models: [{name: m, backends: [{url: 'http://a:1'}]}]");
   ASSERT_TRUE(c) << c.error().message();
   EXPECT_EQ(c->audit.dir, "/var/log/lmserve/audit");
   EXPECT_FALSE(c->audit.fail_closed);
   EXPECT_EQ(c->audit.segment_bytes, 512u << 10);
+  EXPECT_EQ(c->redis_host, "127.0.0.1");
+  EXPECT_EQ(c->redis_port, 6379);
   EXPECT_EQ(c->tenant("compliance").audit_content, TenantConfig::AuditContent::kRedacted);
   EXPECT_EQ(c->tenant("retrieval").audit_content, TenantConfig::AuditContent::kNone);
   EXPECT_EQ(c->tenant("plain").audit_content, TenantConfig::AuditContent::kNone);
@@ -101,6 +103,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"tenants: {c: {audit_content: full}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.audit_content: must be none or redacted"},
                       Bad{"tenants: {c: {audit: x}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.audit: unknown key"},
                       Bad{"models: [{name: m, default_max_tokens: 0, backends: [{url: 'http://a:1'}]}]", "models[0].default_max_tokens: must be between 1"},
+                      Bad{"redis: localhost\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "redis: must be host:port, not 'localhost'"},
+                      Bad{"redis: 'h:0'\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "redis: must be host:port"},
                       Bad{"models: [{backends: [{url: 'http://a:1'}]}]", "models[0].name: is required"},
                       Bad{"models: [{name: m}]", "models[0].backends: is required"},
                       Bad{"models: [{name: m, backends: [{url: 'https://a:1'}]}]", "models[0].backends[0].url: must start with http://"},

@@ -11,6 +11,7 @@
 #include "gateway/digest.h"
 #include "gateway/keys.h"
 #include "gateway_fixture.h"
+#include "redis_server.h"
 
 namespace lmserve::gateway {
 namespace {
@@ -365,6 +366,58 @@ TEST_F(GatewayPolicyTest, ATokenizerFolderThatDoesNotLoadStopsTheStartNamingIt) 
   auto g = Gateway::create({.config_path = config_path_, .port_override = 0});
   ASSERT_FALSE(g);
   EXPECT_NE(g.error().message().find("models.m.tokenizer"), std::string::npos) << g.error().message();
+}
+
+TEST_F(GatewayPolicyTest, TwoGatewaysSharingRedisHoldTheLimitsExactlyTogether) {
+  lmserve::testing::RedisServer redis;
+  const auto keys = keys_config();
+  auto s = store();
+  auto rpm = s->add({.tenant = "t", .limits = {.rpm = 50}}, 1);
+  auto tpm = s->add({.tenant = "t", .limits = {.tpm = 1000}}, 1);
+  ASSERT_TRUE(rpm && tpm);
+  auto& a = fake("a");
+  a.behaviour.first_byte_delay_ms = 1000;
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()), keys + "redis: " + redis.address() + "\n");
+  auto second = Gateway::create({.config_path = config_path_, .port_override = 0});
+  ASSERT_TRUE(second) << second.error().message();
+  ASSERT_TRUE((*second)->start().is_ok());
+  std::thread second_thread([&] { (*second)->run(false); });
+  const int ports[] = {port_, (*second)->port()};
+  const std::string body = R"({"model":"m","prompt":"abcdef","max_tokens":98})";  // reserves 100
+  auto burst = [&](const std::string& key, int n) {
+    std::map<int, int> by_status;
+    std::vector<std::thread> ts;
+    std::mutex mu;
+    std::atomic<int> next{0};
+    for (int t = 0; t < 200; ++t) {
+      ts.emplace_back([&, t] {
+        Client c(ports[t % 2]);  // half the clients on each gateway
+        for (int i = next++; i < n; i = next++) {
+          const int st = c.send(post(body, bearer(key))).status;
+          std::lock_guard lock(mu);
+          ++by_status[st];
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    return by_status;
+  };
+  auto by_rpm = burst(rpm->first, 400);
+  EXPECT_EQ(by_rpm[200], 50);
+  EXPECT_EQ(by_rpm[429], 350);
+  auto by_tpm = burst(tpm->first, 200);
+  EXPECT_EQ(by_tpm[200], 10);
+  EXPECT_EQ(by_tpm[429], 190);
+  // Settled in Redis when they ended (4 tokens each): nine more fit, through either gateway.
+  a.behaviour.first_byte_delay_ms = 0;
+  for (int i = 0; i < 9; ++i) EXPECT_EQ(Client(ports[i % 2]).send(post(body, bearer(tpm->first))).status, 200) << i;
+  // Redis gone: limited keys are refused (503), not let through unshared.
+  redis.stop();
+  auto r = Client(ports[1]).send(post(body, bearer(tpm->first)));
+  EXPECT_EQ(r.status, 503);
+  EXPECT_NE(r.body.find("\"limits_unavailable\""), std::string::npos) << r.body;
+  (*second)->shutdown();
+  second_thread.join();
 }
 
 }  // namespace

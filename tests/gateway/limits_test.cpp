@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "redis_server.h"
 #include "test_paths.h"
 #include "text/tokenizer.h"
 
@@ -123,6 +124,57 @@ TEST(PromptTokens, CountedAsTheModelsTokenizerAndTemplateDo) {
   EXPECT_LT(chat, static_cast<std::int64_t>((*tok)->encode(prompt).size()) + 40);
   EXPECT_FALSE(PromptCounter::load("/nonexistent"));
   EXPECT_EQ(estimate_prompt_tokens({{"prompt", std::string(300, 'a')}}), 100);
+}
+
+// The same limits kept in Redis: two limiters (two gateways) share them exactly, settlement
+// frees the window, and a server that goes away refuses rather than lets through.
+TEST(RedisLimits, TwoGatewaysShareTheLimitsExactly) {
+  lmserve::testing::RedisServer redis;
+  auto a = make_redis_limiter("127.0.0.1", redis.port(), seconds(600));
+  auto b = make_redis_limiter("127.0.0.1", redis.port(), seconds(600));
+  ASSERT_TRUE(a && b) << (a ? "" : a.error().message());
+  const auto now = Clock::now();
+  const KeyLimits k{.rpm = 300, .tpm = 3000};
+  std::atomic<int> admitted{0}, tokens{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 16; ++t) {
+    ts.emplace_back([&, t] {
+      auto& l = t % 2 ? **a : **b;
+      for (int i = 0; i < 40; ++i) {
+        const int reserve = 1 + (i * 7 + t) % 20;
+        auto r = l.admit("k", k, static_cast<std::uint64_t>(t * 1000 + i), reserve, now);
+        if (r.admitted) {
+          ++admitted;
+          tokens += reserve;
+        } else {
+          EXPECT_TRUE(r.limit == "rpm" || r.limit == "tpm") << r.limit;
+          EXPECT_GE(r.retry_after_s, 1);
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_LE(admitted.load(), 300);
+  EXPECT_LE(tokens.load(), 3000);
+  EXPECT_TRUE(admitted.load() == 300 || tokens.load() > 3000 - 20) << admitted << " " << tokens;
+
+  const KeyLimits t{.tpm = 100, .max_concurrency = 2};
+  EXPECT_TRUE((*a)->admit("t", t, 1, 60, now).admitted);
+  auto full = (*b)->admit("t", t, 2, 50, now);
+  EXPECT_EQ(full.limit, "tpm");
+  EXPECT_NE(full.message.find("100 tokens per minute"), std::string::npos);
+  (*a)->settle("t", t, 1, 60, 20, now);  // the other gateway sees the settlement
+  EXPECT_TRUE((*b)->admit("t", t, 2, 50, now).admitted);
+  EXPECT_TRUE((*a)->admit("t", t, 3, 1, now).admitted);  // 2 and 3 under way
+  EXPECT_EQ((*a)->admit("t", t, 4, 1, now).limit, "max_concurrency");
+  (*b)->settle("t", t, 2, 50, 50, now);
+  EXPECT_TRUE((*a)->admit("t", t, 4, 1, now).admitted);
+
+  redis.stop();
+  auto gone = (*a)->admit("t", t, 5, 1, now);
+  EXPECT_FALSE(gone.admitted);
+  EXPECT_TRUE(gone.unavailable);
+  EXPECT_FALSE(make_redis_limiter("127.0.0.1", redis.port(), seconds(600)));  // checked at start
 }
 
 }  // namespace
