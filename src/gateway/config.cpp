@@ -191,7 +191,7 @@ ModelConfig parse_model(const YAML::Node& n, const std::string& path) {
 
 GatewayConfig parse_root(const YAML::Node& root) {
   check_keys(root, "", {"listen", "models", "timeouts_ms", "health", "eject", "prefix", "scrape_interval_ms", "dns_refresh_ms",
-                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file", "audit", "tenants", "redis"});
+                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file", "audit", "tenants", "redis", "guard"});
   GatewayConfig c;
   if (root["listen"]) parse_listen(get_string(root["listen"], "listen"), c);
   const auto ms = root["models"];
@@ -256,6 +256,10 @@ GatewayConfig parse_root(const YAML::Node& root) {
     if (std::from_chars(r.data() + colon + 1, end, port).ptr != end || port < 1 || port > 65535) fail("redis", "must be host:port, not '" + r + "'");
     c.redis_port = port;
   }
+  if (const auto g = root["guard"]) {
+    check_keys(g, "guard", {"default_rules"});
+    if (g["default_rules"]) c.guard_default_rules = get_bool(g["default_rules"], "guard.default_rules");
+  }
   if (const auto ts = root["tenants"]) {
     if (!ts.IsMap()) fail("tenants", "must be a mapping of tenant names");
     for (const auto& kv : ts) {
@@ -264,7 +268,16 @@ GatewayConfig parse_root(const YAML::Node& root) {
       const auto& t = kv.second;
       TenantConfig tc;
       if (!t.IsNull()) {
-        check_keys(t, path, {"audit_content"});
+        check_keys(t, path, {"audit_content", "deny", "allow", "keywords_file"});
+        for (const char* list : {"deny", "allow"}) {
+          const auto l = t[list];
+          if (!l) continue;
+          const auto lp = path + "." + list;
+          if (!l.IsSequence()) fail(lp, "must be a list of regexes");
+          auto& out = std::string(list) == "deny" ? tc.deny : tc.allow;
+          for (std::size_t i = 0; i < l.size(); ++i) out.push_back(get_string(l[i], lp + "[" + std::to_string(i) + "]"));
+        }
+        if (t["keywords_file"]) tc.keywords_file = get_string(t["keywords_file"], path + ".keywords_file");
         if (t["audit_content"]) {
           const auto v = get_string(t["audit_content"], path + ".audit_content");
           if (v == "redacted") tc.audit_content = TenantConfig::AuditContent::kRedacted;

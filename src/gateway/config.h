@@ -106,6 +106,10 @@ struct AuditConfig {
 struct TenantConfig {
   enum class AuditContent { kNone, kRedacted };
   AuditContent audit_content = AuditContent::kNone;  // redacted: prompt and answer text, redacted
+  // The guard (guard.h): PCRE2 regexes that block, regexes whose matches are exempt, and a file
+  // of keywords that block.
+  std::vector<std::string> deny, allow;
+  std::string keywords_file;
 };
 
 struct GatewayConfig {
@@ -126,6 +130,7 @@ struct GatewayConfig {
   // changing them takes a restart.
   std::string keys_db, key_secret_file;
   AuditConfig audit;
+  bool guard_default_rules = false;  // guard: {default_rules: true}: the shipped injection rules for every request
   std::map<std::string, TenantConfig, std::less<>> tenants;
   // The keys' limits shared with other gateways through this Redis server (empty: this
   // process's counters). Read at start.

@@ -105,9 +105,10 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
 
 }  // namespace
 
-// The prompt counters of the models that name a tokenizer folder; those of `before` (the
-// configuration in force) are kept where the folder is the same.
-static Status load_counters(Snapshot& snap, const Snapshot* before) {
+// What a configuration needs built before it is used: the prompt counters of the models that
+// name a tokenizer folder (those of `before`, the configuration in force, kept where the folder
+// is the same), and the guards.
+static Status prepare(Snapshot& snap, const Snapshot* before) {
   for (const auto& m : snap.config.models) {
     if (m.tokenizer.empty()) continue;
     if (before) {
@@ -122,7 +123,57 @@ static Status load_counters(Snapshot& snap, const Snapshot* before) {
     if (!c) return Status(c.error().code(), "models." + m.name + ".tokenizer: " + c.error().message());
     snap.counters.emplace(m.name, std::move(*c));
   }
+  const auto& cfg = snap.config;
+  if (cfg.guard_default_rules) {
+    auto g = Guard::build({});
+    if (!g) return g.error();
+    snap.default_guard = std::move(*g);
+  }
+  for (const auto& [name, t] : cfg.tenants) {
+    if (t.deny.empty() && t.allow.empty() && t.keywords_file.empty()) continue;
+    GuardSpec spec{.default_rules = cfg.guard_default_rules, .deny = t.deny, .allow = t.allow};
+    if (!t.keywords_file.empty()) {
+      auto k = read_keywords(t.keywords_file);
+      if (!k) return Status(StatusCode::kInvalidArgument, "tenants." + name + ".keywords_file: " + k.error().message());
+      spec.keywords = std::move(*k);
+    }
+    auto g = Guard::build(spec);
+    if (!g) return Status(StatusCode::kInvalidArgument, "tenants." + name + "." + g.error().message());
+    snap.guards.emplace(name, std::move(*g));
+  }
   return Status::ok();
+}
+
+// What the guard reads of a request: a completion's prompt(s); a chat's user and tool messages
+// (their content as a string or as parts' text).
+static std::vector<std::string> guarded_texts(const nlohmann::json& body) {
+  std::vector<std::string> out;
+  if (!body.is_object()) return out;
+  if (auto p = body.find("prompt"); p != body.end()) {
+    if (p->is_string()) out.push_back(p->get<std::string>());
+    if (p->is_array()) {
+      for (const auto& v : *p) {
+        if (v.is_string()) out.push_back(v.get<std::string>());
+      }
+    }
+  }
+  if (auto m = body.find("messages"); m != body.end() && m->is_array()) {
+    for (const auto& msg : *m) {
+      if (!msg.is_object()) continue;
+      const auto role = msg.value("role", std::string());
+      if (role != "user" && role != "tool" && role != "function") continue;
+      auto c = msg.find("content");
+      if (c == msg.end()) continue;
+      if (c->is_string()) out.push_back(c->get<std::string>());
+      if (c->is_array()) {
+        for (const auto& part : *c) {
+          if (part.is_string()) out.push_back(part.get<std::string>());
+          if (part.is_object() && part.contains("text") && part["text"].is_string()) out.push_back(part["text"].get<std::string>());
+        }
+      }
+    }
+  }
+  return out;
 }
 
 struct Gateway::Impl : http::Application {
@@ -208,6 +259,18 @@ struct Gateway::Impl : http::Application {
       if (!model->affinity.header.empty()) info.session_key = req.header(model->affinity.header);
       if (info.session_key.empty()) info.session_key = fields.user;
       if (info.session_key.empty()) info.session_key = req.remote_address;
+    }
+    if (const Guard* guard = snap->guard_for(info.tenant)) {
+      if (auto rule = guard->check(guarded_texts(nlohmann::json::parse(req.body, nullptr, false)))) {
+        if (state->audit) {
+          auto rec = audit_base("refused", info.id, info.tenant, info.key_id, model->name, req);
+          rec["status"] = 400;
+          rec["error"] = "content_blocked";
+          rec["rule"] = *rule;
+          if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
+        }
+        return refuse(error_response(400, "the request was blocked by the content rule " + *rule, "content_blocked"), model->name, "content_blocked");
+      }
     }
     if (key && has_limits(key->limits)) {
       auto refusal = admit(req, *snap, *model, *key, info);
@@ -420,7 +483,7 @@ struct Gateway::Impl : http::Application {
     c->listen_host = old.listen_host;
     c->listen_port = old.listen_port;
     auto next = std::make_shared<Snapshot>(std::move(*c));
-    if (auto st = load_counters(*next, old_snap.get()); !st.is_ok()) {
+    if (auto st = prepare(*next, old_snap.get()); !st.is_ok()) {
       spdlog::error("gateway: reload refused, keeping the configuration in force: {}", st.message());
       return st;
     }
@@ -457,7 +520,7 @@ Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
   impl->transport = std::make_unique<http::Transport>(t, *impl);
   impl->state = std::make_unique<State>(http::context_of(*impl->transport));
   auto first = std::make_shared<Snapshot>(std::move(*c));
-  if (auto st = load_counters(*first, nullptr); !st.is_ok()) return error(st);
+  if (auto st = prepare(*first, nullptr); !st.is_ok()) return error(st);
   impl->state->set(std::move(first));
   impl->monitor = std::make_unique<Monitor>(*impl->state);
   const auto& cfg = impl->state->current()->config;

@@ -47,7 +47,8 @@ TEST(GatewayConfig, TheIssueExampleParses) {
 TEST(GatewayConfig, AuditAndTenants) {
   auto c = parse_config(
       "audit: {dir: /var/log/lmserve/audit, fail_closed: false, segment_kb: 512}\nredis: 127.0.0.1:6379\n"
-      "tenants:\n  compliance: {audit_content: redacted}\n  retrieval: {audit_content: none}\n  plain:\n"
+      "guard: {default_rules: true}\n"
+      "tenants:\n  compliance: {audit_content: redacted, deny: ['(?i)password'], allow: [a, b], keywords_file: /etc/w.txt}\n  retrieval: {audit_content: none}\n  plain:\n"
       "models: [{name: m, backends: [{url: 'http://a:1'}]}]");
   ASSERT_TRUE(c) << c.error().message();
   EXPECT_EQ(c->audit.dir, "/var/log/lmserve/audit");
@@ -56,6 +57,10 @@ TEST(GatewayConfig, AuditAndTenants) {
   EXPECT_EQ(c->redis_host, "127.0.0.1");
   EXPECT_EQ(c->redis_port, 6379);
   EXPECT_EQ(c->tenant("compliance").audit_content, TenantConfig::AuditContent::kRedacted);
+  EXPECT_TRUE(c->guard_default_rules);
+  EXPECT_EQ(c->tenant("compliance").deny, std::vector<std::string>{"(?i)password"});
+  EXPECT_EQ(c->tenant("compliance").allow.size(), 2u);
+  EXPECT_EQ(c->tenant("compliance").keywords_file, "/etc/w.txt");
   EXPECT_EQ(c->tenant("retrieval").audit_content, TenantConfig::AuditContent::kNone);
   EXPECT_EQ(c->tenant("plain").audit_content, TenantConfig::AuditContent::kNone);
   EXPECT_EQ(c->tenant("unlisted").audit_content, TenantConfig::AuditContent::kNone);
@@ -105,6 +110,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"models: [{name: m, default_max_tokens: 0, backends: [{url: 'http://a:1'}]}]", "models[0].default_max_tokens: must be between 1"},
                       Bad{"redis: localhost\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "redis: must be host:port, not 'localhost'"},
                       Bad{"redis: 'h:0'\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "redis: must be host:port"},
+                      Bad{"guard: {rules: true}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "guard.rules: unknown key"},
+                      Bad{"tenants: {c: {deny: '(?i)x'}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.deny: must be a list of regexes"},
                       Bad{"models: [{backends: [{url: 'http://a:1'}]}]", "models[0].name: is required"},
                       Bad{"models: [{name: m}]", "models[0].backends: is required"},
                       Bad{"models: [{name: m, backends: [{url: 'https://a:1'}]}]", "models[0].backends[0].url: must start with http://"},

@@ -1,0 +1,299 @@
+#include "gateway/guard.h"
+
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include "text/regex.h"
+#include "text/utf8.h"
+
+namespace lmserve::gateway {
+
+namespace {
+
+enum class Form { kFolded, kCompact };
+
+struct DefaultRule {
+  const char* id;
+  Form form;
+  const char* pattern;
+};
+
+// The shipped prompt-injection rules. Folded-form rules see words and punctuation; compact-form
+// rules see letters only (no \b there: their words run together, so each names a phrase that an
+// ordinary question does not contain).
+const DefaultRule kDefaultRules[] = {
+    // "Ignore (all) previous instructions" and its many wordings.
+    {"default.ignore_instructions", Form::kFolded,
+     R"(\b(ignore|disregard|forget|skip|override|bypass|drop|abandon|discard|neglect)\b[^.!?\n]{0,40}?\b(previous|prior|above|earlier|preceding|former|foregoing|original|initial|system|all|any|every|your|these|those)\b[^.!?\n]{0,30}?\b(instr\w*|prompts?|rules|directions?|directives?|guidelines|guardrails|constraints|policies|restrictions|context|orders|commands|programming|training)\b)"},
+    {"default.ignore_instructions", Form::kCompact,
+     R"((ignore|disregard|forget|override|bypass|discard)(all|any|every|of|the|your|my|these|those)*(previous|prior|above|earlier|preceding|former|original|initial|system)(instr\p{L}{0,9}|prompts?|rules|directions|directives|guidelines|context|messages?))"},
+    {"default.ignore_instructions_zh", Form::kCompact,
+     R"((忽略|无视|忘记|忘掉|不要理会|别管|跳过|绕过|抛开|放弃|不再遵守|不要遵守|停止遵守)(了)?.{0,6}?(之前|以上|上面|上述|先前|前面|此前|所有|全部|原来|原有|原先|系统|你的|一切).{0,6}?(指令|指示|提示词|提示|规则|设定|要求|限制|约束|命令|规定|说明))"},
+    {"default.ignore_instructions_zh", Form::kCompact, R"((忽略|忘记|忘掉|无视|不要管|别管)(掉)?(之前|以上|上面|上述|先前|前面)(的)?(所有|一切|全部)?(内容|对话|话|消息|文字|设定))"},
+    {"default.ignore_above", Form::kFolded,
+     R"(\b(ignore|disregard|forget)\b[^.!?\n]{0,20}?\b(everything|anything|all|whatever)\b[^.!?\n]{0,10}?\b(above|before|prior|previously|earlier)\b)"},
+    {"default.ignore_them", Form::kFolded,
+     R"(\b(instr\w*|rules|prompts?|guidelines|directions)\b[^.!?\n]{0,40}?[;,:.!]?\s*\b(ignore|disregard|forget|skip|override)\b\s+(them|it|those|these|that|all of them)\b)"},
+    {"default.ignore_told", Form::kFolded,
+     R"(\b(ignore|disregard|forget)\b[^.!?\n]{0,20}?\b(what|everything|anything|whatever)\b[^.!?\n]{0,20}?\b(told|said|given|instructed|taught|asked)\b)"},
+    {"default.stop_following", Form::kFolded,
+     R"(\b(don'?t|do not|stop|no longer|never|quit)\b\s+(follow(ing)?|obey(ing)?|adher(e|ing) to|listen(ing)? to|comply(ing)? with|respect(ing)?)\b[^.!?\n]{0,20}?\b(previous|prior|earlier|original|initial|your|the|system|those|these|any)\b[^.!?\n]{0,20}?\b(instr\w*|rules|prompts?|guidelines|directions|policies)\b)"},
+    {"default.instructions_void", Form::kFolded,
+     R"(\b(you were told|you've been told|you have been told|you were given|your (previous|prior|earlier|original) (instr\w*|rules|prompts?))\b[^\n]{0,60}?\b(void|cancell?ed|invalid|obsolete|outdated|revoked|no longer (apply|valid|in effect))\b)"},
+    {"default.stop_following_zh", Form::kCompact,
+     R"((不要|别|无需|不必|不用|不再)(再)?(遵守|遵循|理会|管|执行|服从|听从)(之前|以上|上面|上述|先前|前面|原来|原有|所有|你的|系统|那些))"},
+    {"default.ignore_instructions_zh", Form::kCompact,
+     R"((之前|以上|上面|上述|先前|前面|原来|原有|所有|全部|你的|系统)(的)?(所有|全部|一切)?(指令|指示|提示词|提示|规则|设定|要求|限制|约束)(都|全部|统统|一律)?(忘掉|忘记|忽略|无视|作废|不用管|别管|不算数|失效|取消|废除))"},
+    // Role spoofing: a chat template's markers, or a system/developer turn, inside user text.
+    {"default.role_marker", Form::kFolded,
+     R"(<\|\s*(im_start|im_end|system|user|assistant|start_header_id|end_header_id|eot_id|begin_of_text|endoftext|end_of_turn)\s*\|>|\[/?inst\]|<<\s*/?sys\s*>>|<\s*/?\s*(system|system_prompt)\s*>|<start_of_turn>)"},
+    {"default.role_spoof", Form::kFolded,
+     R"((^|\n)\s*[#*\[(]*\s*(system|developer|admin|administrator|root)\s*(prompt|message|override|note|instruction)?\s*[\])*]*\s*[:：]\s*\S)"},
+    {"default.role_spoof", Form::kFolded, R"((^|\n)\s*[\[(]\s*(system|admin|administrator|developer|root)\s*[\])])"},
+    {"default.role_spoof_zh", Form::kFolded, R"((^|\n|[。！？!?])\s*(系统|管理员|开发者|超级用户)\s*(提示|消息|指令|通知|命令)?\s*[:：])"},
+    // A new persona without limits.
+    {"default.persona", Form::kFolded,
+     R"(\b(you are|you're|act as|pretend to be|pretend you are|roleplay as|from now on,? you('ll| will| are)|become)\b[^.!?\n]{0,40}?\b(dan|jailbroken|unrestricted|unfiltered|uncensored|evil|without (any )?(rules|restrictions|limits|filters|guidelines|ethics))\b)"},
+    {"default.persona", Form::kFolded, R"(\b(do anything now|developer mode|jailbreak|god mode|no longer bound|not bound by)\b)"},
+    {"default.persona_zh", Form::kCompact,
+     R"((你现在是|你是|扮演|假装你是|从现在起你是|从现在开始你是|进入).{0,12}?(dan|没有(任何)?(限制|约束|规则|底线|审查)|不受(任何)?(限制|约束|规则|规定|审查)|无限制|越狱|开发者模式|上帝模式))"},
+    {"default.persona_zh", Form::kCompact, R"((越狱模式|开发者模式|无审查模式|解除(所有)?限制|不受任何规则))"},
+    {"default.persona_zh", Form::kCompact, R"(你(就|将|已经|已)?(不再)?(不受|没有|不存在)(任何)?(限制|约束|规则|规定|审查|底线))"},
+    // Asking for the hidden prompt.
+    {"default.prompt_leak", Form::kFolded,
+     R"(\b(reveal|show|print|output|repeat|leak|tell me|give me|display|dump|write out|recite|spell out|what (is|are|was|were))\b[^.!?\n]{0,30}?\b(system prompt|system message|initial (prompt|instructions)|hidden (prompt|instructions)|original (prompt|instructions)|your (instructions|prompt|rules)|the (text|prompt|instructions) above|everything above|developer (message|instructions))\b)"},
+    {"default.prompt_leak_zh", Form::kCompact,
+     R"((输出|显示|告诉我|透露|泄露|打印|重复|给我看|说出|展示|复述).{0,8}?(你的)?(系统提示|系统提示词|系统指令|初始指令|初始提示|隐藏指令|原始指令|原始提示|上面的(内容|指令|文字)|以上(内容|指令)))"},
+    {"default.new_instructions", Form::kFolded, R"(\b(new|updated|real|actual|true) (instructions?|system prompt|task)\s*[:：])"},
+    {"default.prompt_leak", Form::kFolded,
+     R"(\b(instructions|prompt|rules|guidelines)\b\s+(that\s+)?(you were|you've been|you have been|you got|they gave you|you are|you're)\s*(given|told|provided|programmed|following|operating under)\b)"},
+    {"default.new_instructions_zh", Form::kFolded, R"((新的|真正的|最新的|实际的)\s*(指令|任务|系统提示)\s*(是|[:：]))"},
+    {"default.prompt_leak", Form::kCompact,
+     R"((reveal|show|print|output|repeat|leak|tellme|giveme|display|dump|recite)(me|us)?(your|the)(systemprompt|systemmessage|initialinstructions|initialprompt|hiddeninstructions|hiddenprompt|originalprompt|originalinstructions))"},
+    {"default.prompt_leak_zh", Form::kCompact,
+     R"((你的)?(系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令)(的)?(原文|全文|内容|原话)?.{0,6}?(显示|输出|告诉|发|打印|透露|泄露|说|复述|展示)(出来|给我|一下|我)?)"},
+    {"default.prompt_leak", Form::kFolded,
+     R"(\b(what'?s|what is|what are|what were|what was)\b[^.!?\n]{0,10}?\b(your\s+(instr\w*|prompt|rules|system prompt|system message)|the\s+(system prompt|system message|hidden prompt|hidden instructions|initial prompt|initial instructions|original prompt|original instructions))\b)"},
+    {"default.prompt_leak", Form::kFolded,
+     R"(\b(instructions|rules|prompts?)\b\s+(were|was|have|had|did)\s+you\s+(been\s+)?(given|told|provided|get|receive)\b)"},
+    {"default.prompt_leak_zh", Form::kCompact, R"((系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(是什么|有哪些|是啥|写了什么|的内容))"},
+};
+
+bool drop_in_compact(char32_t cp) {
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  switch (cat) {
+    case UTF8PROC_CATEGORY_ZS: case UTF8PROC_CATEGORY_ZL: case UTF8PROC_CATEGORY_ZP:
+    case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_PC: case UTF8PROC_CATEGORY_PD: case UTF8PROC_CATEGORY_PS: case UTF8PROC_CATEGORY_PE:
+    case UTF8PROC_CATEGORY_PI: case UTF8PROC_CATEGORY_PF: case UTF8PROC_CATEGORY_PO:
+    case UTF8PROC_CATEGORY_SM: case UTF8PROC_CATEGORY_SC: case UTF8PROC_CATEGORY_SK: case UTF8PROC_CATEGORY_SO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Aho-Corasick over bytes: a trie of the compacted keywords with failure links; each node knows
+// the first keyword (in list order) that ends at it or at any of its suffixes.
+class KeywordMatcher {
+ public:
+  explicit KeywordMatcher(const std::vector<std::string>& keywords) {
+    nodes_.emplace_back();
+    for (std::size_t k = 0; k < keywords.size(); ++k) {
+      const auto& w = keywords[k];
+      if (w.empty()) continue;
+      int n = 0;
+      for (unsigned char ch : w) {
+        int next = child(n, ch);
+        if (next < 0) {
+          next = static_cast<int>(nodes_.size());
+          nodes_[static_cast<std::size_t>(n)].next.emplace_back(ch, next);
+          nodes_.emplace_back();
+          nodes_.back().depth = nodes_[static_cast<std::size_t>(n)].depth + 1;
+        }
+        n = next;
+      }
+      auto& end = nodes_[static_cast<std::size_t>(n)];
+      if (end.word < 0) end.word = static_cast<int>(k);
+    }
+    // Breadth first: failure links, and each node's output (its own word or its failure's).
+    std::vector<int> queue{0};
+    for (std::size_t qi = 0; qi < queue.size(); ++qi) {
+      const int n = queue[qi];
+      for (const auto& [ch, c] : nodes_[static_cast<std::size_t>(n)].next) {
+        int f = nodes_[static_cast<std::size_t>(n)].fail;
+        while (n != 0 && f >= 0 && child(f, ch) < 0) f = f == 0 ? -1 : nodes_[static_cast<std::size_t>(f)].fail;
+        const int fc = n == 0 || f < 0 ? 0 : child(f, ch);
+        auto& cn = nodes_[static_cast<std::size_t>(c)];
+        cn.fail = fc == c ? 0 : fc;
+        const auto& fn = nodes_[static_cast<std::size_t>(cn.fail)];
+        cn.out = cn.word >= 0 && (fn.out < 0 || cn.word < fn.out) ? cn.word : fn.out;
+        if (cn.word >= 0 && fn.out >= 0) cn.out = std::min(cn.word, fn.out);
+        queue.push_back(c);
+      }
+    }
+  }
+
+  // Every match as (keyword, begin, end) over `text`, by calling `fn`; stops when fn says so.
+  template <class Fn>
+  void scan(std::string_view text, Fn&& fn) const {
+    int n = 0;
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      const auto ch = static_cast<unsigned char>(text[i]);
+      while (n != 0 && child(n, ch) < 0) n = nodes_[static_cast<std::size_t>(n)].fail;
+      const int c = child(n, ch);
+      n = c < 0 ? 0 : c;
+      // Report the outputs along the failure chain (each with its own length).
+      for (int m = n; m > 0; m = nodes_[static_cast<std::size_t>(m)].fail) {
+        const auto& node = nodes_[static_cast<std::size_t>(m)];
+        if (node.out < 0) break;
+        if (node.word >= 0 && fn(node.word, i + 1 - static_cast<std::size_t>(node.depth), i + 1)) return;
+      }
+    }
+  }
+  bool empty() const { return nodes_.size() == 1; }
+
+ private:
+  struct Node {
+    std::vector<std::pair<unsigned char, int>> next;
+    int fail = 0, word = -1, out = -1, depth = 0;
+  };
+  int child(int n, unsigned char ch) const {
+    for (const auto& [c, to] : nodes_[static_cast<std::size_t>(n)].next) {
+      if (c == ch) return to;
+    }
+    return -1;
+  }
+  std::vector<Node> nodes_;
+};
+
+}  // namespace
+
+GuardText guard_normalise(std::string_view text) {
+  GuardText t;
+  const std::string valid = text::utf8_is_valid(text) ? std::string(text) : text::utf8_lossy(text);
+  utf8proc_uint8_t* out = nullptr;
+  const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(valid.data()), static_cast<utf8proc_ssize_t>(valid.size()), &out,
+                              static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT | UTF8PROC_CASEFOLD | UTF8PROC_IGNORE));
+  if (n >= 0) t.folded.assign(reinterpret_cast<const char*>(out), static_cast<std::size_t>(n));
+  else t.folded = valid;
+  std::free(out);
+  t.compact.reserve(t.folded.size());
+  t.to_folded.reserve(t.folded.size());
+  for (std::size_t i = 0; i < t.folded.size();) {
+    char32_t cp = 0;
+    const int len = std::max(1, text::utf8_decode(t.folded, i, &cp));
+    if (!drop_in_compact(cp)) {
+      for (int b = 0; b < len; ++b) {
+        t.compact.push_back(t.folded[i + static_cast<std::size_t>(b)]);
+        t.to_folded.push_back(i);
+      }
+    }
+    i += static_cast<std::size_t>(len);
+  }
+  return t;
+}
+
+struct Guard::Impl {
+  struct Rule {
+    std::string id;
+    Form form;
+    text::Regex regex;
+  };
+  std::vector<Rule> deny;
+  std::vector<text::Regex> allow;
+  std::vector<std::string> keyword_ids;
+  std::optional<KeywordMatcher> keywords;
+};
+
+Guard::Guard() : impl_(std::make_unique<Impl>()) {}
+Guard::~Guard() = default;
+
+Result<std::shared_ptr<const Guard>> Guard::build(const GuardSpec& spec) {
+  std::shared_ptr<Guard> g(new Guard());
+  auto& im = *g->impl_;
+  if (spec.default_rules) {
+    for (const auto& r : kDefaultRules) {
+      auto re = text::Regex::compile(r.pattern);
+      if (!re) return error(Status(StatusCode::kInternal, std::string("guard: default rule ") + r.id + ": " + re.error().message()));
+      im.deny.push_back({r.id, r.form, std::move(*re)});
+    }
+  }
+  for (std::size_t i = 0; i < spec.deny.size(); ++i) {
+    auto re = text::Regex::compile(spec.deny[i]);
+    if (!re) return error(Status(StatusCode::kInvalidArgument, "deny[" + std::to_string(i) + "]: " + re.error().message()));
+    im.deny.push_back({"deny[" + std::to_string(i) + "]", Form::kFolded, std::move(*re)});
+  }
+  for (std::size_t i = 0; i < spec.allow.size(); ++i) {
+    auto re = text::Regex::compile(spec.allow[i]);
+    if (!re) return error(Status(StatusCode::kInvalidArgument, "allow[" + std::to_string(i) + "]: " + re.error().message()));
+    im.allow.push_back(std::move(*re));
+  }
+  std::vector<std::string> compacted;
+  for (const auto& k : spec.keywords) {
+    compacted.push_back(guard_normalise(k).compact);
+    im.keyword_ids.push_back("keyword:" + k);
+  }
+  if (!compacted.empty()) im.keywords.emplace(compacted);
+  return std::shared_ptr<const Guard>(std::move(g));
+}
+
+std::size_t Guard::rules() const { return impl_->deny.size() + impl_->keyword_ids.size(); }
+
+std::optional<std::string> Guard::check(std::span<const std::string> texts) const {
+  const auto& im = *impl_;
+  for (const auto& raw : texts) {
+    if (raw.empty()) continue;
+    const auto t = guard_normalise(raw);
+    std::vector<std::pair<std::size_t, std::size_t>> allowed;  // folded spans
+    for (const auto& a : im.allow) {
+      for (const auto& span : a.find_all(t.folded)) allowed.push_back(span);
+    }
+    auto is_allowed = [&](std::size_t b, std::size_t e) {
+      for (const auto& [ab, ae] : allowed) {
+        if (ab <= b && e <= ae) return true;
+      }
+      return false;
+    };
+    auto folded_span = [&](std::size_t b, std::size_t e) {  // a compact span in folded bytes
+      return std::pair{t.to_folded[b], e < t.to_folded.size() ? t.to_folded[e] : t.folded.size()};
+    };
+    for (const auto& r : im.deny) {
+      const auto& subject = r.form == Form::kFolded ? t.folded : t.compact;
+      for (const auto& [b, e] : r.regex.find_all(subject)) {
+        const auto [fb, fe] = r.form == Form::kFolded ? std::pair{b, e} : folded_span(b, e);
+        if (!is_allowed(fb, fe)) return r.id;
+      }
+    }
+    if (im.keywords) {
+      std::optional<std::string> hit;
+      im.keywords->scan(t.compact, [&](int k, std::size_t b, std::size_t e) {
+        const auto [fb, fe] = folded_span(b, e);
+        if (is_allowed(fb, fe)) return false;
+        hit = im.keyword_ids[static_cast<std::size_t>(k)];
+        return true;
+      });
+      if (hit) return hit;
+    }
+  }
+  return std::nullopt;
+}
+
+Result<std::vector<std::string>> read_keywords(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return error(Status(StatusCode::kNotFound, "cannot read " + path));
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+    const auto start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    out.push_back(line.substr(start));
+  }
+  return out;
+}
+
+}  // namespace lmserve::gateway
