@@ -210,7 +210,9 @@ struct Gateway::Impl : http::Application {
     }
     if (req.method != "POST") return ex.reply(error_response(404, "no such route", "not_found"));
     // Refused by the gateway itself: answered, and logged as a proxied request would be.
+    std::string tenant;  // with a valid key
     auto refuse = [&](http::Response r, const std::string& model, const std::string& code) {
+      if (!tenant.empty()) state->metrics.tenant_request(tenant, model, r.status);
       if (snap->config.access_log) {
         write_access_log({.id = state->next_id(), .model = model, .path = req.path, .client = req.remote_address, .error = code, .status = r.status});
       }
@@ -230,6 +232,7 @@ struct Gateway::Impl : http::Application {
     std::optional<KeyRecord> key;
     if (keys) {
       auto a = authenticate(req, model->name);
+      if (a.key) tenant = a.key->tenant;
       if (a.refusal) {
         const int status = a.refusal->status;
         if (a.key && state->audit) {  // a valid key: the request reached admission, and its refusal is audited
@@ -269,6 +272,7 @@ struct Gateway::Impl : http::Application {
           rec["rule"] = *rule;
           if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
         }
+        if (!info.tenant.empty()) state->metrics.tenant_blocked(info.tenant, *rule);
         return refuse(error_response(400, "the request was blocked by the content rule " + *rule, "content_blocked"), model->name, "content_blocked");
       }
     }
@@ -281,6 +285,7 @@ struct Gateway::Impl : http::Application {
           rec["error"] = refusal->second;
           if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
         }
+        state->metrics.tenant_limited(key->tenant, refusal->second);
         return refuse(std::move(refusal->first), model->name, refusal->second);
       }
     }

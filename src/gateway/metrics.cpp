@@ -89,6 +89,27 @@ void GatewayMetrics::upstream_error(const std::string& backend, const std::strin
   ++upstream_errors_[{backend, kind}];
 }
 
+void GatewayMetrics::tenant_request(const std::string& tenant, const std::string& model, int status) {
+  std::lock_guard lock(mu_);
+  ++tenant_requests_[{tenant, model, std::to_string(status)}];
+}
+
+void GatewayMetrics::tenant_tokens(const std::string& tenant, const std::string& model, std::int64_t prompt, std::int64_t completion) {
+  std::lock_guard lock(mu_);
+  if (prompt > 0) tenant_tokens_[{tenant, model, "prompt"}] += static_cast<std::uint64_t>(prompt);
+  if (completion > 0) tenant_tokens_[{tenant, model, "completion"}] += static_cast<std::uint64_t>(completion);
+}
+
+void GatewayMetrics::tenant_limited(const std::string& tenant, const std::string& limit) {
+  std::lock_guard lock(mu_);
+  ++tenant_limited_[{tenant, limit}];
+}
+
+void GatewayMetrics::tenant_blocked(const std::string& tenant, const std::string& rule) {
+  std::lock_guard lock(mu_);
+  ++tenant_blocked_[{tenant, rule}];
+}
+
 std::string GatewayMetrics::render(const std::vector<ReplicaRow>& replicas) const {
   std::lock_guard lock(mu_);
   std::map<std::string, std::uint64_t> requests;
@@ -130,6 +151,20 @@ std::string GatewayMetrics::render(const std::vector<ReplicaRow>& replicas) cons
   for (const auto& [k, n] : upstream_errors_) {
     out += "lmserve:gateway_upstream_errors_total{" + lbl("backend", k.first) + "," + lbl("kind", k.second) + "} " + std::to_string(n) + "\n";
   }
+  header(out, "lmserve:gateway_tenant_requests_total", "counter", "Requests of API keys answered (proxied or refused by the gateway), by tenant, model and HTTP status.");
+  for (const auto& [k, n] : tenant_requests_) {
+    const auto& [tenant, model, status] = k;
+    out += "lmserve:gateway_tenant_requests_total{" + lbl("tenant", tenant) + "," + lbl("model", model) + "," + lbl("status", status) + "} " + std::to_string(n) + "\n";
+  }
+  header(out, "lmserve:gateway_tenant_tokens_total", "counter", "Tokens the replicas reported for a tenant's requests, by kind (prompt, completion).");
+  for (const auto& [k, n] : tenant_tokens_) {
+    const auto& [tenant, model, kind] = k;
+    out += "lmserve:gateway_tenant_tokens_total{" + lbl("tenant", tenant) + "," + lbl("model", model) + "," + lbl("kind", kind) + "} " + std::to_string(n) + "\n";
+  }
+  header(out, "lmserve:gateway_tenant_limited_total", "counter", "A tenant's requests refused by a key's limit (rpm, tpm, max_concurrency, daily_tokens, max_input_tokens).");
+  for (const auto& [k, n] : tenant_limited_) out += "lmserve:gateway_tenant_limited_total{" + lbl("tenant", k.first) + "," + lbl("limit", k.second) + "} " + std::to_string(n) + "\n";
+  header(out, "lmserve:gateway_tenant_blocked_total", "counter", "A tenant's requests blocked by the guard, by rule.");
+  for (const auto& [k, n] : tenant_blocked_) out += "lmserve:gateway_tenant_blocked_total{" + lbl("tenant", k.first) + "," + lbl("rule", k.second) + "} " + std::to_string(n) + "\n";
   header(out, "lmserve:gateway_backend_healthy", "gauge", "1 when the replica passes its health checks.");
   for (const auto& r : replicas) {
     out += "lmserve:gateway_backend_healthy{" + lbl("model", r.model) + "," + lbl("backend", r.backend) + "," + lbl("version", r.version) + "} " +

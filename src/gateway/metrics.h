@@ -24,6 +24,12 @@ class GatewayMetrics {
   void retry(const std::string& model, const std::string& backend, const std::string& reason);
   void ejection(const std::string& backend, const std::string& reason);
   void upstream_error(const std::string& backend, const std::string& kind);
+  // Per tenant (an API key's): requests answered (proxied or refused), the tokens replicas
+  // reported, refusals by a limit, and blocks by the guard.
+  void tenant_request(const std::string& tenant, const std::string& model, int status);
+  void tenant_tokens(const std::string& tenant, const std::string& model, std::int64_t prompt, std::int64_t completion);
+  void tenant_limited(const std::string& tenant, const std::string& limit);
+  void tenant_blocked(const std::string& tenant, const std::string& rule);
 
   struct ReplicaRow {
     std::string model, backend, version;
@@ -49,6 +55,8 @@ class GatewayMetrics {
   std::map<std::thread::id, std::unique_ptr<Shard>> shards_;
   std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> retries_;
   std::map<std::pair<std::string, std::string>, std::uint64_t> ejections_, upstream_errors_;
+  std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> tenant_requests_, tenant_tokens_;  // tenant, model, status/kind
+  std::map<std::pair<std::string, std::string>, std::uint64_t> tenant_limited_, tenant_blocked_;                 // tenant, limit/rule
 };
 
 }  // namespace lmserve::gateway

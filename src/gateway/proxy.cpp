@@ -210,7 +210,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   ProxyCall(State& state, std::shared_ptr<Snapshot> snap, const ModelConfig& model, Exchange ex, RouteInfo info)
       : state_(state), snap_(std::move(snap)), model_(model), cfg_(snap_->config), ex_(std::move(ex)), info_(std::move(info)),
         io_(server::http::io_context_of(ex_)), id_(info_.id ? info_.id : state.next_id()) {
-    const bool counts = info_.grant && info_.grant->counts_tokens();
+    const bool counts = (info_.grant && info_.grant->counts_tokens()) || !info_.tenant.empty();  // limits, tenant metrics
     if (state_.audit || counts) audit_.emplace(info_.audit_text, state_.audit != nullptr);
   }
 
@@ -607,6 +607,11 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     static const std::string kNone;
     const std::string& backend = replica_ && status != 503 ? replica_->url() : kNone;
     state_.metrics.request(model_.name, backend, backend.empty() ? "" : version_, status, ttft_, total);
+    if (!info_.tenant.empty()) {
+      state_.metrics.tenant_request(info_.tenant, model_.name, status);
+      const auto& u = audit_->reader.usage();
+      state_.metrics.tenant_tokens(info_.tenant, model_.name, u.prompt_tokens, u.completion_tokens);
+    }
     if (cfg_.access_log) {
       const auto& req = ex_.request();
       write_access_log({.id = id_, .model = model_.name, .backend = backend, .version = version_, .path = req.path, .client = req.remote_address,
