@@ -5,6 +5,7 @@
 #include <boost/asio/ip/address.hpp>
 #include <charconv>
 #include <set>
+#include <tuple>
 
 #include "common/file.h"
 
@@ -85,16 +86,16 @@ std::chrono::milliseconds get_ms(const YAML::Node& n, const std::string& path, s
 }
 
 // "host:port" with host an IP address.
-void parse_listen(const std::string& s, GatewayConfig& c) {
+// "HOST:PORT" (an IP address, IPv6 in brackets) of the key `key`.
+std::pair<std::string, int> parse_listen(const std::string& s, const std::string& key) {
   const auto colon = s.rfind(':');
-  if (colon == std::string::npos) fail("listen", "must be HOST:PORT");
+  if (colon == std::string::npos) fail(key, "must be HOST:PORT");
   std::string host = s.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   boost::system::error_code ec;
   boost::asio::ip::make_address(host, ec);
-  if (ec) fail("listen", "'" + host + "' is not an IP address");
-  c.listen_host = host;
-  c.listen_port = static_cast<int>(get_int(YAML::Node(s.substr(colon + 1)), "listen", 0, 65535));
+  if (ec) fail(key, "'" + host + "' is not an IP address");
+  return {host, static_cast<int>(get_int(YAML::Node(s.substr(colon + 1)), key, 0, 65535))};
 }
 
 // "http://host[:port][/]": the replicas speak plain HTTP inside the cluster.
@@ -191,9 +192,10 @@ ModelConfig parse_model(const YAML::Node& n, const std::string& path) {
 
 GatewayConfig parse_root(const YAML::Node& root) {
   check_keys(root, "", {"listen", "models", "timeouts_ms", "health", "eject", "prefix", "scrape_interval_ms", "dns_refresh_ms",
-                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file", "audit", "tenants", "redis", "guard"});
+                        "max_attempts", "access_log", "io_threads", "max_connections", "keys_db", "key_secret_file", "audit", "tenants", "redis", "guard", "admin_listen"});
   GatewayConfig c;
-  if (root["listen"]) parse_listen(get_string(root["listen"], "listen"), c);
+  if (root["listen"]) std::tie(c.listen_host, c.listen_port) = parse_listen(get_string(root["listen"], "listen"), "listen");
+  if (root["admin_listen"]) std::tie(c.admin_host, c.admin_port) = parse_listen(get_string(root["admin_listen"], "admin_listen"), "admin_listen");
   const auto ms = root["models"];
   if (!ms) fail("models", "is required");
   if (!ms.IsSequence() || ms.size() == 0) fail("models", "must be a non-empty list");

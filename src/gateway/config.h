@@ -115,6 +115,10 @@ struct TenantConfig {
 struct GatewayConfig {
   std::string listen_host = "127.0.0.1";
   int listen_port = 8080;
+  // admin_listen: /metrics, /health, /ready and /admin/* on an address of their own (and /metrics
+  // and /admin/* no longer on `listen`). Empty: all on `listen`. Changes take a restart.
+  std::string admin_host;
+  int admin_port = -1;
   std::vector<ModelConfig> models;
   Timeouts timeouts;
   HealthConfig health;

@@ -193,21 +193,16 @@ struct Gateway::Impl : http::Application {
     const auto& req = ex.request();
     const auto& path = req.path;
     auto snap = state->current();
-    if (path == "/health") return ex.reply({.status = 200, .content_type = "text/plain", .body = "ok\n"});
-    if (path == "/ready") return ready(ex, *snap);
-    if (path == "/metrics") return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = render_metrics(*snap)});
+    if (path == "/health" || path == "/ready") return own_route(ex, *snap);
+    if (path == "/metrics" || path.starts_with("/admin/")) {
+      if (admin) return ex.reply(error_response(404, "no such route (the admin routes are on admin_listen)", "not_found"));
+      return own_route(ex, *snap);
+    }
     if (keys && path.starts_with("/v1/")) {  // OpenAI's API asks for the key on every route
       auto a = authenticate(req, "");
       if (a.refusal) return ex.reply(std::move(*a.refusal));
     }
     if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return models(ex, *snap);
-    if (path == "/admin/reload") {
-      if (req.method != "POST") return ex.reply(error_response(405, "use POST", "method_not_allowed"));
-      if (!loopback(req.remote_address)) return ex.reply(error_response(403, "the admin routes answer only on the loopback interface", "forbidden"));
-      auto st = reload_config();
-      if (!st.is_ok()) return ex.reply(error_response(400, st.message(), "invalid_config"));
-      return ex.reply({.status = 200, .body = R"({"status":"reloaded"})"});
-    }
     if (req.method != "POST") return ex.reply(error_response(404, "no such route", "not_found"));
     // Refused by the gateway itself: answered, and logged as a proxied request would be.
     std::string tenant;  // with a valid key
@@ -342,6 +337,36 @@ struct Gateway::Impl : http::Application {
     info.grant = std::make_shared<Grant>(*state->limiter, key.id, l, info.id, reserve, now);
     return std::nullopt;
   }
+
+  // The gateway's own routes: /health, /ready, /metrics, /admin/reload (on admin_listen when set).
+  void own_route(http::Exchange& ex, const Snapshot& snap) {
+    const auto& req = ex.request();
+    const auto& path = req.path;
+    if (path == "/health") return ex.reply({.status = 200, .content_type = "text/plain", .body = "ok\n"});
+    if (path == "/ready") return ready(ex, snap);
+    if (path == "/metrics") return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = render_metrics(snap)});
+    if (path == "/admin/reload") {
+      if (req.method != "POST") return ex.reply(error_response(405, "use POST", "method_not_allowed"));
+      // On the API's address only from this host; admin_listen is the operator's to protect.
+      if (!admin && !loopback(req.remote_address)) return ex.reply(error_response(403, "the admin routes answer only on the loopback interface", "forbidden"));
+      auto st = reload_config();
+      if (!st.is_ok()) return ex.reply(error_response(400, st.message(), "invalid_config"));
+      return ex.reply({.status = 200, .body = R"({"status":"reloaded"})"});
+    }
+    ex.reply(error_response(404, "no such route", "not_found"));
+  }
+
+  // admin_listen's application: the own routes, nothing else.
+  struct AdminApp : http::Application {
+    explicit AdminApp(Impl& i) : impl(i) {}
+    void handle(http::Exchange ex) override { impl.own_route(ex, *impl.state->current()); }
+    http::Response error_response(http::TransportError e) override { return impl.error_response(e); }
+    void drain(std::chrono::milliseconds) override {}
+    Impl& impl;
+  };
+  std::unique_ptr<AdminApp> admin_app;
+  std::unique_ptr<http::Transport> admin;  // with admin_listen
+  std::thread admin_thread;
 
   // ---- the audit trail --------------------------------------------------------------------------
   // A record's common fields. The prompt's digest is the SHA-256 of the request body as received.
@@ -481,12 +506,15 @@ struct Gateway::Impl : http::Application {
     if (c->listen_host != old.listen_host || (options.port_override < 0 && c->listen_port != old.listen_port) || c->io_threads != old.io_threads ||
         c->max_connections != old.max_connections || c->keys_db != old.keys_db || c->key_secret_file != old.key_secret_file ||
         c->audit.dir != old.audit.dir || c->audit.fail_closed != old.audit.fail_closed || c->audit.segment_bytes != old.audit.segment_bytes ||
-        c->audit.sync != old.audit.sync || c->redis_host != old.redis_host || c->redis_port != old.redis_port) {
-      spdlog::warn("gateway: listen, io_threads, max_connections, keys_db, key_secret_file, audit and redis take effect at the next start");
+        c->audit.sync != old.audit.sync || c->redis_host != old.redis_host || c->redis_port != old.redis_port || c->admin_host != old.admin_host ||
+        (options.port_override < 0 && c->admin_port != old.admin_port)) {
+      spdlog::warn("gateway: listen, admin_listen, io_threads, max_connections, keys_db, key_secret_file, audit and redis take effect at the next start");
     }
     c->audit = old.audit;  // the trail in force is the one the snapshot describes
     c->listen_host = old.listen_host;
     c->listen_port = old.listen_port;
+    c->admin_host = old.admin_host;
+    c->admin_port = old.admin_port;
     auto next = std::make_shared<Snapshot>(std::move(*c));
     if (auto st = prepare(*next, old_snap.get()); !st.is_ok()) {
       spdlog::error("gateway: reload refused, keeping the configuration in force: {}", st.message());
@@ -508,7 +536,12 @@ struct Gateway::Impl : http::Application {
 };
 
 Gateway::Gateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Gateway::~Gateway() = default;
+Gateway::~Gateway() {
+  if (impl_ && impl_->admin_thread.joinable()) {  // started, never run
+    impl_->admin->shutdown();
+    impl_->admin_thread.join();
+  }
+}
 
 Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
   auto c = load_config(options.config_path);
@@ -523,6 +556,15 @@ Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
   t.max_connections = c->max_connections;
   t.server_header = "lmserve-gateway";
   impl->transport = std::make_unique<http::Transport>(t, *impl);
+  if (c->admin_port >= 0) {
+    http::TransportOptions at;
+    at.host = c->admin_host;
+    at.port = c->admin_port;
+    at.io_threads = 1;
+    at.server_header = "lmserve-gateway";
+    impl->admin_app = std::make_unique<Impl::AdminApp>(*impl);
+    impl->admin = std::make_unique<http::Transport>(at, *impl->admin_app);
+  }
   impl->state = std::make_unique<State>(http::context_of(*impl->transport));
   auto first = std::make_shared<Snapshot>(std::move(*c));
   if (auto st = prepare(*first, nullptr); !st.is_ok()) return error(st);
@@ -552,12 +594,17 @@ Result<std::unique_ptr<Gateway>> Gateway::create(GatewayOptions options) {
 Status Gateway::start() {
   Monitor::resolve_now(*impl_->state, impl_->state->current()->config);
   LMSERVE_RETURN_IF_ERROR(impl_->transport->start());
+  if (impl_->admin) {
+    LMSERVE_RETURN_IF_ERROR(impl_->admin->start());
+    impl_->admin_thread = std::thread([a = impl_->admin.get()] { a->run(false); });
+  }
   impl_->monitor->start();
   if (impl_->keys) net::post(impl_->state->ioc, [impl = impl_.get()] { impl->refresh_keys(); });
   return Status::ok();
 }
 
 int Gateway::port() const { return impl_->transport->port(); }
+int Gateway::admin_port() const { return impl_->admin ? impl_->admin->port() : -1; }
 
 void Gateway::run(bool handle_signals) {
   if (handle_signals) {
@@ -566,6 +613,10 @@ void Gateway::run(bool handle_signals) {
   }
   impl_->transport->run(handle_signals);
   impl_->hangup.reset();
+  if (impl_->admin) {  // the API has drained: the admin address goes too
+    impl_->admin->shutdown();
+    if (impl_->admin_thread.joinable()) impl_->admin_thread.join();
+  }
 }
 
 void Gateway::shutdown() { impl_->transport->shutdown(); }

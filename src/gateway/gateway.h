@@ -32,6 +32,7 @@ class Gateway {
   // Resolves the backends, binds, starts the monitor. Unavailable when the port cannot be bound.
   Status start();
   int port() const;
+  int admin_port() const;  // admin_listen's port, bound; -1 without admin_listen
   // Serves until shutdown (SIGINT/SIGTERM when handle_signals; SIGHUP reloads).
   void run(bool handle_signals = true);
   void shutdown();

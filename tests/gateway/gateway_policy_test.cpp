@@ -492,5 +492,24 @@ TEST_F(GatewayPolicyTest, ARuleThatDoesNotCompileStopsTheStartNamingIt) {
   EXPECT_NE(g.error().message().find("tenants.c.deny[0]"), std::string::npos) << g.error().message();
 }
 
+TEST_F(GatewayPolicyTest, AdminRoutesMoveToTheirOwnAddress) {
+  auto& a = fake("a");
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()), "admin_listen: 127.0.0.1:0\n");
+  const int admin = gateway_->admin_port();
+  ASSERT_GT(admin, 0);
+  ASSERT_NE(admin, port_);
+  Client api(port_), ops(admin);
+  EXPECT_EQ(api.send(post(R"({"model":"m","prompt":"x"})")).status, 200);
+  EXPECT_EQ(api.send({.method = "GET", .path = "/metrics"}).status, 404);
+  EXPECT_EQ(api.send({.method = "POST", .path = "/admin/reload"}).status, 404);
+  EXPECT_EQ(api.send({.method = "GET", .path = "/health"}).status, 200);  // probes answer on both
+  const auto m = ops.send({.method = "GET", .path = "/metrics"});
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("lmserve:gateway_requests_total{model=\"m\""), std::string::npos) << m.body;
+  EXPECT_EQ(ops.send({.method = "GET", .path = "/ready"}).status, 200);
+  EXPECT_EQ(ops.send({.method = "POST", .path = "/admin/reload"}).status, 200);
+  EXPECT_EQ(ops.send(post(R"({"model":"m","prompt":"x"})")).status, 404);  // no API there
+}
+
 }  // namespace
 }  // namespace lmserve::gateway
