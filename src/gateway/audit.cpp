@@ -212,12 +212,17 @@ Status AuditLog::seal() {
 }
 
 Status AuditLog::append(const nlohmann::json& rec) {
+  const std::string body = rec.dump();  // once, outside the lock
   std::lock_guard lock(mu_);
   if (fd_ < 0) {
     if (auto st = begin_segment(); !st.is_ok()) return st;
   }
-  const auto hash = line_hash(last_hash_, rec);
-  const std::string line = nlohmann::json{{"prev", last_hash_}, {"rec", rec}, {"hash", hash}}.dump() + "\n";
+  const auto hash = sha256_hex(last_hash_ + body);  // line_hash(last_hash_, rec)
+  // What nlohmann::json{{"hash", hash}, {"prev", last_hash_}, {"rec", rec}}.dump() gives (keys in
+  // order), without copying and serialising the record again.
+  std::string line;
+  line.reserve(body.size() + 160);
+  line.append(R"({"hash":")").append(hash).append(R"(","prev":")").append(last_hash_).append(R"(","rec":)").append(body).append("}\n");
   if (auto st = write_line(fd_, line, opt_.sync, segment_size_); !st.is_ok()) return st;
   segment_size_ += line.size();
   last_hash_ = hash;

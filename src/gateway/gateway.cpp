@@ -5,6 +5,7 @@
 #include <boost/asio.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <thread>
 
 #include "gateway/access_log.h"
@@ -242,7 +243,13 @@ struct Gateway::Impl : http::Application {
     }
     RouteInfo info;
     info.id = state->next_id();
-    if (model->policy == Policy::kPrefixAware) info.prompt = prompt_text(nlohmann::json::parse(req.body, nullptr, false));
+    // The body as a document, parsed once when something needs more than the routing fields.
+    std::optional<nlohmann::json> dom;
+    auto body = [&]() -> const nlohmann::json& {
+      if (!dom) dom = nlohmann::json::parse(req.body, nullptr, false);
+      return *dom;
+    };
+    if (model->policy == Policy::kPrefixAware) info.prompt = prompt_text(body());
     info.lane = req.header("x-lmserve-lane");
     if (key) {
       info.key_id = key->id;
@@ -259,7 +266,7 @@ struct Gateway::Impl : http::Application {
       if (info.session_key.empty()) info.session_key = req.remote_address;
     }
     if (const Guard* guard = snap->guard_for(info.tenant)) {
-      if (auto rule = guard->check(guarded_texts(nlohmann::json::parse(req.body, nullptr, false)))) {
+      if (auto rule = guard->check(guarded_texts(body()))) {
         if (state->audit) {
           auto rec = audit_base("refused", info.id, info.tenant, info.key_id, model->name, req);
           rec["status"] = 400;
@@ -272,7 +279,7 @@ struct Gateway::Impl : http::Application {
       }
     }
     if (key && has_limits(key->limits)) {
-      auto refusal = admit(req, *snap, *model, *key, info);
+      auto refusal = admit(body, *snap, *model, *key, info);
       if (refusal) {
         if (state->audit) {
           auto rec = audit_base("refused", info.id, key->tenant, key->id, model->name, req);
@@ -289,7 +296,7 @@ struct Gateway::Impl : http::Application {
       rec["lane"] = info.lane;
       if (snap->config.tenant(info.tenant).audit_content == TenantConfig::AuditContent::kRedacted) {
         info.audit_text = true;
-        rec["prompt"] = redact(prompt_text(nlohmann::json::parse(req.body, nullptr, false)));
+        rec["prompt"] = redact(prompt_text(body()));
       }
       if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
     }
@@ -301,12 +308,12 @@ struct Gateway::Impl : http::Application {
 
   // Counts the request against its key's limits: on admission its grant goes in `info`; else the
   // answer that refuses it and the limit's name.
-  std::optional<std::pair<http::Response, std::string>> admit(const http::Request& req, const Snapshot& snap, const ModelConfig& model,
+  std::optional<std::pair<http::Response, std::string>> admit(const std::function<const nlohmann::json&()>& document, const Snapshot& snap, const ModelConfig& model,
                                                               const KeyRecord& key, RouteInfo& info) {
     const auto& l = key.limits;
     std::int64_t reserve = 0;
     if (l.tpm > 0 || l.daily_tokens > 0 || l.max_input_tokens > 0) {
-      const auto body = nlohmann::json::parse(req.body, nullptr, false);
+      const auto& body = document();
       const auto c = snap.counters.find(model.name);
       const std::int64_t prompt = c != snap.counters.end() ? c->second->count(body) : estimate_prompt_tokens(body);
       if (l.max_input_tokens > 0 && prompt > l.max_input_tokens) {

@@ -94,6 +94,8 @@ class KeyIndex {
   std::optional<KeyRecord> find(const std::string& presented) const;
 
  private:
+  static std::uint64_t next_instance();
+  const std::uint64_t instance_ = next_instance();  // tells this index's digests from another's in a thread's cache
   std::string db_path_, secret_;
   std::unique_ptr<KeyStore> store_;
   std::int64_t data_version_ = -1;

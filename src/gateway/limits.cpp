@@ -1,5 +1,6 @@
 #include "gateway/limits.h"
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 #include <unordered_map>
@@ -61,7 +62,8 @@ class LocalLimiter : public Limiter {
     }
     if (l.rpm > 0) s.requests.push_back(now);
     if (l.tpm > 0) {
-      s.tokens.push_back({now, request_id, tokens});
+      // Kept in time order (a thread may come in with an earlier `now` than the last one's).
+      s.tokens.push_back({s.tokens.empty() ? now : std::max(now, s.tokens.back().at), request_id, tokens});
       s.window_tokens += tokens;
     }
     s.day_tokens += tokens;
@@ -76,9 +78,12 @@ class LocalLimiter : public Limiter {
     --s.in_flight;
     if (used < 0) return;
     const auto delta = used - reserved;
-    for (auto& e : s.tokens) {  // still in the window: it counts what was used
-      if (e.id != request_id) continue;
-      e.tokens += delta;
+    // Still in the window: it counts what was used. The entries are in admission order, so its
+    // time finds it (a scan would be linear in the window's requests, on every request).
+    auto it = std::lower_bound(s.tokens.begin(), s.tokens.end(), admitted_at, [](const Entry& e, Clock::time_point t) { return e.at < t; });
+    for (; it != s.tokens.end() && it->at - admitted_at < std::chrono::seconds(1); ++it) {
+      if (it->id != request_id) continue;
+      it->tokens += delta;
       s.window_tokens += delta;
       break;
     }
