@@ -11,6 +11,9 @@
 #
 # BUILD_B=DIR adds a second gateway (DIR/lmserve, on the same cores, target "gateway_b"): an A/B
 # of two builds in the same run, since two runs on the GPU machine may land on different hosts.
+# POLICY=1 adds the same build with issue #30's policies on (target "gateway_p"): an API key with
+# rpm/tpm limits (every client sends it), the audit trail (in the run's temporary directory), the
+# default guard rules and a tenant regex.
 #
 # Prints a table per concurrency: requests/s and p50/p99 latency per target, plain JSON answers
 # and SSE streams (16 events each), and the latency each proxy adds at p50/p99. One connection
@@ -32,6 +35,8 @@ UP_PORT=${UP_PORT:-19181}
 NGINX_PORT=${NGINX_PORT:-19182}
 GW_PORT=${GW_PORT:-19183}
 GWB_PORT=${GWB_PORT:-19184}
+GWP_PORT=${GWP_PORT:-19185}
+POLICY=${POLICY:-}
 CHUNKS=${CHUNKS:-16}
 REPEAT=${REPEAT:-3}  # rounds over all targets, interleaved; the table gives each figure's median
 
@@ -43,8 +48,11 @@ for t in nginx wrk taskset python3; do command -v $t >/dev/null || { echo "gatew
 http() {  # METHOD URL [BODY]
   python3 - "$@" <<'PY'
 import sys, urllib.request
+import os
+headers = {"Content-Type": "application/json"}
+if os.environ.get("AUTH"): headers["Authorization"] = "Bearer " + os.environ["AUTH"]
 req = urllib.request.Request(sys.argv[2], method=sys.argv[1], data=sys.argv[3].encode() if len(sys.argv) > 3 else None,
-                             headers={"Content-Type": "application/json"})
+                             headers=headers)
 try:
     print(urllib.request.urlopen(req, timeout=5).read().decode())
 except Exception as e:
@@ -112,7 +120,30 @@ if [[ -n $BUILD_B ]]; then
   targets="$targets gateway_b:$GWB_PORT"
 fi
 
-ports="$UP_PORT $NGINX_PORT $GW_PORT"; [[ -n $BUILD_B ]] && ports="$ports $GWB_PORT"
+gateway_p_pid=""
+auth_header=""
+if [[ -n $POLICY ]]; then
+  head -c 48 /dev/urandom | base64 >"$work/key.secret"
+  key=$("$lmserve" gateway keys add --db "$work/keys.sqlite" --key-secret-file "$work/key.secret" --tenant bench --rpm 1000000000 --tpm 1000000000000 |
+        grep -o 'sk-lms-[A-Za-z0-9_-]*' | head -1)
+  auth_header="wrk.headers[\"Authorization\"] = \"Bearer $key\""
+  { sed -e "s/^listen: .*/listen: 127.0.0.1:$GWP_PORT/" "$work/gateway.yaml"
+    cat <<CONF
+keys_db: $work/keys.sqlite
+key_secret_file: $work/key.secret
+audit: {dir: $work/audit}
+guard: {default_rules: true}
+tenants:
+  bench: {deny: ["(?i)password"]}
+CONF
+  } >"$work/gateway_p.yaml"
+  taskset -c "$PROXY_CPU" "$lmserve" --log-level warning gateway --config "$work/gateway_p.yaml" >"$work/gateway_p.log" 2>&1 &
+  pids+=($!)
+  gateway_p_pid=$!
+  targets="$targets gateway_p:$GWP_PORT"
+fi
+
+ports="$UP_PORT $NGINX_PORT $GW_PORT"; [[ -n $BUILD_B ]] && ports="$ports $GWB_PORT"; [[ -n $POLICY ]] && ports="$ports $GWP_PORT"
 for port in $ports; do
   for _ in $(seq 100); do http GET "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.05; done
 done
@@ -123,19 +154,20 @@ for mode in plain stream; do
 wrk.method = "POST"
 wrk.body = '{"model":"m","prompt":"hello","max_tokens":16,"stream":$stream}'
 wrk.headers["Content-Type"] = "application/json"
+$auth_header
 LUA
 done
 
 # Checks that each target answers as the replica does before measuring it.
 for port in $ports; do
-  out=$(http POST "http://127.0.0.1:$port/v1/completions" '{"model":"m","prompt":"x","stream":true}')
+  out=$(AUTH=${key:-} http POST "http://127.0.0.1:$port/v1/completions" '{"model":"m","prompt":"x","stream":true}')
   [[ $out == *"data: [DONE]"* ]] || { echo "gateway-overhead: port $port did not stream: $out" >&2; exit 1; }
 done
 
 nginx_workers=$(pgrep -P "$nginx_master" | tr '\n' ' ')
 # CPU seconds processes have used (user + system, every thread), from /proc.
 cpu_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + ($14 + $15) / hz }' "/proc/$p/stat"); done; echo "$t"; }
-declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid [gateway_b]=$gateway_b_pid)
+declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid [gateway_b]=$gateway_b_pid [gateway_p]=$gateway_p_pid)
 
 results="$work/results.txt"
 for round in $(seq "$REPEAT"); do
@@ -180,7 +212,7 @@ print(f"{'conns':>5} {'mode':7} {'target':8} {'req/s':>10} {'p50 ms':>8} {'p99 m
 for conns in order:
     for mode in ("plain", "stream"):
         d = rows[(conns, mode, "direct")]
-        for name in [n for n in ("direct", "nginx", "gateway", "gateway_b") if (conns, mode, n) in rows]:
+        for name in [n for n in ("direct", "nginx", "gateway", "gateway_b", "gateway_p") if (conns, mode, n) in rows]:
             r = rows[(conns, mode, name)]
             add = "" if name == "direct" else f"{r[1]-d[1]:8.3f} {r[2]-d[2]:8.3f}"
             cpu = "" if name == "direct" else f"{r[5]:10.1f}"
