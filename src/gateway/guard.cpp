@@ -120,19 +120,20 @@ class KeywordMatcher {
       auto& end = nodes_[static_cast<std::size_t>(n)];
       if (end.word < 0) end.word = static_cast<int>(k);
     }
-    // Breadth first: failure links, and each node's output (its own word or its failure's).
+    // Breadth first: failure links, and whether a word ends at a node or along its failure chain.
     std::vector<int> queue{0};
     for (std::size_t qi = 0; qi < queue.size(); ++qi) {
       const int n = queue[qi];
       for (const auto& [ch, c] : nodes_[static_cast<std::size_t>(n)].next) {
-        int f = nodes_[static_cast<std::size_t>(n)].fail;
-        while (n != 0 && f >= 0 && child(f, ch) < 0) f = f == 0 ? -1 : nodes_[static_cast<std::size_t>(f)].fail;
-        const int fc = n == 0 || f < 0 ? 0 : child(f, ch);
+        int fail = 0;
+        if (n != 0) {
+          int f = nodes_[static_cast<std::size_t>(n)].fail;
+          while (f != 0 && child(f, ch) < 0) f = nodes_[static_cast<std::size_t>(f)].fail;
+          fail = std::max(0, child(f, ch));
+        }
         auto& cn = nodes_[static_cast<std::size_t>(c)];
-        cn.fail = fc == c ? 0 : fc;
-        const auto& fn = nodes_[static_cast<std::size_t>(cn.fail)];
-        cn.out = cn.word >= 0 && (fn.out < 0 || cn.word < fn.out) ? cn.word : fn.out;
-        if (cn.word >= 0 && fn.out >= 0) cn.out = std::min(cn.word, fn.out);
+        cn.fail = fail;
+        cn.has_output = cn.word >= 0 || nodes_[static_cast<std::size_t>(fail)].has_output;
         queue.push_back(c);
       }
     }
@@ -150,7 +151,7 @@ class KeywordMatcher {
       // Report the outputs along the failure chain (each with its own length).
       for (int m = n; m > 0; m = nodes_[static_cast<std::size_t>(m)].fail) {
         const auto& node = nodes_[static_cast<std::size_t>(m)];
-        if (node.out < 0) break;
+        if (!node.has_output) break;
         if (node.word >= 0 && fn(node.word, i + 1 - static_cast<std::size_t>(node.depth), i + 1)) return;
       }
     }
@@ -160,7 +161,8 @@ class KeywordMatcher {
  private:
   struct Node {
     std::vector<std::pair<unsigned char, int>> next;
-    int fail = 0, word = -1, out = -1, depth = 0;
+    int fail = 0, word = -1, depth = 0;
+    bool has_output = false;
   };
   int child(int n, unsigned char ch) const {
     for (const auto& [c, to] : nodes_[static_cast<std::size_t>(n)].next) {

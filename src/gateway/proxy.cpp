@@ -211,7 +211,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
       : state_(state), snap_(std::move(snap)), model_(model), cfg_(snap_->config), ex_(std::move(ex)), info_(std::move(info)),
         io_(server::http::io_context_of(ex_)), id_(info_.id ? info_.id : state.next_id()) {
     const bool counts = (info_.grant && info_.grant->counts_tokens()) || !info_.tenant.empty();  // limits, tenant metrics
-    if (state_.audit || counts) audit_.emplace(info_.audit_text, state_.audit != nullptr);
+    if (state_.audit || counts) answer_.emplace(info_.audit_text, state_.audit != nullptr);
   }
 
   void on_deadline() override { on_timer(); }
@@ -433,7 +433,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     phase_kind_ = "idle_timeout";
     phase_deadline_ = Clock::now() + cfg_.timeouts.idle;
     update_deadline();  // an atomic store
-    if (audit_) audit_->take(pending_, true);
+    if (answer_) answer_->take(pending_, true);
     tail_.append(pending_.size() > 2 ? pending_.substr(pending_.size() - 2) : pending_);
     if (tail_.size() > 2) tail_.erase(0, tail_.size() - 2);
     ex_.send(std::move(pending_));
@@ -451,7 +451,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
       ex_.end_stream();
     } else {
       ttft_ = seconds_since(arrived_);
-      if (audit_) audit_->take(whole_, false);
+      if (answer_) answer_->take(whole_, false);
       if (state_.audit) {  // the outcome's record before the answer: an answer is not served unaudited
         if (!audit_completed(status_)) {
           auto r = error_response(503, "the audit trail cannot be written", "audit_unavailable");
@@ -596,10 +596,10 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     if (counted_) --replica_->outstanding;
     counted_ = false;
     --state_.in_flight;
-    if (state_.audit && !audit_->written) audit_completed(status);  // a stream's, or a failure's (a stream already flowed)
+    if (state_.audit && !answer_->written) audit_completed(status);  // a stream's, or a failure's (a stream already flowed)
     if (info_.grant) {
       // The tokens the replica reported; none when nothing was answered; else the reservation.
-      const Usage u = audit_ ? audit_->reader.usage() : Usage{};
+      const Usage u = answer_ ? answer_->reader.usage() : Usage{};
       info_.grant->settle(u.known() ? u.prompt_tokens + u.completion_tokens : !sent_ && status != 200 ? 0 : -1);
       info_.grant.reset();
     }
@@ -609,7 +609,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     state_.metrics.request(model_.name, backend, backend.empty() ? "" : version_, status, ttft_, total);
     if (!info_.tenant.empty()) {
       state_.metrics.tenant_request(info_.tenant, model_.name, status);
-      const auto& u = audit_->reader.usage();
+      const auto& u = answer_->reader.usage();
       state_.metrics.tenant_tokens(info_.tenant, model_.name, u.prompt_tokens, u.completion_tokens);
     }
     if (cfg_.access_log) {
@@ -625,7 +625,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   // the SHA-256 of the answer's body as the replica sent it. False when it could not be written
   // and the trail is fail-closed.
   bool audit_completed(int status) {
-    auto& a = *audit_;
+    auto& a = *answer_;
     a.written = true;
     const auto& req = ex_.request();
     nlohmann::json rec = {{"event", "completed"}, {"id", id_}, {"time", utc_now()}, {"tenant", info_.tenant}, {"key_id", info_.key_id},
@@ -689,7 +689,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   double ttft_ = -1;
   std::optional<int> retry_after_;
   std::string last_failure_, failed_mid_stream_;
-  std::optional<AnswerTap> audit_;  // with the audit trail or token limits
+  std::optional<AnswerTap> answer_;  // with the audit trail, token limits or a tenant (its metrics)
 };
 
 }  // namespace

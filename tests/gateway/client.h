@@ -2,6 +2,10 @@
 // a failure; and a helper that runs many requests over several such clients at once.
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -80,6 +84,19 @@ class Client {
   std::optional<boost::beast::tcp_stream> stream_;
   boost::beast::flat_buffer buf_;
 };
+
+// A loopback port nothing listens on (bound and released at once).
+inline int unused_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
 
 // Sends calls 0..n-1 (made by make(i)) over `clients` connections at once; replies in order.
 inline std::vector<Reply> run_calls(int port, int n, int clients, const std::function<Call(int)>& make) {

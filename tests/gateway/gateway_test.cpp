@@ -98,24 +98,12 @@ TEST_F(GatewayTest, AffinityKeepsSessionsOnOneReplicaAndMovesOnlyThoseOfAReplica
   for (int i = 0; i < 200; ++i) EXPECT_EQ(back[i].header("x-lmserve-backend"), home[session(i)]);
 }
 
-// A port with nothing listening on it.
-int closed_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 TEST_F(GatewayTest, FailoverBeforeTheFirstByteLosesNoRequest) {
   auto& failing = fake("failing");
   failing.behaviour.status = 500;
   auto& ok = fake("ok");
-  const auto refused = "http://127.0.0.1:" + std::to_string(closed_port());
+  const auto refused = "http://127.0.0.1:" + std::to_string(lmserve::testing::unused_loopback_port());
   // A short ejection keeps the failing replicas in rotation, so failover is exercised all along.
   start_gateway("  - name: m\n    policy: round_robin\n    backends:\n" + backend(failing.url()) + backend(refused) + backend(ok.url()),
                 "eject: {base_ms: 1, max_ms: 2}\nmax_attempts: 3\nhealth: {interval_ms: 60000}");

@@ -3,9 +3,7 @@
 #pragma once
 
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,12 +12,14 @@
 #include <string>
 #include <thread>
 
+#include "client.h"
+
 namespace lmserve::testing {
 
 class RedisServer {
  public:
   RedisServer() {
-    port_ = free_port();
+    port_ = unused_loopback_port();
     pid_ = fork();
     if (pid_ == 0) {
       const std::string port = std::to_string(port_);
@@ -52,17 +52,6 @@ class RedisServer {
   }
 
  private:
-  static int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t len = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
-  }
   bool ping() const {
     auto* c = redisConnect("127.0.0.1", port_);
     bool ok = c && !c->err;
