@@ -2,10 +2,11 @@
 // reservation, preemption victim order, queue bound and the typed rejections.
 #include "engine/sched/scheduler.h"
 
-#include <set>
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <random>
+#include <set>
 
 namespace lmserve::engine {
 namespace {
@@ -378,6 +379,213 @@ TEST_F(SchedulerTest, TheGrowthReserveIsClippedScaledAndNeverBlocksALoneRequest)
   EXPECT_EQ(plan(step()), (Plan{{big->id, 8}}));
 }
 
+// Issue #31: the high lane's reserve held only against admissions. Two low requests fill the
+// unreserved 8 of 10 blocks; when they grow, the later one is preempted (the reserve is not
+// theirs), and in that same step a waiting high request starts in the reserve. (Before, a step
+// that preempted admitted nothing, in any lane, and said so as a kv_blocks limit of lane 0.)
+TEST_F(SchedulerTest, TheReserveHoldsWhileOtherLanesGrowAndTheHighLaneStartsInTheSameStep) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.max_num_seqs = 10;
+  o.lanes = {{"high", 0.2, 0.2, 100}, {"low", 0, 0, 100}};
+  make(10, 4, o);
+  Request* l1 = req(16, 1, 0, 16);
+  Request* l2 = req(16, 1, 0, 16);
+  for (auto* r : {l1, l2}) ASSERT_EQ(sched_->add(r), Rejection::kNone);
+  EXPECT_EQ(plan(step()), (Plan{{l1->id, 16}, {l2->id, 16}}));
+  EXPECT_EQ(kv_->pool().num_free(), 2);  // the reserve
+  Request* h = req(4, 0, 0, 4);
+  ASSERT_EQ(sched_->add(h), Rejection::kNone);
+  SchedulerOutput out = step();  // both low requests need a fifth block: only the reserve is left
+  EXPECT_EQ(out.preempted, (std::vector<RequestId>{l2->id}));
+  EXPECT_EQ(plan(out), (Plan{{l1->id, 1}, {h->id, 4}}));
+  EXPECT_EQ(h->status, RequestStatus::kRunning);
+  // The low lane admits nothing in a step where it gave up blocks: l2 waits, and that is the
+  // limit reported, for its lane.
+  EXPECT_EQ(out.blocked, AdmissionBlock::kKvBlocks);
+  EXPECT_EQ(out.blocked_lane, 1u);
+  // From here on low never takes the high lane's last reserved block while h holds one.
+  for (int s = 0; s < 40; ++s) {
+    step();
+    EXPECT_GE(kv_->pool().num_free() + static_cast<std::int64_t>(kv_->block_table(h->id).size()), 2) << s;
+    if (static_cast<std::int64_t>(h->output.size()) >= h->params.max_tokens) break;
+  }
+}
+
+// With a growth reserve, the growth the low lane's requests expect must not keep a high request
+// out: low would be preempted before it could grow into those blocks.
+TEST_F(SchedulerTest, OtherLanesExpectedGrowthDoesNotKeepAHigherLaneOut) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.kv_growth_reserve = 1.0;
+  o.max_num_seqs = 10;
+  o.lanes = {{"high", 0.2, 0.2, 100}, {"low", 0, 0, 100}};
+  make(20, 4, o);
+  Request* l1 = req(8, 1, 0, 56);  // 16 blocks expected (64 tokens): the 16 not reserved
+  ASSERT_EQ(sched_->add(l1), Rejection::kNone);
+  step();
+  // h expects 5 blocks: with l1's 13 still to come that is 3 + 13 + 5 > 20 (the old rule), but
+  // l1 cannot grow into the reserve, so h starts; l2 (low) counts everyone's growth and waits.
+  Request* h = req(8, 0, 0, 12);
+  Request* l2 = req(8, 1, 0, 40);
+  for (auto* r : {h, l2}) ASSERT_EQ(sched_->add(r), Rejection::kNone);
+  SchedulerOutput out = step();
+  EXPECT_EQ(plan(out), (Plan{{l1->id, 1}, {h->id, 8}}));
+  EXPECT_EQ(out.blocked, AdmissionBlock::kKvBlocks);  // l2: its own lane's growth counts
+  EXPECT_EQ(out.blocked_lane, 1u);
+}
+
+// A lane with a TTFT target that finds no blocks or no sequence slot preempts the latest-ranked
+// requests of later lanes to start in this step; without a target it waits.
+TEST_F(SchedulerTest, ALaneWithATtftTargetPreemptsLaterLanesToStart) {
+  for (double ttft : {0.0, 0.3}) {
+    SchedulerOptions o;
+    o.kv_watermark = 1.0;
+    o.max_num_seqs = 3;
+    o.lanes = {{"high", 0, 0, 100}, {"low", 0, 0, 100}};
+    o.lanes[0].ttft_target_s = ttft;
+    make(8, 4, o);
+    Request* l1 = req(11, 1, 0, 12);
+    Request* l2 = req(11, 1, 0, 12);
+    Request* h0 = req(3, 0, 0, 12);
+    for (auto* r : {l1, l2, h0}) ASSERT_EQ(sched_->add(r), Rejection::kNone);
+    step();  // 3 + 3 + 1 blocks, all three slots; the next decodes need no new block
+    Request* h = req(8, 0, 0, 4);  // 2 blocks: 1 free, and no slot
+    ASSERT_EQ(sched_->add(h), Rejection::kNone);
+    SchedulerOutput out = step();
+    if (ttft == 0) {
+      EXPECT_TRUE(out.preempted.empty());
+      EXPECT_EQ(h->status, RequestStatus::kWaiting);
+      EXPECT_EQ(out.blocked, AdmissionBlock::kSeqSlots);
+      EXPECT_EQ(out.blocked_lane, 0u);
+    } else {
+      // The slot costs l2 (latest low), and l2's blocks are enough: l1 keeps running.
+      EXPECT_EQ(out.preempted, (std::vector<RequestId>{l2->id}));
+      EXPECT_EQ(plan(out), (Plan{{h0->id, 1}, {l1->id, 1}, {h->id, 8}}));
+    }
+    EXPECT_EQ(l1->status, RequestStatus::kRunning);
+    EXPECT_EQ(h0->status, RequestStatus::kRunning);
+  }
+}
+
+// A model that predicts 10 ms + 1 ms per token, fitted from exact points.
+StepTimeModel linear_model(double fixed, double per_token) {
+  StepTimeModel m;
+  std::vector<StepShape> shapes;
+  std::vector<double> secs;
+  for (std::int64_t t : {1, 64, 256, 1024}) {
+    for (std::int64_t s : {1, 8}) {
+      shapes.push_back({t, s, 0});
+      secs.push_back(fixed + per_token * static_cast<double>(t));
+    }
+  }
+  m.calibrate(shapes, secs);
+  return m;
+}
+
+// While a lane with a TPOT target decodes, later lanes' prefill chunks are cut to what the model
+// says fits under the target; the targeted lane's own prefill is not cut; with no targeted
+// decode, prefills take the whole budget.
+TEST_F(SchedulerTest, TheStepCapFollowsTheCostModel) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.max_num_batched_tokens = 512;
+  o.lanes = {{"high", 0, 0, 100}, {"low", 0, 0, 100}};
+  o.lanes[0].tpot_target_s = 0.0505;
+  make(200, 4, o);
+  StepTimeModel model = linear_model(0.010, 0.001);
+  ASSERT_NEAR(model.predict({40, 2, 0}), 0.050, 1e-9);
+  sched_->set_step_time_model(&model);
+  Request* h = req(60, 0, 0, 50);
+  Request* low = req(300, 1, 0, 4);
+  for (auto* r : {h, low}) ASSERT_EQ(sched_->add(r), Rejection::kNone);
+  // No decodes yet: h's 60 tokens and low's 300 go uncut (a prefill has no TPOT).
+  EXPECT_EQ(plan(step()), (Plan{{h->id, 60}, {low->id, 300}}));
+  // h decodes: 10 ms + 1 token leaves 39.5 ms, 39 tokens of low's prefill... low is done with
+  // its prompt, so a new low request shows it.
+  Request* low2 = req(200, 1, 0, 4);
+  ASSERT_EQ(sched_->add(low2), Rejection::kNone);
+  SchedulerOutput out = step();
+  EXPECT_EQ(plan(out), (Plan{{h->id, 1}, {low->id, 1}, {low2->id, 38}}));
+  EXPECT_NEAR(out.predicted_seconds, 0.050, 1e-9);
+  EXPECT_EQ(out.tpot_unmet_lane, -1);
+  EXPECT_EQ(plan(step()), (Plan{{h->id, 1}, {low->id, 1}, {low2->id, 38}}));
+  // A second high request's prefill is not cut by its own lane's target.
+  Request* h2 = req(100, 0, 0, 50);
+  ASSERT_EQ(sched_->add(h2), Rejection::kNone);
+  out = step();
+  EXPECT_EQ(plan(out), (Plan{{h->id, 1}, {low->id, 1}, {h2->id, 100}}));
+  EXPECT_EQ(out.tpot_unmet_lane, 0);  // 10 + 102 ms: the high lane's own prefill overran it
+  // Without the model nothing is cut.
+  sched_->set_step_time_model(nullptr);
+  out = step();
+  EXPECT_EQ(plan(out), (Plan{{h->id, 1}, {h2->id, 1}, {low->id, 1}, {low2->id, 124}}));
+  EXPECT_EQ(out.tpot_unmet_lane, -1);
+}
+
+// A target the decodes alone miss is reported, and later lanes' prefills wait rather than make
+// it worse; the admission says why.
+TEST_F(SchedulerTest, AnUnmeetableTargetIsReported) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.lanes = {{"high", 0, 0, 100}, {"low", 0, 0, 100}};
+  o.lanes[0].tpot_target_s = 0.005;  // below the model's 10 ms per step
+  make(100, 4, o);
+  StepTimeModel model = linear_model(0.010, 0.001);
+  sched_->set_step_time_model(&model);
+  Request* h = req(8, 0, 0, 50);
+  ASSERT_EQ(sched_->add(h), Rejection::kNone);
+  step();
+  Request* low = req(8, 1, 0, 4);
+  ASSERT_EQ(sched_->add(low), Rejection::kNone);
+  SchedulerOutput out = step();
+  EXPECT_EQ(plan(out), (Plan{{h->id, 1}}));
+  EXPECT_EQ(out.tpot_unmet_lane, 0);
+  EXPECT_EQ(out.blocked, AdmissionBlock::kLatencyTarget);
+  EXPECT_EQ(out.blocked_lane, 1u);
+  sched_->remove(h->id);
+  EXPECT_EQ(plan(step()), (Plan{{low->id, 8}}));  // nothing high decodes: no cap
+}
+
+// The model: exact data gives its coefficients back, noise averages out, a change of speed is
+// followed (older steps weigh less), and no coefficient goes negative.
+TEST(StepTimeModel, FitsFollowsAndStaysNonNegative) {
+  StepTimeModel m;
+  EXPECT_FALSE(m.ready());
+  EXPECT_EQ(m.predict({100, 1, 100}), 0.0);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::int64_t> tok(1, 2048), seq(1, 256), kv(0, 2'000'000);
+  auto truth = [](const StepShape& s, double scale) {
+    return scale * (0.004 + 2.5e-5 * static_cast<double>(s.tokens) + 1e-5 * static_cast<double>(s.seqs) + 1e-8 * static_cast<double>(s.kv_tokens));
+  };
+  std::normal_distribution<double> noise(0.0, 0.0005);
+  for (int i = 0; i < 3000; ++i) {
+    StepShape s{tok(rng), seq(rng), kv(rng)};
+    m.observe(s, truth(s, 1.0) + noise(rng));
+  }
+  const StepShape probe{512, 64, 500'000};
+  EXPECT_NEAR(m.predict(probe), truth(probe, 1.0), 0.0005);
+  EXPECT_NEAR(m.coefficients()[1], 2.5e-5, 2e-6);
+  // The card slows down by half: after a few thousand steps the model says so.
+  for (int i = 0; i < 5000; ++i) {
+    StepShape s{tok(rng), seq(rng), kv(rng)};
+    m.observe(s, truth(s, 1.5));
+  }
+  EXPECT_NEAR(m.predict(probe), truth(probe, 1.5), 0.0005);
+  // Times that fall with the token count would need a negative coefficient: it stays 0.
+  StepTimeModel z;
+  for (int i = 0; i < 200; ++i) {
+    StepShape s{tok(rng), 1, 0};
+    z.observe(s, 0.05 - 1e-5 * static_cast<double>(s.tokens));
+  }
+  for (double c : z.coefficients()) EXPECT_GE(c, 0.0);
+  EXPECT_EQ(z.max_tokens_within(1.0, 0), std::int64_t{1} << 62);  // tokens cost nothing in it
+  // max_tokens_within: 1 ms a token and nothing else.
+  StepTimeModel lin = linear_model(0.0, 0.001);
+  EXPECT_EQ(lin.max_tokens_within(0.0395, 1000), 39);
+  EXPECT_EQ(lin.max_tokens_within(0.0005, 0), 0);
+}
+
 TEST(SchedulerOptions, ValidationNamesTheProblem) {
   SchedulerOptions o;
   o.lanes = {{"a", 0.6, 0, 1}, {"b", 0.5, 0, 1}};
@@ -393,6 +601,9 @@ TEST(SchedulerOptions, ValidationNamesTheProblem) {
   o.kv_growth_reserve = 1;
   o.kv_growth_clip = 0;
   EXPECT_NE(o.validate().message().find("kv_growth_clip"), std::string::npos);
+  o.kv_growth_clip = 1;
+  o.lanes[0].tpot_target_s = -0.05;
+  EXPECT_NE(o.validate().message().find("latency targets"), std::string::npos);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace lmserve::engine {
 
@@ -26,6 +27,7 @@ std::string_view admission_block_name(AdmissionBlock b) {
     case AdmissionBlock::kKvBlocks: return "kv_blocks";
     case AdmissionBlock::kSeqSlots: return "seq_slots";
     case AdmissionBlock::kTokenBudget: return "token_budget";
+    case AdmissionBlock::kLatencyTarget: return "latency_target";
   }
   return "?";
 }
@@ -50,6 +52,9 @@ Status SchedulerOptions::validate() const {
       return bad("lane '" + l.name + "' reserves must be in [0, 1)");
     }
     if (l.max_queued < 0) return bad("lane '" + l.name + "' max_queued must be >= 0");
+    if (!(l.ttft_target_s >= 0 && std::isfinite(l.ttft_target_s)) || !(l.tpot_target_s >= 0 && std::isfinite(l.tpot_target_s))) {
+      return bad("lane '" + l.name + "' latency targets must be finite and >= 0");
+    }
     kv += l.kv_reserve;
     seq += l.seq_reserve;
   }
@@ -171,8 +176,16 @@ bool Scheduler::can_allocate(const Request* r, std::int64_t num_tokens) const {
 }
 
 void Scheduler::preempt(Request* r, SchedulerOutput& out) {
+  if (auto it = std::find_if(out.scheduled.begin(), out.scheduled.end(), [&](const ScheduledRequest& s) { return s.request == r; });
+      it != out.scheduled.end()) {
+    out.num_tokens -= it->num_new_tokens;
+    out.kv_tokens -= r->num_computed + it->num_new_tokens;
+    out.scheduled.erase(it);
+  }
   const std::size_t copies = out.swap_out.size();
-  if (swap_ok_ && kv_.swap_out(r->id, r->num_computed, &out.swap_out)) {
+  // Not to the host once something came back from it in this step: a host block a swap-in
+  // reads may be the one a swap-out would take, and the backend copies out first.
+  if (swap_ok_ && out.swap_in.empty() && kv_.swap_out(r->id, r->num_computed, &out.swap_out)) {
     out.swapped_out.push_back(r->id);
     ++swap_outs_;
     swap_blocks_out_ += static_cast<std::int64_t>(out.swap_out.size() - copies);
@@ -182,125 +195,188 @@ void Scheduler::preempt(Request* r, SchedulerOutput& out) {
   }
   r->num_preemptions++;
   ++preemptions_;
+  preempted_from_ = std::min(preempted_from_, r->lane);
   running_.erase(std::find(running_.begin(), running_.end(), r));
   auto& q = waiting_[r->lane];
   r->status = RequestStatus::kWaiting;
   q.insert(std::upper_bound(q.begin(), q.end(), r, [&](const Request* a, const Request* b) { return ranks_before(a, b); }), r);
   out.preempted.push_back(r->id);
-  if (auto it = std::find_if(out.scheduled.begin(), out.scheduled.end(), [&](const ScheduledRequest& s) { return s.request == r; });
-      it != out.scheduled.end()) {
-    out.num_tokens -= it->num_new_tokens;
-    out.scheduled.erase(it);
-  }
+}
+
+void Scheduler::schedule_tokens(Request* r, std::int64_t n, SchedulerOutput& out) {
+  out.scheduled.push_back({r, n});
+  out.num_tokens += n;
+  out.kv_tokens += r->num_computed + n;
+}
+
+std::int64_t Scheduler::within_target(const Request* r, std::int64_t n, double limit, const SchedulerOutput& out) const {
+  if (!std::isfinite(limit) || model_ == nullptr || !model_->ready()) return n;
+  return std::min(n, model_->max_tokens_within(limit - model_->predict(out.shape()), r->num_computed));
 }
 
 SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
   SchedulerOutput out;
+  const std::size_t num_lanes = options_.lanes.size();
+  preempted_from_ = num_lanes;
   // Rank order; most steps find it kept (admissions append in rank order), and a check is
   // cheaper than a merge sort's buffer at 1,024 sequences.
   auto by_rank = [&](const Request* a, const Request* b) { return ranks_before(a, b); };
   if (!std::is_sorted(running_.begin(), running_.end(), by_rank)) std::stable_sort(running_.begin(), running_.end(), by_rank);
-  // Decodes (one token) first, then unfinished prefills, each group in rank order.
+  // Decodes (one token) first, then unfinished prefills, each group in rank order (so the
+  // prefills are in lane order).
   auto decoding = [](const Request* r) { return r->num_tokens() - r->num_computed <= 1; };
   order_.assign(running_.begin(), running_.end());
   if (!std::is_partitioned(order_.begin(), order_.end(), decoding)) std::stable_partition(order_.begin(), order_.end(), decoding);
-  for (Request* r : order_) {
-    if (r->status != RequestStatus::kRunning) continue;  // preempted earlier in this step
-    const std::int64_t budget = options_.max_num_batched_tokens - out.num_tokens;
-    const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget);
-    if (n <= 0) continue;
+  // Blocks for r's next n tokens, preempting the latest-ranked running requests while they are
+  // short; false when r itself had to go.
+  auto grow = [&](Request* r, std::int64_t n) {
     while (!(can_allocate(r, r->num_computed + n) && kv_.allocate(r->id, r->num_computed + n))) {
-      Request* victim = *std::max_element(running_.begin(), running_.end(),
-                                          [&](const Request* a, const Request* b) { return ranks_before(a, b); });
+      Request* victim = *std::max_element(running_.begin(), running_.end(), by_rank);
       preempt(victim, out);
-      if (victim == r) break;
+      if (victim == r) return false;
     }
-    if (r->status != RequestStatus::kRunning) continue;
-    out.scheduled.push_back({r, n});
-    out.num_tokens += n;
+    return true;
+  };
+  auto budget = [&] { return options_.max_num_batched_tokens - out.num_tokens; };
+
+  std::size_t k = 0;
+  for (; k < order_.size() && decoding(order_[k]); ++k) {
+    Request* r = order_[k];
+    if (r->status != RequestStatus::kRunning) continue;  // preempted earlier in this step
+    const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget());
+    if (n <= 0 || !grow(r, n)) continue;
+    schedule_tokens(r, n, out);
   }
 
-  if (!out.preempted.empty()) {
-    out.blocked = AdmissionBlock::kKvBlocks;  // no admissions in a step that had to preempt
-    return out;
+  // The time limit on each lane's prefill: the tightest TPOT target of an earlier lane that
+  // has decodes in this step.
+  std::vector<char> decodes(num_lanes, 0);
+  for (const auto& s : out.scheduled) decodes[s.request->lane] = 1;
+  std::vector<double> limit(num_lanes, std::numeric_limits<double>::infinity());
+  if (model_ != nullptr && model_->ready()) {
+    double tightest = std::numeric_limits<double>::infinity();
+    for (std::size_t lane = 0; lane < num_lanes; ++lane) {
+      limit[lane] = tightest;
+      if (decodes[lane] && options_.lanes[lane].tpot_target_s > 0) tightest = std::min(tightest, options_.lanes[lane].tpot_target_s);
+    }
   }
+
   const auto total = static_cast<double>(kv_.pool().num_blocks());
-  // Blocks the running requests are expected to grow into (none without a growth reserve).
-  std::int64_t growth = 0;
-  if (options_.kv_growth_reserve > 0) {
-    for (const Request* r : running_) growth += growth_blocks(r);
-  }
-  for (std::size_t lane = 0; lane < waiting_.size(); ++lane) {
+  bool admitting = true;  // false once a lane's first waiting request stayed: no later lane overtakes it
+  auto block = [&](AdmissionBlock why, std::size_t lane) {
+    if (out.blocked == AdmissionBlock::kNone) {
+      out.blocked = why;
+      out.blocked_lane = lane;
+    }
+    admitting = false;
+  };
+  for (std::size_t lane = 0; lane < num_lanes; ++lane) {
+    // The lane's unfinished prefills, a chunk each.
+    for (; k < order_.size() && order_[k]->lane == lane; ++k) {
+      Request* r = order_[k];
+      if (r->status != RequestStatus::kRunning) continue;
+      const std::int64_t n = within_target(r, std::min(r->num_tokens() - r->num_computed, budget()), limit[lane], out);
+      if (n <= 0 || !grow(r, n)) continue;
+      schedule_tokens(r, n, out);
+    }
     auto& q = waiting_[lane];
+    if (!admitting || q.empty()) continue;
+    if (lane >= preempted_from_) {  // this lane, or an earlier one, just had to give up blocks
+      block(AdmissionBlock::kKvBlocks, lane);
+      continue;
+    }
+    // Blocks the running requests of this lane and earlier ones are expected to grow into (none
+    // without a growth reserve): later lanes' growth cannot take this lane's blocks, they would
+    // be preempted first.
+    std::int64_t growth = 0;
+    if (options_.kv_growth_reserve > 0) {
+      for (const Request* r : running_) {
+        if (r->lane <= lane) growth += growth_blocks(r);
+      }
+    }
+    const double watermark = std::min(1.0, options_.kv_watermark + options_.lanes[lane].kv_reserve);
+    const bool may_preempt = options_.lanes[lane].ttft_target_s > 0;
     std::size_t i = 0;
-    while (i < q.size()) {
-      AdmissionBlock why = AdmissionBlock::kNone;
-      const std::int64_t budget = options_.max_num_batched_tokens - out.num_tokens;
-      if (!device_memory_ok) {
-        why = AdmissionBlock::kDeviceMemory;
-      } else if (budget <= 0) {
-        why = AdmissionBlock::kTokenBudget;
-      } else if (num_running() >= options_.max_num_seqs ||
-                 lane_seqs(lane) + 1 > options_.max_num_seqs - reserved_seqs_elsewhere(lane)) {
-        why = AdmissionBlock::kSeqSlots;
-      }
-      if (why != AdmissionBlock::kNone) {
-        if (out.blocked == AdmissionBlock::kNone) {
-          out.blocked = why;
-          out.blocked_lane = lane;
-        }
-        return out;  // nothing further this step, and no later lane overtakes this one
-      }
+    while (admitting && i < q.size()) {
       Request* r = q[i];
       if (const Request* w = r->wait_for;
           w != nullptr && !(w->status == RequestStatus::kRunning && w->num_computed >= static_cast<std::int64_t>(w->prompt.size()))) {
         ++i;  // its sibling has not computed the shared prompt yet
         continue;
       }
-      // A swapped-out request keeps what it computed; its blocks come back from the host.
+      // A swapped-out request keeps what it computed; its blocks come back from the host (not
+      // in a step that sent blocks there: see preempt()).
       const bool swapped = kv_.swapped(r->id);
-      const std::int64_t cached = swapped ? r->num_computed : kv_.adopt_prefix(r->id, r->all_tokens(), r->cache_salt);
-      r->num_computed = cached;
-      const double limit = std::min(1.0, options_.kv_watermark + options_.lanes[lane].kv_reserve);
-      // The reserve counts only next to running requests: a lone request always may start.
-      const std::int64_t after = kv_.pool().num_used() + (running_.empty() ? kv_.blocks_needed(r->id, r->num_tokens())
-                                                                            : growth + kv_.blocks_needed(r->id, expected_tokens(r)));
-      const std::int64_t n = std::min(r->num_tokens() - r->num_computed, budget);
-      const std::size_t swap_copies = out.swap_in.size();
-      if (static_cast<double>(after) > total) {
-        why = AdmissionBlock::kKvBlocks;
-      } else if (static_cast<double>(after) > limit * total) {
-        why = AdmissionBlock::kKvWatermark;
-      } else if (!can_allocate(r, r->num_computed + n)) {
-        why = AdmissionBlock::kKvBlocks;
-      } else if (swapped ? !kv_.swap_in(r->id, r->num_computed + n, &out.swap_in) : !kv_.allocate(r->id, r->num_computed + n)) {
-        why = AdmissionBlock::kKvBlocks;
-      } else if (swapped) {
-        ++swap_ins_;
-        swap_blocks_in_ += static_cast<std::int64_t>(out.swap_in.size() - swap_copies);
+      AdmissionBlock why = AdmissionBlock::kNone;
+      std::int64_t n = 0;
+      for (;;) {
+        why = AdmissionBlock::kNone;
+        n = 0;
+        if (!device_memory_ok) {
+          why = AdmissionBlock::kDeviceMemory;
+        } else if (budget() <= 0) {
+          why = AdmissionBlock::kTokenBudget;
+        } else if (num_running() >= options_.max_num_seqs ||
+                   lane_seqs(lane) + 1 > options_.max_num_seqs - reserved_seqs_elsewhere(lane)) {
+          why = AdmissionBlock::kSeqSlots;
+        } else if (swapped && !out.swap_out.empty()) {
+          why = AdmissionBlock::kKvBlocks;
+        }
+        if (why != AdmissionBlock::kNone && why != AdmissionBlock::kSeqSlots) break;
+        if (why == AdmissionBlock::kNone) {
+          const std::int64_t cached = swapped ? r->num_computed : kv_.adopt_prefix(r->id, r->all_tokens(), r->cache_salt);
+          r->num_computed = cached;
+          // The reserve counts only next to running requests: a lone request always may start.
+          const std::int64_t after = kv_.pool().num_used() + (running_.empty() ? kv_.blocks_needed(r->id, r->num_tokens())
+                                                                                : growth + kv_.blocks_needed(r->id, expected_tokens(r)));
+          n = within_target(r, std::min(r->num_tokens() - r->num_computed, budget()), limit[lane], out);
+          const std::size_t swap_copies = out.swap_in.size();
+          if (n <= 0) {
+            why = AdmissionBlock::kLatencyTarget;
+          } else if (static_cast<double>(after) > total) {
+            why = AdmissionBlock::kKvBlocks;
+          } else if (static_cast<double>(after) > watermark * total) {
+            why = AdmissionBlock::kKvWatermark;
+          } else if (!can_allocate(r, r->num_computed + n)) {
+            why = AdmissionBlock::kKvBlocks;
+          } else if (swapped ? !kv_.swap_in(r->id, r->num_computed + n, &out.swap_in) : !kv_.allocate(r->id, r->num_computed + n)) {
+            why = AdmissionBlock::kKvBlocks;
+          } else if (swapped) {
+            ++swap_ins_;
+            swap_blocks_in_ += static_cast<std::int64_t>(out.swap_in.size() - swap_copies);
+          }
+          if (why != AdmissionBlock::kNone && !swapped) {  // a swapped-out request keeps its host blocks and tokens
+            kv_.free(r->id);
+            r->num_computed = 0;
+          }
+          if (why == AdmissionBlock::kNone || why == AdmissionBlock::kLatencyTarget) break;
+        }
+        // No room: a lane with a TTFT target makes it by preempting later lanes' work.
+        if (!may_preempt || running_.empty()) break;
+        Request* victim = *std::max_element(running_.begin(), running_.end(), by_rank);
+        if (victim->lane <= lane) break;
+        preempt(victim, out);  // of a later lane: its growth was not counted above
       }
       if (why != AdmissionBlock::kNone) {
-        if (!swapped) {  // a swapped-out request keeps its host blocks and tokens
-          kv_.free(r->id);
-          r->num_computed = 0;
-        }
-        if (out.blocked == AdmissionBlock::kNone) {
-          out.blocked = why;
-          out.blocked_lane = lane;
-        }
-        // A later lane must not take what this lane's first request is waiting for.
-        return out;
+        block(why, lane);
+        break;
       }
       if (r->num_preemptions == 0) {
-        r->num_cached_prompt = cached;
-        kv_.count_prefix_query(static_cast<std::int64_t>(r->prompt.size()), cached);
+        r->num_cached_prompt = r->num_computed;
+        kv_.count_prefix_query(static_cast<std::int64_t>(r->prompt.size()), r->num_computed);
       }
       q.erase(q.begin() + static_cast<std::ptrdiff_t>(i));
       r->status = RequestStatus::kRunning;
       running_.push_back(r);
       growth += growth_blocks(r);
-      out.scheduled.push_back({r, n});
-      out.num_tokens += n;
+      schedule_tokens(r, n, out);
+    }
+  }
+  if (model_ != nullptr && model_->ready()) {
+    out.predicted_seconds = model_->predict(out.shape());
+    for (std::size_t lane = 0; lane < num_lanes && out.tpot_unmet_lane < 0; ++lane) {
+      const double t = options_.lanes[lane].tpot_target_s;
+      if (decodes[lane] && t > 0 && out.predicted_seconds > t) out.tpot_unmet_lane = static_cast<int>(lane);
     }
   }
   return out;

@@ -9,10 +9,26 @@
 // preempts admits nothing, so no step both swaps out and swaps in.
 //
 // Lanes: each lane has a bounded waiting queue and may reserve a share of the KV blocks and
-// of the sequence slots that no other lane can take. Lanes are scheduled in the order given
-// (the first is the most urgent), so a request of an earlier lane never waits on a later
-// lane's request: it is scheduled first, may use its reserve, and preemption victims come
-// from the latest lane first.
+// of the sequence slots that no other lane can take — not by admission, and not by growth: a
+// request that needs a block only the reserve has left preempts the latest-ranked running
+// request, which is of its own lane or a later one. Lanes are scheduled in the order given (the
+// first is the most urgent), so a request of an earlier lane never waits on a later lane's
+// request: its decodes, prefill chunks and admissions come first, it may use its reserve, and
+// preemption victims come from the latest lane first.
+//
+// Step order: every running decode (one token each, rank order); then lane by lane, the lane's
+// unfinished prefills (a chunk each) and its waiting requests' admissions. A step that preempts
+// admits only lanes ranked before every lane it preempted from (so a lane that has to give up
+// blocks does not take new ones in the same step), and brings nothing back from the host once
+// something went there (nor sends anything there after something came back).
+//
+// Latency targets (LaneOptions): while a lane with a TPOT target has requests decoding in the
+// step, the prefill chunks of every later lane are cut so that the step's time, predicted by a
+// StepTimeModel (set_step_time_model), stays within the target; the lane's own and earlier
+// lanes' prefills are not cut. When the step's decodes and uncut prefills alone are predicted
+// over a decoding lane's target, SchedulerOutput::tpot_unmet_lane says so (later lanes' prefills
+// then wait). A request of a lane with a TTFT target that finds no KV blocks or sequence slot
+// preempts later lanes' running requests (latest-ranked first) to start at once.
 //
 // Admission watermark: a waiting request starts only if, once its whole prompt has blocks,
 // KV usage stays <= kv_watermark (a lane with a reserve may go above by its reserved share);
@@ -33,6 +49,7 @@
 #include "common/status.h"
 #include "engine/kv/kv_cache_manager.h"
 #include "engine/request.h"
+#include "engine/sched/step_time_model.h"
 
 namespace lmserve::engine {
 
@@ -41,6 +58,9 @@ struct LaneOptions {
   double kv_reserve = 0.0;    // share of KV blocks only this lane may use
   double seq_reserve = 0.0;   // share of max_num_seqs only this lane may use
   std::int64_t max_queued = 1024;
+  // Latency targets in seconds (0: none): time to first token and time per output token.
+  double ttft_target_s = 0.0;
+  double tpot_target_s = 0.0;
 };
 
 struct SchedulerOptions {
@@ -79,7 +99,8 @@ inline constexpr Rejection kAllRejections[] = {Rejection::kQueueFull,   Rejectio
 std::string_view rejection_name(Rejection r);
 
 // Why waiting requests were left waiting in a step.
-enum class AdmissionBlock { kNone, kKvWatermark, kDeviceMemory, kKvBlocks, kSeqSlots, kTokenBudget };
+// kLatencyTarget: the step's predicted time left no room under an earlier lane's TPOT target.
+enum class AdmissionBlock { kNone, kKvWatermark, kDeviceMemory, kKvBlocks, kSeqSlots, kTokenBudget, kLatencyTarget };
 std::string_view admission_block_name(AdmissionBlock b);
 
 struct ScheduledRequest {
@@ -95,8 +116,15 @@ struct SchedulerOutput {
   std::vector<backend::BlockCopy> swap_out, swap_in;
   std::vector<RequestId> swapped_out;
   std::int64_t num_tokens = 0;
+  std::int64_t kv_tokens = 0;  // the scheduled sequences' tokens after the step (StepShape)
   AdmissionBlock blocked = AdmissionBlock::kNone;  // why the first waiting request stayed
   std::size_t blocked_lane = 0;                     // its lane
+  // Latency targets: the first lane decoding in this step whose TPOT target the step's decodes
+  // and uncut prefills already miss (-1: none), and the predicted step time (0 without a model).
+  int tpot_unmet_lane = -1;
+  double predicted_seconds = 0.0;
+
+  StepShape shape() const { return {num_tokens, static_cast<std::int64_t>(scheduled.size()), kv_tokens}; }
 };
 
 struct SchedulerStats {
@@ -128,6 +156,9 @@ class Scheduler {
 
   // Plans one step. `device_memory_ok` is the backend's hard-limit signal.
   SchedulerOutput schedule(bool device_memory_ok = true);
+  // The cost model for TPOT targets (nullptr or not ready(): targets are not enforced). Must
+  // outlive the scheduler; the caller updates it between steps.
+  void set_step_time_model(const StepTimeModel* model) { model_ = model; }
   // After the step ran: scheduled requests advance by what they were given, and their newly
   // full blocks enter the prefix cache.
   void commit_step(const SchedulerOutput& out);
@@ -153,13 +184,20 @@ class Scheduler {
   std::int64_t expected_tokens(const Request* r) const;
   std::int64_t growth_blocks(const Request* r) const;
   void preempt(Request* r, SchedulerOutput& out);
+  // Adds `n` tokens of `r` to the step.
+  void schedule_tokens(Request* r, std::int64_t n, SchedulerOutput& out);
+  // Of `n` prefill tokens of `r`, those that keep the step's predicted time within `limit`
+  // seconds (n itself when limit is infinite or there is no model).
+  std::int64_t within_target(const Request* r, std::int64_t n, double limit, const SchedulerOutput& out) const;
 
   SchedulerOptions options_;
   KvCacheManager& kv_;
   std::vector<std::deque<Request*>> waiting_;  // per lane
   std::vector<Request*> running_;
   std::vector<Request*> order_;  // schedule()'s pass over running_, kept to reuse its memory
+  const StepTimeModel* model_ = nullptr;
   std::int64_t preemptions_ = 0;
+  std::size_t preempted_from_ = 0;  // this step: the earliest lane it preempted from (lanes.size(): none)
   bool swap_ok_ = true;
   std::int64_t swap_outs_ = 0, swap_ins_ = 0, swap_blocks_out_ = 0, swap_blocks_in_ = 0;
 };
