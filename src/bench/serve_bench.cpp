@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <boost/algorithm/string/predicate.hpp>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
@@ -483,6 +484,63 @@ std::string result_json(const ServeBenchResult& r, const ServeBenchOptions& o, b
     j["requests"] = std::move(reqs);
   }
   return j.dump(2, ' ', false, json::error_handler_t::replace);
+}
+
+Result<LoadGroup> parse_load_group(std::string_view spec, const ServeBenchOptions& base, std::uint64_t seed, std::size_t index) {
+  LoadGroup g;
+  g.name = "group" + std::to_string(index);
+  g.options = base;
+  g.options.progress = false;
+  g.options.goodput_ttft_ms = g.options.goodput_tpot_ms = g.options.goodput_e2el_ms = std::nullopt;
+  g.options.request_rate = std::numeric_limits<double>::infinity();
+  g.options.max_concurrency = 0;
+  g.dataset.name = "random";
+  g.dataset.seed = g.options.seed = seed + index;
+  auto bad = [&](const std::string& why) { return error(StatusCode::kInvalidArgument, "--group '" + std::string(spec) + "': " + why); };
+  std::size_t pos = 0;
+  while (pos < spec.size()) {
+    std::size_t comma = spec.find(',', pos);
+    if (comma == std::string_view::npos) comma = spec.size();
+    const std::string_view item = spec.substr(pos, comma - pos);
+    pos = comma + 1;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == item.size()) return bad("'" + std::string(item) + "' is not KEY=VALUE");
+    const std::string key(item.substr(0, eq)), value(item.substr(eq + 1));
+    char* end = nullptr;
+    const double number = std::strtod(value.c_str(), &end);
+    const bool numeric = *end == '\0';
+    auto whole = [&](std::int64_t* out, std::int64_t min) {
+      if (!numeric || number < static_cast<double>(min) || number != std::floor(number)) return false;
+      *out = static_cast<std::int64_t>(number);
+      return true;
+    };
+    if (key == "name") {
+      g.name = value;
+    } else if (key == "lane") {
+      g.lane = value;
+    } else if (key == "num-prompts") {
+      if (!whole(&g.dataset.num_prompts, 1)) return bad("num-prompts must be a whole number >= 1");
+    } else if (key == "request-rate") {
+      g.options.request_rate = value == "inf" ? std::numeric_limits<double>::infinity() : number;
+      if (value != "inf" && !(numeric && number > 0)) return bad("request-rate must be positive or inf");
+    } else if (key == "max-concurrency") {
+      if (!whole(&g.options.max_concurrency, 0)) return bad("max-concurrency must be a whole number >= 0");
+    } else if (key == "input-len") {
+      if (!whole(&g.dataset.input_len, 1)) return bad("input-len must be a whole number >= 1");
+    } else if (key == "output-len") {
+      if (!whole(&g.dataset.output_len, 1)) return bad("output-len must be a whole number >= 1");
+    } else if (key == "range-ratio") {
+      if (!(numeric && number >= 0 && number < 1)) return bad("range-ratio must be in [0, 1)");
+      g.dataset.range_ratio = number;
+    } else {
+      return bad("unknown key '" + key + "' (name, lane, num-prompts, request-rate, max-concurrency, input-len, output-len, range-ratio)");
+    }
+  }
+  if (!g.lane.empty()) {
+    std::erase_if(g.options.headers, [](const auto& h) { return boost::iequals(h.first, "x-lmserve-lane"); });
+    g.options.headers.emplace_back("x-lmserve-lane", g.lane);
+  }
+  return g;
 }
 
 std::string result_csv(const ServeBenchResult& r) {

@@ -77,6 +77,19 @@ Result<ServeBenchResult> run_serve_bench(const std::vector<PreparedRequest>& req
 Result<std::pair<int, std::string>> http_call(const ServeBenchOptions& options, const std::string& method, const std::string& path,
                                               const std::string& body);
 
+// A client group of `bench serve --group`, run at the same time as the main one with its own
+// arrivals, lengths and lane, and reported apart: how operators load two lanes at once.
+// SPEC is comma-separated KEY=VALUE: name, lane (sent as x-lmserve-lane), num-prompts,
+// request-rate (inf or requests/s), max-concurrency, input-len, output-len, range-ratio (a random
+// dataset). Everything else (server, model, endpoint, key, headers, ignore_eos) comes from
+// `base`; the seed is base's plus `index`. InvalidArgument naming the key for anything else.
+struct LoadGroup {
+  std::string name, lane;
+  ServeBenchOptions options;
+  DatasetOptions dataset;
+};
+Result<LoadGroup> parse_load_group(std::string_view spec, const ServeBenchOptions& base, std::uint64_t seed, std::size_t index);
+
 // JSON of the summary and, when `with_requests`, every request's record.
 std::string result_json(const ServeBenchResult& r, const ServeBenchOptions& o, bool with_requests);
 std::string result_csv(const ServeBenchResult& r);

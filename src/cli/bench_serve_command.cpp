@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <boost/algorithm/string/predicate.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "bench/serve_bench.h"
 #include "cli/commands.h"
@@ -137,14 +139,87 @@ void add_mixed_length_options(CLI::App& app, bench::DatasetOptions& d) {
   app.add_option("--mixed-max-output-len", d.max_output_len, "mixed: clip outputs at")->capture_default_str();
 }
 
-Command add_bench_serve(CLI::App& app) {
-  struct Opts {
-    bench::ServeBenchOptions o;
-    bench::DatasetOptions d;
-    std::string rate = "inf", sweep, result_json, result_csv, plot, tokenizer;
-    std::vector<std::string> headers, goodput;
-    bool ignore_eos = true, compare_uniform = false;
+namespace {
+
+struct BenchServeOpts {
+  bench::ServeBenchOptions o;
+  bench::DatasetOptions d;
+  std::string rate = "inf", sweep, result_json, result_csv, plot, tokenizer;
+  std::vector<std::string> headers, goodput, groups;
+  bool ignore_eos = true, compare_uniform = false;
+};
+
+// --group: the main group and the others at the same time, each on its own thread and event
+// loop, each reported apart (then one line each, side by side).
+int run_groups(const BenchServeOpts& p, const std::vector<bench::RequestSpec>& main_specs, const text::Tokenizer* tok) {
+  if (!p.sweep.empty() || p.compare_uniform) {
+    return fail(Status(StatusCode::kInvalidArgument, "--group runs once: it does not combine with --sweep or --compare-uniform"));
+  }
+  struct Run {
+    std::string name, lane;
+    bench::ServeBenchOptions opts;
+    std::vector<bench::RequestSpec> specs;
+    Result<bench::ServeBenchResult> result = Unexpected<Status>(Status(StatusCode::kInternal, "not run"));
   };
+  std::vector<Run> runs;
+  std::string main_lane;
+  for (const auto& [name, value] : p.o.headers) {
+    if (boost::iequals(name, "x-lmserve-lane")) main_lane = value;
+  }
+  runs.push_back({"main", main_lane, p.o, main_specs});
+  for (std::size_t i = 0; i < p.groups.size(); ++i) {
+    auto g = bench::parse_load_group(p.groups[i], p.o, p.d.seed, i + 1);
+    if (!g) return fail(g.error());
+    auto specs = bench::make_dataset(g->dataset);
+    if (!specs) return fail(specs.error());
+    if (Status s = fill_prompts(*specs, g->options, tok, g->dataset.seed); !s.is_ok()) return fail(s);
+    for (const auto& r : runs) {
+      if (r.name == g->name) return fail(Status(StatusCode::kInvalidArgument, "--group: two groups are named '" + g->name + "'"));
+    }
+    runs.push_back({g->name, g->lane, g->options, std::move(*specs)});
+  }
+  {
+    std::vector<std::thread> threads;
+    for (auto& r : runs) {
+      threads.emplace_back([&r] { r.result = bench::run_serve_bench(bench::prepare_requests(r.specs, r.opts), r.opts); });
+    }
+    for (auto& t : threads) t.join();
+  }
+  std::int64_t failed = 0;
+  nlohmann::json report;
+  for (auto& r : runs) {
+    if (!r.result) return fail(r.result.error());
+    std::printf("==== group %s (lane %s): %zu requests, rate %s, max concurrency %lld\n", r.name.c_str(),
+                r.lane.empty() ? "default" : r.lane.c_str(), r.specs.size(),
+                std::isfinite(r.opts.request_rate) ? std::to_string(r.opts.request_rate).c_str() : "inf",
+                static_cast<long long>(r.opts.max_concurrency));
+    std::printf("%s", bench::summary_table(*r.result).c_str());
+    failed += r.result->failed;
+    auto j = json::parse(bench::result_json(*r.result, r.opts, !p.result_json.empty()));
+    j["group"] = r.name;
+    j["lane"] = r.lane;
+    report["groups"].push_back(std::move(j));
+  }
+  std::printf("\n%-12s %-8s %9s %11s %9s %9s %9s %9s %9s %8s\n", "group", "lane", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
+              "TPOT p99", "E2E p99", "failed");
+  for (const auto& r : runs) {
+    const auto& x = *r.result;
+    std::printf("%-12s %-8s %9.2f %11.1f %9.1f %9.1f %9.2f %9.2f %9.1f %8lld\n", r.name.c_str(), r.lane.empty() ? "-" : r.lane.c_str(),
+                x.request_throughput, x.output_throughput, x.ttft.median * 1e3, x.ttft.p99 * 1e3, x.tpot.median * 1e3, x.tpot.p99 * 1e3,
+                x.e2el.p99 * 1e3, static_cast<long long>(x.failed));
+  }
+  if (!p.result_json.empty()) {
+    std::ofstream f(p.result_json, std::ios::binary);
+    f << report.dump(2, ' ', false, json::error_handler_t::replace);
+    if (!f) return fail(Status(StatusCode::kInternal, "cannot write " + p.result_json));
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+Command add_bench_serve(CLI::App& app) {
+  using Opts = BenchServeOpts;
   auto p = std::make_shared<Opts>();
   app.add_option("--base-url", p->o.base_url, "server address, http[s]://host:port")->capture_default_str();
   app.add_option("--endpoint", p->o.endpoint, "/v1/completions or /v1/chat/completions")->capture_default_str();
@@ -172,6 +247,9 @@ Command add_bench_serve(CLI::App& app) {
   app.add_option("--result-json", p->result_json, "write the summary and every request");
   app.add_option("--result-csv", p->result_csv, "write one row per request");
   app.add_option("--plot", p->plot, "write an SVG: latency vs throughput, TTFT/ITL distributions");
+  app.add_option("--group", p->groups,
+                 "another client group run at the same time and reported apart (repeatable): name=N,lane=L,num-prompts=N,"
+                 "request-rate=R,max-concurrency=C,input-len=N,output-len=N,range-ratio=X (random lengths)");
   app.add_flag("--compare-uniform", p->compare_uniform, "also run uniform lengths with the same means and compare");
 
   return [p]() -> int {
@@ -225,6 +303,8 @@ Command add_bench_serve(CLI::App& app) {
     auto specs = bench::make_dataset(d);
     if (!specs) return fail(specs.error());
     if (Status s = fill_prompts(*specs, o, tok.get(), d.seed); !s.is_ok()) return fail(s);
+
+    if (!p->groups.empty()) return run_groups(*p, *specs, tok.get());
 
     // The points: one run, a sweep, or mixed-vs-uniform.
     struct Point {

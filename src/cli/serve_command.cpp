@@ -16,30 +16,6 @@
 namespace lmserve::cli {
 namespace {
 
-// "--lanes high:0.2,low" -> lanes with KV and slot reserves.
-Result<std::vector<engine::LaneOptions>> parse_lanes(const std::string& spec, std::int64_t max_queued) {
-  std::vector<engine::LaneOptions> lanes;
-  std::size_t pos = 0;
-  while (pos <= spec.size()) {
-    std::size_t comma = spec.find(',', pos);
-    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    engine::LaneOptions l;
-    std::size_t colon = item.find(':');
-    l.name = item.substr(0, colon);
-    if (colon != std::string::npos) {
-      char* end = nullptr;
-      double share = std::strtod(item.c_str() + colon + 1, &end);
-      if (*end != '\0') return error(StatusCode::kInvalidArgument, "--lanes: '" + item + "' is not NAME or NAME:SHARE");
-      l.kv_reserve = l.seq_reserve = share;
-    }
-    l.max_queued = max_queued;
-    lanes.push_back(l);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return lanes;
-}
-
 }  // namespace
 
 Command add_serve_command(CLI::App& app) {
@@ -102,7 +78,7 @@ Command add_serve_command(CLI::App& app) {
   add_async_scheduling_option(app, &o->async_scheduling);
   app.add_option("--device-memory-limit", o->device_memory_limit, "admit nothing while device memory use is above this share")
       ->capture_default_str();
-  app.add_option("--lanes", o->lanes, "priority lanes, first most urgent, NAME[:RESERVED_SHARE],...")->capture_default_str();
+  app.add_option("--lanes", o->lanes, "priority lanes, first most urgent: NAME[:RESERVED_SHARE][:ttft=DURATION][:tpot=DURATION],... (durations as 300ms or 0.3s)")->capture_default_str();
   app.add_option("--scheduling-policy", o->scheduling_policy, "fcfs or priority")->capture_default_str();
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching, "automatic prefix caching")
       ->capture_default_str();
@@ -151,7 +127,7 @@ Command add_serve_command(CLI::App& app) {
     } else if (o->scheduling_policy != "fcfs") {
       return fail(Status(StatusCode::kInvalidArgument, "--scheduling-policy must be fcfs or priority"));
     }
-    auto lanes = parse_lanes(o->lanes, o->max_num_queued_reqs);
+    auto lanes = engine::parse_lanes(o->lanes, o->max_num_queued_reqs);
     if (!lanes) return fail(lanes.error());
     so.lanes = *lanes;
 

@@ -104,6 +104,9 @@ Status EngineCore::step(bool settle, bool* progressed) {
   backend_s += seconds(wait_start, wait_end);
   cur.backend_seconds += seconds(wait_start, wait_end);
   if (!st.is_ok()) return st;
+  // The device ran this step from its launch, or from the end of the one before if that was later.
+  step_model_.observe(cur.out.shape(), seconds(std::max(cur.launched_at, last_step_done_), wait_end));
+  last_step_done_ = wait_end;
   if (!planned.is_ok()) return planned;
   // Every row's token (the host samples the rows left to it now, before the step planned ahead
   // needs them); the placeholders get theirs, and so does the step planned ahead, which starts.

@@ -66,7 +66,14 @@ EngineCore::EngineCore(std::unique_ptr<backend::Backend> backend, std::shared_pt
   kv_ = std::make_unique<KvCacheManager>(kvc.num_blocks, kvc.block_size, options_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(options_.scheduler, *kv_);
   rejections_.assign(static_cast<std::size_t>(Rejection::kExceedsKvCapacity) + 1, 0);
-  limit_episodes_.assign(6, 0);
+  limit_episodes_.assign(static_cast<std::size_t>(AdmissionBlock::kLatencyTarget) + 1, 0);
+  tpot_unmet_steps_.assign(options_.scheduler.lanes.size(), 0);
+  tpot_unmet_logged_.assign(options_.scheduler.lanes.size(), 0);
+  // The cost model serves the lanes' TPOT targets; without one it only learns (and is exported).
+  if (std::any_of(options_.scheduler.lanes.begin(), options_.scheduler.lanes.end(), [](const LaneOptions& l) { return l.tpot_target_s > 0; })) {
+    calibrate_step_time();
+  }
+  scheduler_->set_step_time_model(&step_model_);
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   sampler_pool_ = std::make_unique<ThreadPool>(options_.sampler_threads > 0 ? static_cast<std::size_t>(options_.sampler_threads)
                                                                             : std::min<std::size_t>(8, cores));
@@ -236,7 +243,11 @@ EngineStats EngineCore::stats() const {
   for (std::size_t r = 1; r < rejections_.size(); ++r) {
     s.rejections.emplace_back(std::string(rejection_name(static_cast<Rejection>(r))), rejections_[r]);
   }
-  for (std::size_t b = 1; b < limit_episodes_.size(); ++b) {
+  for (std::size_t lane = 0; lane < tpot_unmet_steps_.size(); ++lane) {
+    if (options_.scheduler.lanes[lane].tpot_target_s > 0) s.tpot_unmet_steps.emplace_back(options_.scheduler.lanes[lane].name, tpot_unmet_steps_[lane]);
+  }
+  std::copy(step_model_.coefficients().begin(), step_model_.coefficients().end(), s.step_time_model.begin());
+  for (std::size_t b = 1; b < static_cast<std::size_t>(AdmissionBlock::kLatencyTarget); ++b) {
     s.admission_limits.emplace_back(std::string(admission_block_name(static_cast<AdmissionBlock>(b))), limit_episodes_[b]);
   }
   s.requests_finished = finished_;

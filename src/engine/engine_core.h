@@ -73,6 +73,9 @@ class EngineCore {
   void complete(StepBuffers& sb, StepBuffers* ahead);
   // Whether the next step may be planned while this one runs.
   bool may_plan_ahead() const;
+  // Fits step_model_ to a few steps of known shape run before the first request
+  // (step_calibration.cpp); a backend failure leaves it to learn from served steps.
+  void calibrate_step_time();
   // The event of one of `r`'s rows: its token (moved from, when given) and text, the usage so
   // far. The one place a StreamEvent is made; ends add finish, stop_reason and error.
   static StreamEvent row_event(const Request& r, std::int32_t index, SampleResult* token, std::string text,
@@ -136,6 +139,7 @@ class EngineCore {
     std::size_t logits_capacity = 0;
     bool launched = false;
     double backend_seconds = 0;  // the engine thread's time in launch() and wait()
+    Clock::time_point launched_at;  // when launch() began
   } step_[2];
   int cur_ = 0;
   std::uint64_t planned_ahead_ = 0;
@@ -160,6 +164,12 @@ class EngineCore {
   std::vector<std::uint64_t> rejections_;
   std::vector<std::uint64_t> limit_episodes_;
   AdmissionBlock last_block_ = AdmissionBlock::kNone;
+  // The scheduler's cost model for TPOT targets: each step's device time (from its launch, or
+  // the end of the step before it when that was later, to the end of its wait) by its shape.
+  StepTimeModel step_model_;
+  Clock::time_point last_step_done_;
+  std::vector<std::uint64_t> tpot_unmet_steps_;  // per lane: steps whose decodes alone miss its target
+  std::vector<char> tpot_unmet_logged_;
   std::thread thread_;
 };
 

@@ -26,6 +26,17 @@ Status EngineCore::plan(StepBuffers& sb, const StepBuffers* before, bool* any) {
     }
     last_block_ = out.blocked;
   }
+  if (out.tpot_unmet_lane >= 0) {
+    const auto lane = static_cast<std::size_t>(out.tpot_unmet_lane);
+    ++tpot_unmet_steps_[lane];
+    if (!tpot_unmet_logged_[lane]) {  // once: a target is a configuration, not an event
+      tpot_unmet_logged_[lane] = 1;
+      spdlog::warn("[TARGET] lane={} tpot={:.0f}ms cannot be met: a step of its decodes and the prefills it may not cut is predicted at "
+                   "{:.1f}ms ({} sequences, {} tokens); counted in lmserve:lane_tpot_target_unmet_steps_total",
+                   options_.scheduler.lanes[lane].name, options_.scheduler.lanes[lane].tpot_target_s * 1e3, out.predicted_seconds * 1e3,
+                   out.scheduled.size(), out.num_tokens);
+    }
+  }
   // Preempted requests' blocks go to the host, resumed ones' come back, before this step's
   // forward pass writes into the blocks given up (Backend::swap_blocks orders the copies so,
   // after a step in flight too).
@@ -126,6 +137,7 @@ Status EngineCore::launch(StepBuffers& sb) {
   // a backend that is not asynchronous runs the whole step here).
   mu_.unlock();
   const auto t0 = Clock::now();
+  sb.launched_at = t0;
   Status st = backend_->launch(sb.patches);
   const auto t1 = Clock::now();
   mu_.lock();

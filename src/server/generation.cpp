@@ -141,6 +141,7 @@ class Generation {
       if (worst == engine::FinishReason::kStop && c.finish == engine::FinishReason::kLength) worst = c.finish;
     }
     r.finish_reason = finish_reason_name(worst);
+    r.lane = lane_;
     app_.metrics().record_request(r);
     // A whole answer is counted when it is sent; a stream's status went out with its head.
     if (parsed_.stream || client_gone_) app_.metrics().record_http(route_, client_gone_ ? 499 : 200);

@@ -29,6 +29,13 @@ void ServerMetrics::record_request(const RequestRecord& r) {
   prompt_tokens_.observe(static_cast<double>(r.prompt_tokens));
   generation_tokens_.observe(static_cast<double>(r.generation_tokens));
   ++finished_[r.finish_reason];
+  for (auto& l : lanes_) {
+    if (l.options.name != r.lane) continue;
+    l.queue.observe(r.queue_s);
+    if (r.generation_tokens > 0) l.ttft.observe(r.ttft_s);
+    // Time per output token as vLLM defines it: the tokens after the first over the time after it.
+    if (r.generation_tokens > 1) l.tpot.observe((r.e2e_s - r.ttft_s) / static_cast<double>(r.generation_tokens - 1));
+  }
 }
 
 void ServerMetrics::record_http(const std::string& route, int status) {
@@ -41,10 +48,11 @@ void ServerMetrics::record_rejection(const std::string& reason, const std::strin
   ++rejected_[{reason, lane}];
 }
 
-void ServerMetrics::declare_lanes(const std::vector<std::string>& lanes) {
+void ServerMetrics::declare_lanes(const std::vector<engine::LaneOptions>& lanes) {
   std::lock_guard lock(mu_);
   for (const auto& lane : lanes) {
-    for (engine::Rejection r : engine::kAllRejections) rejected_.try_emplace({std::string(engine::rejection_name(r)), lane}, 0);
+    for (engine::Rejection r : engine::kAllRejections) rejected_.try_emplace({std::string(engine::rejection_name(r)), lane.name}, 0);
+    lanes_.push_back({lane, Histogram(latency_buckets()), Histogram(latency_buckets()), Histogram(latency_buckets())});
   }
 }
 
@@ -125,6 +133,31 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   header(out, "lmserve:num_requests_running_lane", "gauge", "Requests running, per lane.");
   for (const auto& [lane, n] : s.running_per_lane) {
     out += "lmserve:num_requests_running_lane{" + m + ",lane=\"" + escape(lane) + "\"} " + std::to_string(n) + "\n";
+  }
+  auto lane_hist = [&](const std::string& name, const char* help, Histogram LaneHistograms::*h) {
+    header(out, name, "histogram", help);
+    for (const auto& l : lanes_) (l.*h).render(out, name, m + ",lane=\"" + escape(l.options.name) + "\"");
+  };
+  lane_hist("lmserve:lane_time_to_first_token_seconds", "Time to first token in seconds, per lane.", &LaneHistograms::ttft);
+  lane_hist("lmserve:lane_time_per_output_token_seconds", "Time per output token after the first in seconds, per lane.",
+            &LaneHistograms::tpot);
+  lane_hist("lmserve:lane_request_queue_time_seconds", "Time spent waiting in the queue in seconds, per lane.", &LaneHistograms::queue);
+  header(out, "lmserve:lane_latency_target_seconds", "gauge", "Each lane's latency targets (--lanes ttft=, tpot=); 0: none.");
+  for (const auto& l : lanes_) {
+    for (const auto& [kind, v] : {std::pair{"ttft", l.options.ttft_target_s}, {"tpot", l.options.tpot_target_s}}) {
+      out += "lmserve:lane_latency_target_seconds{" + m + ",lane=\"" + escape(l.options.name) + "\",target=\"" + kind + "\"} " + num(v) + "\n";
+    }
+  }
+  header(out, "lmserve:lane_tpot_target_unmet_steps_total", "counter",
+         "Steps predicted over a lane's TPOT target by work the scheduler may not cut (its decodes, its own and earlier lanes' prefills).");
+  for (const auto& [lane, n] : s.tpot_unmet_steps) {
+    out += "lmserve:lane_tpot_target_unmet_steps_total{" + m + ",lane=\"" + escape(lane) + "\"} " + std::to_string(n) + "\n";
+  }
+  header(out, "lmserve:step_time_model_seconds", "gauge",
+         "The scheduler's step-time model: seconds per step, per new token, per sequence and per KV token read.");
+  for (std::size_t i = 0; i < s.step_time_model.size(); ++i) {
+    static constexpr const char* kTerms[] = {"step", "token", "sequence", "kv_token"};
+    out += "lmserve:step_time_model_seconds{" + m + ",term=\"" + kTerms[i] + "\"} " + num(s.step_time_model[i]) + "\n";
   }
   header(out, "lmserve:admission_rejections_total", "counter", "Requests refused at submission, by reason and lane.");
   for (const auto& [key, n] : rejected_) {

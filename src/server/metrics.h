@@ -22,6 +22,7 @@ struct RequestRecord {
   std::vector<double> itl_s;
   std::int64_t prompt_tokens = 0, generation_tokens = 0;
   std::string finish_reason;
+  std::string lane;  // the lane's name: per-lane histograms for lanes declared
 };
 
 class ServerMetrics {
@@ -31,8 +32,9 @@ class ServerMetrics {
   void record_http(const std::string& route, int status);
   void record_rejection(const std::string& reason, const std::string& lane);
   // Exports lmserve:admission_rejections_total at 0 for every rejection reason on each of
-  // these lanes from now on, so that rate() and alerts see the first rejection.
-  void declare_lanes(const std::vector<std::string>& lanes);
+  // these lanes from now on, so that rate() and alerts see the first rejection; the per-lane
+  // latency histograms (TTFT, time per output token, queue time) and the lanes' targets too.
+  void declare_lanes(const std::vector<engine::LaneOptions>& lanes);
   // `plan` and `gpus` add the memory plan and per-GPU memory (lmserve:memory_plan_bytes,
   // lmserve:gpu_memory_used_bytes / _total_bytes) where there are any.
   std::string render(const engine::EngineStats& s, const std::string& model_name, double kv_watermark, int block_size,
@@ -45,6 +47,11 @@ class ServerMetrics {
   std::map<std::string, std::uint64_t> finished_;                       // finished_reason -> count
   std::map<std::pair<std::string, int>, std::uint64_t> http_;           // (route, status)
   std::map<std::pair<std::string, std::string>, std::uint64_t> rejected_;  // (reason, lane)
+  struct LaneHistograms {
+    engine::LaneOptions options;
+    Histogram ttft, tpot, queue;
+  };
+  std::vector<LaneHistograms> lanes_;  // in lane order
 };
 
 // Resident set size of this process in bytes (0 if unknown).

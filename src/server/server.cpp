@@ -27,9 +27,7 @@ bool key_matches(std::string_view header, const std::string& key) {
 OpenAiApp::OpenAiApp(ServerOptions options, std::unique_ptr<engine::Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
                      std::optional<text::ChatTemplate> chat_template)
     : opt_(std::move(options)), engine_(std::move(engine)), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {
-  std::vector<std::string> lanes;
-  for (const auto& l : engine_->options().scheduler.lanes) lanes.push_back(l.name);
-  metrics_.declare_lanes(lanes);
+  metrics_.declare_lanes(engine_->options().scheduler.lanes);
 }
 
 std::string OpenAiApp::new_id(const char* prefix) {

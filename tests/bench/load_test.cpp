@@ -143,6 +143,43 @@ TEST(ServeBench, BaseUrls) {
   EXPECT_FALSE(parse_base_url("http://host:port"));
 }
 
+// bench serve --group: a second client group inherits the server, model and headers, replaces
+// the lane header, and takes its own arrivals and lengths; anything else is a usage error.
+TEST(ServeBench, LoadGroups) {
+  ServeBenchOptions base;
+  base.model = "m";
+  base.api_key = "k";
+  base.max_concurrency = 300;
+  base.headers = {{"X-Lmserve-Lane", "low"}, {"x-tenant", "t"}};
+  auto g = parse_load_group("name=hi,lane=high,num-prompts=40,request-rate=0.5,max-concurrency=1,input-len=300,output-len=64,range-ratio=0.1",
+                            base, 7, 2);
+  ASSERT_TRUE(g) << g.error().to_string();
+  EXPECT_EQ(g->name, "hi");
+  EXPECT_EQ(g->lane, "high");
+  EXPECT_EQ(g->options.model, "m");
+  EXPECT_EQ(g->options.api_key, "k");
+  EXPECT_EQ(g->options.headers, (std::vector<std::pair<std::string, std::string>>{{"x-tenant", "t"}, {"x-lmserve-lane", "high"}}));
+  EXPECT_DOUBLE_EQ(g->options.request_rate, 0.5);
+  EXPECT_EQ(g->options.max_concurrency, 1);
+  EXPECT_EQ(g->dataset.name, "random");
+  EXPECT_EQ(g->dataset.num_prompts, 40);
+  EXPECT_EQ(g->dataset.input_len, 300);
+  EXPECT_EQ(g->dataset.output_len, 64);
+  EXPECT_DOUBLE_EQ(g->dataset.range_ratio, 0.1);
+  EXPECT_EQ(g->dataset.seed, 9u);
+  auto d = parse_load_group("lane=x", base, 0, 1);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->name, "group1");
+  EXPECT_TRUE(std::isinf(d->options.request_rate));
+  EXPECT_EQ(d->options.max_concurrency, 0);
+  for (const char* bad : {"lane", "=x", "lane=", "num-prompts=0", "num-prompts=1.5", "request-rate=-1", "max-concurrency=x", "range-ratio=1",
+                          "colour=red"}) {
+    auto r = parse_load_group(bad, base, 0, 1);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_NE(r.error().message().find("--group"), std::string::npos) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace lmserve::bench
 

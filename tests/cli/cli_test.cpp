@@ -509,6 +509,50 @@ TEST(BenchServe, AgainstLmserveWithEveryDataset) {
   EXPECT_LE(peak, 3);
 }
 
+// Two lanes' load in one run (--group), against a server whose high lane has latency targets:
+// each group is reported apart, and the server's per-lane histograms, targets and step-time
+// model are in /metrics.
+TEST(BenchServe, GroupsLoadTwoLanesAtOnce) {
+  ServeProcess server({"--lanes", "high:0.2:ttft=2s:tpot=500ms,low"});
+  ASSERT_GT(server.port, 0);
+  const std::string report = write_temp("groups.json", "");
+  CommandRun r = run("bench serve --base-url " + server.url() +
+                     " --header x-lmserve-lane:low --dataset-name random --random-input-len 40 --random-output-len 8 --num-prompts 12"
+                     " --max-concurrency 4 --group name=compliance,lane=high,num-prompts=5,max-concurrency=1,input-len=12,output-len=4"
+                     " --result-json " + report);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("==== group main (lane low)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("==== group compliance (lane high)"), std::string::npos) << r.output;
+  auto j = nlohmann::json::parse(std::ifstream(report));
+  ASSERT_EQ(j["groups"].size(), 2u);
+  EXPECT_EQ(j["groups"][0]["lane"], "low");
+  EXPECT_EQ(j["groups"][0]["completed"], 12);
+  EXPECT_EQ(j["groups"][1]["group"], "compliance");
+  EXPECT_EQ(j["groups"][1]["completed"], 5);
+  EXPECT_LE(j["groups"][1]["max_in_flight"].get<int>(), 1);
+  for (const auto& q : j["groups"][1]["requests"]) EXPECT_EQ(q["output_tokens"], 4);
+  std::string metrics = http_exchange(server.port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  for (const char* series : {"lmserve:lane_time_to_first_token_seconds_count{model_name=\"demo\",lane=\"high\"} 5",
+                             "lmserve:lane_time_to_first_token_seconds_count{model_name=\"demo\",lane=\"low\"} 12",
+                             "lmserve:lane_time_per_output_token_seconds_count{model_name=\"demo\",lane=\"high\"} 5",
+                             "lmserve:lane_request_queue_time_seconds_count{model_name=\"demo\",lane=\"low\"} 12",
+                             "lmserve:lane_latency_target_seconds{model_name=\"demo\",lane=\"high\",target=\"tpot\"} 0.5",
+                             "lmserve:lane_latency_target_seconds{model_name=\"demo\",lane=\"high\",target=\"ttft\"} 2",
+                             "lmserve:lane_latency_target_seconds{model_name=\"demo\",lane=\"low\",target=\"tpot\"} 0",
+                             "lmserve:lane_tpot_target_unmet_steps_total{model_name=\"demo\",lane=\"high\"} "}) {
+    EXPECT_NE(metrics.find(series), std::string::npos) << series;
+  }
+  // The model was calibrated at start-up: its per-token cost is above zero.
+  const std::string token = "lmserve:step_time_model_seconds{model_name=\"demo\",term=\"token\"} ";
+  auto at = metrics.find(token);
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_GT(std::atof(metrics.c_str() + at + token.size()), 0.0);
+  // A malformed group or lane spec is a usage error.
+  EXPECT_EQ(run("bench serve --base-url " + server.url() + " --group lane").exit_code, 2);
+  EXPECT_EQ(run("bench serve --base-url " + server.url() + " --group lane=high --sweep rate:1,2").exit_code, 2);
+  EXPECT_EQ(run("serve --model " + model_dir() + " --lanes high:tpot=50").exit_code, 2);
+}
+
 TEST(BenchServe, SweepReportsAndPlanMeasured) {
   ServeProcess server({});
   ASSERT_GT(server.port, 0);

@@ -148,13 +148,15 @@ TEST(Engine, RequestsTheKvCacheCanNeverHoldAreRefusedNotLeftWaiting) {
 // With a swap space of 12 blocks (half the pool), preempted requests swap out while it has
 // room and recompute when it does not, and aborts reach requests waiting in it. With an
 // asynchronous backend (greedy rows only) the engine plans each step while the one before runs:
-// preemptions, swaps and aborts then meet rows planned ahead.
-class EngineStress : public ::testing::TestWithParam<std::tuple<std::size_t, bool, bool>> {};
+// preemptions, swaps and aborts then meet rows planned ahead. With latency targets on the high
+// lane (issue #31), its requests also preempt low ones to start and cut low prefills by the
+// calibrated step-time model; the same guarantees hold.
+class EngineStress : public ::testing::TestWithParam<std::tuple<std::size_t, bool, bool, bool>> {};
 
 TEST_P(EngineStress, RandomizedStress) {
   fs::path dir = lmserve::testing::source_dir() / "tests/fixtures/models/tiny-llama3";
   Loaded tiny{*model::ModelWeights::load(dir, {}), demo().tokenizer};
-  const auto [rows, swap, async] = GetParam();
+  const auto [rows, swap, async, targets] = GetParam();
   EngineOptions o;
   o.parallel_output_rows = rows;
   o.swap_space_bytes = swap ? 12 * backend::kv_block_bytes(tiny.weights->config(), backend::KvDtype::kFloat32, 8) : 0;
@@ -163,6 +165,10 @@ TEST_P(EngineStress, RandomizedStress) {
   o.scheduler.max_num_seqs = 16;
   o.scheduler.max_model_len = 256;
   o.scheduler.lanes = {{"high", 0.2, 0.2, 4000}, {"low", 0, 0, 4000}};
+  if (targets) {
+    o.scheduler.lanes[0].ttft_target_s = 0.05;
+    o.scheduler.lanes[0].tpot_target_s = 0.0005;  // about a tiny step: some steps cut, some over
+  }
   auto engine = async ? make_async_engine(tiny, 24, o, 8) : make_engine(tiny, 24, o, 8);
   std::mt19937 rng(99);
   const int kRequests = 2000;
@@ -204,6 +210,11 @@ TEST_P(EngineStress, RandomizedStress) {
   if (async) {
     EXPECT_GT(s.steps_planned_ahead_total, 0u);
   }
+  if (targets) {
+    EXPECT_GT(s.step_time_model[0] + s.step_time_model[1], 0.0) << "the step-time model was meant to be calibrated";
+    ASSERT_EQ(s.tpot_unmet_steps.size(), 1u);
+    EXPECT_EQ(s.tpot_unmet_steps[0].first, "high");
+  }
   if (swap) {
     EXPECT_GT(s.swap_outs_total, 0) << "the tiny pool was meant to preempt into the swap space";
   } else {
@@ -229,16 +240,22 @@ TEST_P(EngineStress, RandomizedStress) {
   }
 }
 
+using StressParam = std::tuple<std::size_t, bool, bool, bool>;
+std::string stress_name(const ::testing::TestParamInfo<StressParam>& p) {
+  return std::string(std::get<0>(p.param) == 2 ? "deferred" : "in_step") + (std::get<1>(p.param) ? "_swap" : "") +
+         (std::get<3>(p.param) && !std::get<2>(p.param) ? "_sync" : "");
+}
 INSTANTIATE_TEST_SUITE_P(OutputRowsAndSwap, EngineStress,
-                         ::testing::Combine(::testing::Values(std::size_t{128}, std::size_t{2}), ::testing::Bool(), ::testing::Values(false)),
-                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, bool, bool>>& p) {
-                           return std::string(std::get<0>(p.param) == 2 ? "deferred" : "in_step") + (std::get<1>(p.param) ? "_swap" : "");
-                         });
+                         ::testing::Combine(::testing::Values(std::size_t{128}, std::size_t{2}), ::testing::Bool(), ::testing::Values(false),
+                                            ::testing::Values(false)),
+                         stress_name);
 INSTANTIATE_TEST_SUITE_P(AsyncScheduling, EngineStress,
-                         ::testing::Combine(::testing::Values(std::size_t{128}, std::size_t{2}), ::testing::Bool(), ::testing::Values(true)),
-                         [](const ::testing::TestParamInfo<std::tuple<std::size_t, bool, bool>>& p) {
-                           return std::string(std::get<0>(p.param) == 2 ? "deferred" : "in_step") + (std::get<1>(p.param) ? "_swap" : "");
-                         });
+                         ::testing::Combine(::testing::Values(std::size_t{128}, std::size_t{2}), ::testing::Bool(), ::testing::Values(true),
+                                            ::testing::Values(false)),
+                         stress_name);
+INSTANTIATE_TEST_SUITE_P(LaneTargets, EngineStress,
+                         ::testing::Combine(::testing::Values(std::size_t{2}), ::testing::Bool(), ::testing::Bool(), ::testing::Values(true)),
+                         stress_name);
 
 }  // namespace
 }  // namespace lmserve::engine

@@ -586,6 +586,27 @@ TEST(StepTimeModel, FitsFollowsAndStaysNonNegative) {
   EXPECT_EQ(lin.max_tokens_within(0.0005, 0), 0);
 }
 
+TEST(SchedulerOptions, LaneSpecsParseWithTargets) {
+  auto lanes = parse_lanes("high:0.2:ttft=300ms:tpot=50ms,mid:tpot=0.1s,low", 7);
+  ASSERT_TRUE(lanes.has_value()) << lanes.error().to_string();
+  ASSERT_EQ(lanes->size(), 3u);
+  EXPECT_EQ((*lanes)[0].name, "high");
+  EXPECT_DOUBLE_EQ((*lanes)[0].kv_reserve, 0.2);
+  EXPECT_DOUBLE_EQ((*lanes)[0].seq_reserve, 0.2);
+  EXPECT_DOUBLE_EQ((*lanes)[0].ttft_target_s, 0.3);
+  EXPECT_DOUBLE_EQ((*lanes)[0].tpot_target_s, 0.05);
+  EXPECT_EQ((*lanes)[0].max_queued, 7);
+  EXPECT_EQ((*lanes)[1].name, "mid");
+  EXPECT_DOUBLE_EQ((*lanes)[1].kv_reserve, 0.0);
+  EXPECT_DOUBLE_EQ((*lanes)[1].tpot_target_s, 0.1);
+  EXPECT_DOUBLE_EQ((*lanes)[2].ttft_target_s, 0.0);
+  for (const char* bad : {"high:0.2:ttft=300", "high:ttft=-1ms", "high:x", ":0.2", "high:0.2:0.3", "a,,b", "high:tpot=ms"}) {
+    auto r = parse_lanes(bad, 1);
+    ASSERT_FALSE(r.has_value()) << bad;
+    EXPECT_NE(r.error().message().find("--lanes"), std::string::npos) << bad;
+  }
+}
+
 TEST(SchedulerOptions, ValidationNamesTheProblem) {
   SchedulerOptions o;
   o.lanes = {{"a", 0.6, 0, 1}, {"b", 0.5, 0, 1}};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 namespace lmserve::engine {
 
@@ -60,6 +61,69 @@ Status SchedulerOptions::validate() const {
   }
   if (kv >= 1 || seq >= 1) return bad("lane reserves must add up to less than 1");
   return Status::ok();
+}
+
+namespace {
+
+// "300ms" / "0.3s" -> seconds; nullopt for anything else.
+std::optional<double> parse_duration(std::string_view text) {
+  double unit = 0;
+  if (text.ends_with("ms")) {
+    unit = 1e-3;
+    text.remove_suffix(2);
+  } else if (text.ends_with("s")) {
+    unit = 1;
+    text.remove_suffix(1);
+  } else {
+    return std::nullopt;
+  }
+  const std::string number(text);
+  char* end = nullptr;
+  const double v = std::strtod(number.c_str(), &end);
+  if (number.empty() || *end != '\0' || !(v > 0) || !std::isfinite(v)) return std::nullopt;
+  return v * unit;
+}
+
+}  // namespace
+
+Result<std::vector<LaneOptions>> parse_lanes(std::string_view spec, std::int64_t max_queued) {
+  std::vector<LaneOptions> lanes;
+  auto bad = [](std::string_view item, const std::string& why) {
+    return error(StatusCode::kInvalidArgument, "--lanes: '" + std::string(item) + "' " + why);
+  };
+  std::size_t pos = 0;
+  while (pos <= spec.size()) {
+    const std::size_t comma = spec.find(',', pos);
+    const std::string_view item = spec.substr(pos, comma == std::string_view::npos ? std::string_view::npos : comma - pos);
+    LaneOptions l;
+    l.max_queued = max_queued;
+    std::size_t start = 0;
+    for (int part = 0; start <= item.size(); ++part) {
+      const std::size_t colon = item.find(':', start);
+      const std::string_view field = item.substr(start, colon == std::string_view::npos ? std::string_view::npos : colon - start);
+      if (part == 0) {
+        if (field.empty()) return bad(item, "has no lane name");
+        l.name = std::string(field);
+      } else if (field.starts_with("ttft=") || field.starts_with("tpot=")) {
+        auto d = parse_duration(field.substr(5));
+        if (!d) return bad(item, "has '" + std::string(field) + "': a target is a duration such as 300ms or 0.3s");
+        (field[1] == 't' ? l.ttft_target_s : l.tpot_target_s) = *d;
+      } else if (part == 1) {
+        const std::string share(field);
+        char* end = nullptr;
+        l.kv_reserve = l.seq_reserve = std::strtod(share.c_str(), &end);
+        if (share.empty() || *end != '\0') return bad(item, "is not NAME[:SHARE][:ttft=DURATION][:tpot=DURATION]");
+      } else {
+        return bad(item, "is not NAME[:SHARE][:ttft=DURATION][:tpot=DURATION]");
+      }
+      if (colon == std::string_view::npos) break;
+      start = colon + 1;
+    }
+    lanes.push_back(std::move(l));
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+  return lanes;
 }
 
 Scheduler::Scheduler(SchedulerOptions options, KvCacheManager& kv)

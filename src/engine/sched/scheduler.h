@@ -85,6 +85,11 @@ struct SchedulerOptions {
   Status validate() const;
 };
 
+// "high:0.2:ttft=300ms:tpot=50ms,low" (serve's --lanes): lanes in order, each NAME, then
+// optionally its reserved share (KV blocks and sequence slots) and latency targets (a number
+// with ms or s). InvalidArgument naming the part that is wrong; validate() still applies.
+Result<std::vector<LaneOptions>> parse_lanes(std::string_view spec, std::int64_t max_queued);
+
 // The most tokens one request of `lane` can hold in a pool of num_blocks x block_size: the pool
 // less what the other lanes reserve. (Its last output token is never in the cache, so a request
 // fits when prompt + max_tokens - 1 is at most this.)
