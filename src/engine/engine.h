@@ -199,9 +199,10 @@ struct EngineStats {
   std::vector<std::pair<std::string, std::uint64_t>> admission_limits;
   // Per lane with a TPOT target: steps predicted over it by work that cannot be cut (the
   // lane's decodes, its own and earlier lanes' prefills). The step-time model's coefficients:
-  // seconds per step, per token, per sequence, per KV token read (StepTimeModel).
+  // seconds per step, per token, per sequence, per KV token read, per prefill query-key pair
+  // (StepTimeModel).
   std::vector<std::pair<std::string, std::uint64_t>> tpot_unmet_steps;
-  std::array<double, 4> step_time_model{};
+  std::array<double, StepTimeModel::kTerms> step_time_model{};
   std::uint64_t requests_finished = 0;
   bool alive = true;
 };

@@ -25,15 +25,24 @@ void EngineCore::calibrate_step_time() {
   const std::int64_t budget = options_.scheduler.max_num_batched_tokens;
   const std::int64_t max_len = options_.scheduler.max_model_len;
   const std::int64_t max_seqs = std::min<std::int64_t>(options_.scheduler.max_num_seqs, 128);
+  // The longest context each of `seqs` sequences may have: within max_model_len and the pool,
+  // and 32k at most (a prefill chunk at 128k context would take seconds, and the model is linear
+  // in context past that).
+  auto longest = [&](std::int64_t seqs) {
+    return std::min({max_len - 1, std::int64_t{32768}, kvc.num_blocks / std::max<std::int64_t>(1, seqs) * bs - bs});
+  };
   std::vector<Shape> shapes;
   for (std::int64_t seqs : {std::int64_t{1}, std::int64_t{8}, std::int64_t{32}, max_seqs}) {
-    for (std::int64_t context : {std::int64_t{128}, max_len / 2, max_len - 1}) {
-      shapes.push_back({std::min(seqs, max_seqs), 1, context});
-    }
+    seqs = std::min(seqs, max_seqs);
+    const std::int64_t top = longest(seqs);
+    for (std::int64_t context : {std::min<std::int64_t>(128, top), top / 2, top}) shapes.push_back({seqs, 1, context});
   }
   for (std::int64_t chunk : {std::int64_t{256}, budget / 2, budget}) {
-    shapes.push_back({1, std::min(chunk, budget), std::min(chunk, max_len - 1)});
-    shapes.push_back({std::min<std::int64_t>(32, max_seqs), std::min(chunk, budget - 31), std::min(max_len - 1, std::max(chunk, max_len / 2))});
+    chunk = std::min(chunk, budget);
+    shapes.push_back({1, chunk, std::min(chunk, longest(1))});              // a prompt's first chunk
+    shapes.push_back({1, chunk, longest(1)});                               // its last, at a long context
+    const std::int64_t seqs = std::min<std::int64_t>(32, max_seqs);         // with decodes beside it
+    shapes.push_back({seqs, std::min(chunk, budget - seqs + 1), longest(seqs)});
   }
   const auto vocab = static_cast<std::size_t>(backend_->config().vocab_size);
   auto logits = std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(max_seqs) * vocab);
@@ -41,7 +50,7 @@ void EngineCore::calibrate_step_time() {
   std::vector<double> secs;
   const auto started = Clock::now();
   for (const Shape& sh : shapes) {
-    if (sh.chunk < 1 || sh.context < sh.chunk || sh.context > max_len) continue;
+    if (sh.chunk < 1 || sh.context < sh.chunk || sh.context >= max_len) continue;
     const std::int64_t blocks_per_seq = (sh.context + bs - 1) / bs;
     if (blocks_per_seq * sh.seqs > kvc.num_blocks) continue;
     std::vector<std::int32_t> tokens, positions, tables, rows, sampled;
@@ -65,6 +74,7 @@ void EngineCore::calibrate_step_time() {
       rows.push_back(static_cast<std::int32_t>(tokens.size()) - 1);
       shape.tokens += n;
       shape.kv_tokens += sh.context;
+      if (n > 1) shape.attention += n * sh.context;
     }
     modes.assign(rows.size(), backend::RowSampling{backend::RowSampling::Mode::kGreedy});
     sampled.assign(rows.size(), -1);
@@ -89,8 +99,9 @@ void EngineCore::calibrate_step_time() {
   if (measured.empty()) return;
   step_model_.calibrate(measured, secs);
   const auto& w = step_model_.coefficients();
-  spdlog::info("step-time model calibrated in {:.2f} s over {} shapes: {:.3f} ms + {:.2f} us/token + {:.2f} us/sequence + {:.3f} us/1k KV tokens",
-               seconds(started, Clock::now()), measured.size(), w[0] * 1e3, w[1] * 1e6, w[2] * 1e6, w[3] * 1e9);
+  spdlog::info("step-time model calibrated in {:.2f} s over {} shapes: {:.3f} ms + {:.2f} us/token + {:.2f} us/sequence + {:.3f} us/1k KV "
+               "tokens + {:.3f} us/M prefill query-key pairs",
+               seconds(started, Clock::now()), measured.size(), w[0] * 1e3, w[1] * 1e6, w[2] * 1e6, w[3] * 1e9, w[4] * 1e12);
 }
 
 }  // namespace lmserve::engine

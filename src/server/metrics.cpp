@@ -154,9 +154,9 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
     out += "lmserve:lane_tpot_target_unmet_steps_total{" + m + ",lane=\"" + escape(lane) + "\"} " + std::to_string(n) + "\n";
   }
   header(out, "lmserve:step_time_model_seconds", "gauge",
-         "The scheduler's step-time model: seconds per step, per new token, per sequence and per KV token read.");
+         "The scheduler's step-time model: seconds per step, per new token, per sequence, per KV token read and per prefill query-key pair.");
   for (std::size_t i = 0; i < s.step_time_model.size(); ++i) {
-    static constexpr const char* kTerms[] = {"step", "token", "sequence", "kv_token"};
+    static constexpr const char* kTerms[] = {"step", "token", "sequence", "kv_token", "attention"};
     out += "lmserve:step_time_model_seconds{" + m + ",term=\"" + kTerms[i] + "\"} " + num(s.step_time_model[i]) + "\n";
   }
   header(out, "lmserve:admission_rejections_total", "counter", "Requests refused at submission, by reason and lane.");

@@ -523,6 +523,26 @@ TEST_F(SchedulerTest, TheStepCapFollowsTheCostModel) {
   EXPECT_EQ(out.tpot_unmet_lane, -1);
 }
 
+// A lane with a TTFT target keeps later lanes' prefill steps to a quarter of it even while it has
+// nothing running, so that its next request never lands behind a long step.
+TEST_F(SchedulerTest, ATtftTargetKeepsLaterPrefillStepsShort) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.max_num_batched_tokens = 512;
+  o.lanes = {{"high", 0, 0, 100}, {"low", 0, 0, 100}};
+  o.lanes[0].ttft_target_s = 0.2402;  // a quarter: 60.05 ms, 50 tokens past the 10 ms a step costs
+  make(200, 4, o);
+  StepTimeModel model = linear_model(0.010, 0.001);
+  sched_->set_step_time_model(&model);
+  Request* low = req(300, 1, 0, 4);
+  ASSERT_EQ(sched_->add(low), Rejection::kNone);
+  EXPECT_EQ(plan(step()), (Plan{{low->id, 50}}));
+  // The high lane's own prefill is not cut; low's chunk gets what is left.
+  Request* h = req(30, 0, 0, 4);
+  ASSERT_EQ(sched_->add(h), Rejection::kNone);
+  EXPECT_EQ(plan(step()), (Plan{{h->id, 30}, {low->id, 20}}));
+}
+
 // A target the decodes alone miss is reported, and later lanes' prefills wait rather than make
 // it worse; the admission says why.
 TEST_F(SchedulerTest, AnUnmeetableTargetIsReported) {
@@ -584,6 +604,20 @@ TEST(StepTimeModel, FitsFollowsAndStaysNonNegative) {
   StepTimeModel lin = linear_model(0.0, 0.001);
   EXPECT_EQ(lin.max_tokens_within(0.0395, 1000), 39);
   EXPECT_EQ(lin.max_tokens_within(0.0005, 0), 0);
+  // A chunk's attention grows with its square: 1 ns per query-key pair, at context 1000 a chunk
+  // of n costs n (1000 + n) ns, so 2.01 ms hold 1003 tokens.
+  StepTimeModel quad;
+  std::vector<StepShape> shapes;
+  std::vector<double> secs;
+  for (std::int64_t n : {64, 512, 2048}) {
+    for (std::int64_t c : {0, 4096, 16384}) {
+      shapes.push_back({n, 1, 0, n * (c + n)});
+      secs.push_back(1e-9 * static_cast<double>(n * (c + n)));
+    }
+  }
+  quad.calibrate(shapes, secs);
+  EXPECT_NEAR(quad.coefficients()[4], 1e-9, 1e-12);
+  EXPECT_EQ(quad.max_tokens_within(0.00201, 1000), 1003);
 }
 
 TEST(SchedulerOptions, LaneSpecsParseWithTargets) {

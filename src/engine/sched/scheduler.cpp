@@ -7,6 +7,12 @@
 
 namespace lmserve::engine {
 
+// A request that arrives while a step runs waits for it, for the step planned behind it
+// (asynchronous scheduling), and then for its own: a lane's TTFT target holds if no step that
+// later lanes' prefills make long is longer than a quarter of it (the rest is the request's own
+// prefill and the way out).
+constexpr double kTtftShare = 0.25;
+
 std::string_view rejection_name(Rejection r) {
   switch (r) {
     case Rejection::kNone: return "none";
@@ -244,6 +250,7 @@ void Scheduler::preempt(Request* r, SchedulerOutput& out) {
       it != out.scheduled.end()) {
     out.num_tokens -= it->num_new_tokens;
     out.kv_tokens -= r->num_computed + it->num_new_tokens;
+    if (it->num_new_tokens > 1) out.attention -= it->num_new_tokens * (r->num_computed + it->num_new_tokens);
     out.scheduled.erase(it);
   }
   const std::size_t copies = out.swap_out.size();
@@ -271,6 +278,7 @@ void Scheduler::schedule_tokens(Request* r, std::int64_t n, SchedulerOutput& out
   out.scheduled.push_back({r, n});
   out.num_tokens += n;
   out.kv_tokens += r->num_computed + n;
+  if (n > 1) out.attention += n * (r->num_computed + n);
 }
 
 std::int64_t Scheduler::within_target(const Request* r, std::int64_t n, double limit, const SchedulerOutput& out) const {
@@ -313,7 +321,7 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
   }
 
   // The time limit on each lane's prefill: the tightest TPOT target of an earlier lane that
-  // has decodes in this step.
+  // has decodes in this step, and a quarter of every earlier lane's TTFT target (kTtftShare).
   std::vector<char> decodes(num_lanes, 0);
   for (const auto& s : out.scheduled) decodes[s.request->lane] = 1;
   std::vector<double> limit(num_lanes, std::numeric_limits<double>::infinity());
@@ -322,6 +330,7 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
     for (std::size_t lane = 0; lane < num_lanes; ++lane) {
       limit[lane] = tightest;
       if (decodes[lane] && options_.lanes[lane].tpot_target_s > 0) tightest = std::min(tightest, options_.lanes[lane].tpot_target_s);
+      if (options_.lanes[lane].ttft_target_s > 0) tightest = std::min(tightest, options_.lanes[lane].ttft_target_s * kTtftShare);
     }
   }
 

@@ -25,7 +25,9 @@
 // Latency targets (LaneOptions): while a lane with a TPOT target has requests decoding in the
 // step, the prefill chunks of every later lane are cut so that the step's time, predicted by a
 // StepTimeModel (set_step_time_model), stays within the target; the lane's own and earlier
-// lanes' prefills are not cut. When the step's decodes and uncut prefills alone are predicted
+// lanes' prefills are not cut. A lane with a TTFT target cuts later lanes' prefills to a quarter
+// of it at all times: a request of that lane arriving finds at most the step in flight and the
+// one planned behind it before its own, none of them made long by lower lanes. When the step's decodes and uncut prefills alone are predicted
 // over a decoding lane's target, SchedulerOutput::tpot_unmet_lane says so (later lanes' prefills
 // then wait). A request of a lane with a TTFT target that finds no KV blocks or sequence slot
 // preempts later lanes' running requests (latest-ranked first) to start at once.
@@ -122,6 +124,7 @@ struct SchedulerOutput {
   std::vector<RequestId> swapped_out;
   std::int64_t num_tokens = 0;
   std::int64_t kv_tokens = 0;  // the scheduled sequences' tokens after the step (StepShape)
+  std::int64_t attention = 0;  // prefill chunks' n x context (StepShape)
   AdmissionBlock blocked = AdmissionBlock::kNone;  // why the first waiting request stayed
   std::size_t blocked_lane = 0;                     // its lane
   // Latency targets: the first lane decoding in this step whose TPOT target the step's decodes
@@ -129,7 +132,7 @@ struct SchedulerOutput {
   int tpot_unmet_lane = -1;
   double predicted_seconds = 0.0;
 
-  StepShape shape() const { return {num_tokens, static_cast<std::int64_t>(scheduled.size()), kv_tokens}; }
+  StepShape shape() const { return {num_tokens, static_cast<std::int64_t>(scheduled.size()), kv_tokens, attention}; }
 };
 
 struct SchedulerStats {

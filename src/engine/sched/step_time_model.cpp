@@ -7,12 +7,12 @@ namespace lmserve::engine {
 namespace {
 
 // Each term in units that keep the normal equations well conditioned: a thousand tokens, a
-// few hundred sequences and a million KV tokens are all "about one".
-constexpr std::array<double, StepTimeModel::kTerms> kScale = {1.0, 1024.0, 256.0, 1048576.0};
+// few hundred sequences, a million KV tokens and a 4k-token chunk at 4k context are all "about one".
+constexpr std::array<double, StepTimeModel::kTerms> kScale = {1.0, 1024.0, 256.0, 1048576.0, 16777216.0};
 
 std::array<double, StepTimeModel::kTerms> features(const StepShape& s) {
   return {1.0, static_cast<double>(s.tokens) / kScale[1], static_cast<double>(s.seqs) / kScale[2],
-          static_cast<double>(s.kv_tokens) / kScale[3]};
+          static_cast<double>(s.kv_tokens) / kScale[3], static_cast<double>(s.attention) / kScale[4]};
 }
 
 using Matrix = std::array<std::array<double, StepTimeModel::kTerms>, StepTimeModel::kTerms>;
@@ -119,17 +119,28 @@ void StepTimeModel::solve() {
 }
 
 double StepTimeModel::predict(const StepShape& s) const {
-  return w_[0] + w_[1] * static_cast<double>(s.tokens) + w_[2] * static_cast<double>(s.seqs) + w_[3] * static_cast<double>(s.kv_tokens);
+  return w_[0] + w_[1] * static_cast<double>(s.tokens) + w_[2] * static_cast<double>(s.seqs) + w_[3] * static_cast<double>(s.kv_tokens) +
+         w_[4] * static_cast<double>(s.attention);
 }
 
 std::int64_t StepTimeModel::max_tokens_within(double headroom, std::int64_t context) const {
   constexpr std::int64_t kUnbounded = std::int64_t{1} << 62;
-  const double fixed = w_[2] + w_[3] * static_cast<double>(context);
-  const double per_token = w_[1] + w_[3];
-  if (headroom < fixed + per_token) return 0;
-  if (per_token <= 0) return kUnbounded;
-  const double n = std::floor((headroom - fixed) / per_token);
-  return n >= static_cast<double>(kUnbounded) ? kUnbounded : static_cast<std::int64_t>(n);
+  const auto c = static_cast<double>(context);
+  // n tokens add w_seqs + w_kv (c + n) + w_tokens n, and for n > 1 also w_attn n (c + n):
+  // a n^2 + b n + k <= headroom.
+  const double k = w_[2] + w_[3] * c, b1 = w_[1] + w_[3];
+  if (headroom < k + b1) return 0;  // not even one token
+  const double a = w_[4], b = b1 + w_[4] * c, room = headroom - k;
+  double n = 0;
+  if (a > 0) {
+    n = std::floor((-b + std::sqrt(b * b + 4 * a * room)) / (2 * a));
+  } else if (b > 0) {
+    n = std::floor(room / b);
+  } else {
+    return kUnbounded;
+  }
+  if (n >= static_cast<double>(kUnbounded)) return kUnbounded;
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(n));
 }
 
 }  // namespace lmserve::engine
