@@ -11,6 +11,7 @@
 # NAME=x packs .device/carry/x.tar.gz instead, so that two builds (say main and a branch) travel
 # in one call; the device scripts take BUNDLE=.device/carry/x.tar.gz.
 set -euo pipefail
+shopt -s nullglob  # TESTS=" ": the binary alone
 cd "$(dirname "$0")/.."
 preset=${1:-release}
 build="build/$preset"

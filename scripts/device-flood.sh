@@ -18,12 +18,18 @@ TOK=${TOK:-$B/tok}
 MODEL_ARGS=${MODEL_ARGS:-"--model tests/fixtures/configs/llama-3.1-8b --tokenizer $TOK --load-format dummy"}
 PORT=${PORT:-8011}
 URL=http://127.0.0.1:$PORT
+# GET a path: curl where there is one, else Python (the GPU machine has both, a bare host maybe not).
+get() {
+  if command -v curl > /dev/null; then curl -sf "$URL$1"; else
+    python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$URL$1" 2>/dev/null
+  fi
+}
 "$L" serve $MODEL_ARGS --port $PORT \
   --lanes "${LANES:-high:0.2,low}" ${SERVE_EXTRA:-} > "$OUT/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 for _ in $(seq 600); do
-  curl -sf $URL/ready > /dev/null && break
+  get /ready > /dev/null && break
   kill -0 $server 2>/dev/null || { echo "serve exited"; tail -20 "$OUT/serve.log"; exit 1; }
   sleep 0.5
 done
@@ -35,12 +41,12 @@ flood() {  # extra bench args...
     --random-input-len ${LOW_IN:-10000} --random-output-len ${LOW_OUT:-1024} --num-prompts ${LOW_CLIENTS:-300} \
     --max-concurrency ${LOW_CLIENTS:-300} --seed 1 "$@"
 }
-flood --group "name=high,lane=high,num-prompts=${HIGH_PROMPTS:-30},max-concurrency=1,input-len=${HIGH_IN:-260},output-len=${HIGH_OUT:-64}" \
+timeout ${BENCH_TIMEOUT:-480} bash -c "$(declare -f flood); L=$L URL=$URL TOK=$TOK LOW_IN=${LOW_IN:-10000} LOW_OUT=${LOW_OUT:-1024} LOW_CLIENTS=${LOW_CLIENTS:-300} flood \"\$@\"" flood --group "name=high,lane=high,num-prompts=${HIGH_PROMPTS:-30},max-concurrency=1,input-len=${HIGH_IN:-260},output-len=${HIGH_OUT:-64}" \
   --result-json "$OUT/groups.json" > "$OUT/bench.log" 2>&1
 echo "bench serve rc=$? in $(( $(date +%s) - t_ready )) s" >> "$OUT/summary.txt"
 sed -n '/^group /,$p' "$OUT/bench.log" >> "$OUT/summary.txt"
 grep -E "^  status" "$OUT/bench.log" | sort | uniq -c >> "$OUT/summary.txt"
-curl -s $URL/metrics > "$OUT/metrics.txt"
+get /metrics > "$OUT/metrics.txt"
 grep -E '^(lmserve:lane_tpot_target_unmet_steps_total|lmserve:step_time_model_seconds|vllm:num_preemptions_total|lmserve:admission_limit_episodes_total)' \
   "$OUT/metrics.txt" >> "$OUT/summary.txt"
 echo "[LIMIT] lines: $(grep -c '\[LIMIT\]' "$OUT/serve.log"), by lane: $(grep -o '\[LIMIT\] [a-z_]* .*lane=[a-z]*' "$OUT/serve.log" | awk '{print $2, $NF}' | sort | uniq -c | tr '\n' ';')" >> "$OUT/summary.txt"
@@ -49,7 +55,7 @@ if [[ ${LEAK:-1} == 1 ]]; then
   timeout -s INT ${LEAK_SECONDS:-20} bash -c "$(declare -f flood); L=$L URL=$URL TOK=$TOK LOW_IN=${LOW_IN:-10000} LOW_OUT=${LOW_OUT:-1024} LOW_CLIENTS=${LOW_CLIENTS:-300} flood" \
     > "$OUT/burst.log" 2>&1
   sleep 3
-  curl -s $URL/metrics > "$OUT/metrics_after_disconnect.txt"
+  get /metrics > "$OUT/metrics_after_disconnect.txt"
   echo "after every client disconnected:" >> "$OUT/summary.txt"
   grep -E '^(vllm:num_requests_running|vllm:num_requests_waiting|vllm:kv_cache_usage_perc)\{' "$OUT/metrics_after_disconnect.txt" >> "$OUT/summary.txt"
 fi

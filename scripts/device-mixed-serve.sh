@@ -13,6 +13,12 @@ TOK=${TOK:-$B/tok}
 MODEL_ARGS=${MODEL_ARGS:-"--model tests/fixtures/configs/llama-3.1-8b --tokenizer $TOK --load-format dummy"}
 PORT=${PORT:-8012}
 URL=http://127.0.0.1:$PORT
+# GET a path: curl where there is one, else Python (the GPU machine has both, a bare host maybe not).
+get() {
+  if command -v curl > /dev/null; then curl -sf "$URL$1"; else
+    python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$URL$1" 2>/dev/null
+  fi
+}
 CONC=${CONC:-64}
 NUM=${NUM:-1000}
 BATCHED=${BATCHED:-8192}
@@ -27,14 +33,14 @@ grep -E '^(requests|throughput|engine|per step)' "$OUT/throughput.log" >> "$OUT/
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 for _ in $(seq 600); do
-  curl -sf $URL/ready > /dev/null && break
+  get /ready > /dev/null && break
   kill -0 $server 2>/dev/null || { echo "serve exited"; tail -20 "$OUT/serve.log"; exit 1; }
   sleep 0.5
 done
 "$L" bench serve --base-url $URL --tokenizer $TOK $MIX --max-concurrency $CONC > "$OUT/serve_bench.log" 2>&1
 echo "== serve + bench serve (rc=$?): --max-concurrency $CONC, streaming" >> "$OUT/summary.txt"
 grep -E '^(successful|failed|duration|request throughput|output tokens/s|TTFT|TPOT|ITL|E2E)' "$OUT/serve_bench.log" >> "$OUT/summary.txt"
-curl -s $URL/metrics > "$OUT/metrics.txt"
+get /metrics > "$OUT/metrics.txt"
 grep -E '^(lmserve:engine_host_phase_seconds_total|lmserve:engine_forward_seconds_total|lmserve:engine_host_seconds_total|lmserve:engine_steps_total|vllm:num_preemptions_total)' \
   "$OUT/metrics.txt" >> "$OUT/summary.txt"
 cat "$OUT/summary.txt"
