@@ -104,8 +104,10 @@ Status EngineCore::step(bool settle, bool* progressed) {
   backend_s += seconds(wait_start, wait_end);
   cur.backend_seconds += seconds(wait_start, wait_end);
   if (!st.is_ok()) return st;
-  // The device ran this step from its launch, or from the end of the one before if that was later.
-  step_model_.observe(cur.out.shape(), seconds(std::max(cur.launched_at, last_step_done_), wait_end));
+  // What a decoding request sees between two tokens: from the end of the step before (the host's
+  // work between steps included) when this one followed it without a pause, else from its launch.
+  const bool follows = last_step_done_ != Clock::time_point{} && cur.launched_at - last_step_done_ <= kStepsFollow;
+  step_model_.observe(cur.out.shape(), seconds(follows ? last_step_done_ : cur.launched_at, wait_end));
   last_step_done_ = wait_end;
   if (!planned.is_ok()) return planned;
   // Every row's token (the host samples the rows left to it now, before the step planned ahead

@@ -300,6 +300,7 @@ void EngineCore::loop() {
     if (stop_) break;
     if (!scheduler_->has_work() && !in_flight()) {
       drain_outputs();  // idle means every event is out
+      last_step_done_ = {};  // the next step's interval starts at its own launch
       idle_cv_.notify_all();
       continue;
     }

@@ -164,8 +164,10 @@ class EngineCore {
   std::vector<std::uint64_t> rejections_;
   std::vector<std::uint64_t> limit_episodes_;
   AdmissionBlock last_block_ = AdmissionBlock::kNone;
-  // The scheduler's cost model for TPOT targets: each step's device time (from its launch, or
-  // the end of the step before it when that was later, to the end of its wait) by its shape.
+  // The scheduler's cost model for TPOT targets: each step's interval by its shape, from the end
+  // of the step before it (when the loop went on without a pause of more than kStepsFollow) or
+  // from its own launch, to the end of its wait. last_step_done_ is reset when the loop idles.
+  static constexpr std::chrono::milliseconds kStepsFollow{10};
   StepTimeModel step_model_;
   Clock::time_point last_step_done_;
   std::vector<std::uint64_t> tpot_unmet_steps_;  // per lane: steps whose decodes alone miss its target

@@ -12,6 +12,9 @@ namespace lmserve::engine {
 // later lanes' prefills make long is longer than a quarter of it (the rest is the request's own
 // prefill and the way out).
 constexpr double kTtftShare = 0.25;
+// Steps are planned to a TPOT target with a margin: the model predicts a mean, and a step's
+// interval scatters around it by a few per cent (host work, clocks).
+constexpr double kTpotShare = 0.95;
 
 std::string_view rejection_name(Rejection r) {
   switch (r) {
@@ -321,7 +324,8 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
   }
 
   // The time limit on each lane's prefill: the tightest TPOT target of an earlier lane that
-  // has decodes in this step, and a quarter of every earlier lane's TTFT target (kTtftShare).
+  // has decodes in this step (less kTpotShare's margin), and a quarter of every earlier lane's
+  // TTFT target (kTtftShare).
   std::vector<char> decodes(num_lanes, 0);
   for (const auto& s : out.scheduled) decodes[s.request->lane] = 1;
   std::vector<double> limit(num_lanes, std::numeric_limits<double>::infinity());
@@ -329,7 +333,7 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
     double tightest = std::numeric_limits<double>::infinity();
     for (std::size_t lane = 0; lane < num_lanes; ++lane) {
       limit[lane] = tightest;
-      if (decodes[lane] && options_.lanes[lane].tpot_target_s > 0) tightest = std::min(tightest, options_.lanes[lane].tpot_target_s);
+      if (decodes[lane] && options_.lanes[lane].tpot_target_s > 0) tightest = std::min(tightest, options_.lanes[lane].tpot_target_s * kTpotShare);
       if (options_.lanes[lane].ttft_target_s > 0) tightest = std::min(tightest, options_.lanes[lane].ttft_target_s * kTtftShare);
     }
   }
@@ -399,9 +403,12 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
         if (why == AdmissionBlock::kNone) {
           const std::int64_t cached = swapped ? r->num_computed : kv_.adopt_prefix(r->id, r->all_tokens(), r->cache_salt);
           r->num_computed = cached;
-          // The reserve counts only next to running requests: a lone request always may start.
-          const std::int64_t after = kv_.pool().num_used() + (running_.empty() ? kv_.blocks_needed(r->id, r->num_tokens())
-                                                                                : growth + kv_.blocks_needed(r->id, expected_tokens(r)));
+          // Next to running requests, their expected growth and the blocks other lanes keep in
+          // reserve count as used: the head-room above the watermark is then room to grow within
+          // what this lane may use, not the other lanes' reserve. A lone request always may start.
+          const std::int64_t after =
+              kv_.pool().num_used() + (running_.empty() ? kv_.blocks_needed(r->id, r->num_tokens())
+                                                        : growth + reserved_blocks_elsewhere(lane) + kv_.blocks_needed(r->id, expected_tokens(r)));
           n = within_target(r, std::min(r->num_tokens() - r->num_computed, budget()), limit[lane], out);
           const std::size_t swap_copies = out.swap_in.size();
           if (n <= 0) {

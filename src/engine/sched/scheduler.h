@@ -33,7 +33,9 @@
 // preempts later lanes' running requests (latest-ranked first) to start at once.
 //
 // Admission watermark: a waiting request starts only if, once its whole prompt has blocks,
-// KV usage stays <= kv_watermark (a lane with a reserve may go above by its reserved share);
+// KV usage — counting the blocks other lanes keep in reserve as used — stays <= kv_watermark (a
+// lane with a reserve may go above by its reserved share), so that the head-room above the
+// watermark is room for the lane's running requests to grow, not another lane's reserve;
 // nothing new starts while the device-memory signal is over its hard limit. With a growth
 // reserve (SchedulerOptions::kv_growth_reserve) the expected growth of the running requests
 // and of the new one counts as used.
