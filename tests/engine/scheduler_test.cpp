@@ -495,6 +495,48 @@ TEST_F(SchedulerTest, ALaneWithATtftTargetPreemptsLaterLanesToStart) {
   }
 }
 
+// A lane's share of the sequence slots is lent to later lanes while it does not use it, and
+// taken back at once: a high request finding every slot taken preempts the latest low request
+// while its lane runs fewer than its share; past the share it waits like anyone else.
+TEST_F(SchedulerTest, AnIdleSlotReserveIsLentAndTakenBackAtOnce) {
+  SchedulerOptions o;
+  o.kv_watermark = 1.0;
+  o.max_num_seqs = 5;
+  o.lanes = {{"high", 0, 0.4, 100}, {"low", 0, 0, 100}};  // 2 of 5 slots
+  make(40, 4, o);
+  std::vector<Request*> lows;
+  for (int i = 0; i < 5; ++i) {
+    lows.push_back(req(4, 1, 0, 20));
+    ASSERT_EQ(sched_->add(lows.back()), Rejection::kNone);
+  }
+  SchedulerOutput out = step();
+  EXPECT_EQ(plan(out).size(), 5u);  // the high lane's two slots are lent
+  EXPECT_EQ(out.blocked, AdmissionBlock::kNone);
+  std::vector<Request*> highs;
+  for (int i = 0; i < 3; ++i) {
+    highs.push_back(req(4, 0, 0, 20));
+    ASSERT_EQ(sched_->add(highs.back()), Rejection::kNone);
+  }
+  out = step();
+  // Two highs start in this step; their slots cost the latest low requests (lows[4], lows[3]).
+  EXPECT_EQ(out.preempted, (std::vector<RequestId>{lows[4]->id, lows[3]->id}));
+  EXPECT_EQ(highs[0]->status, RequestStatus::kRunning);
+  EXPECT_EQ(highs[1]->status, RequestStatus::kRunning);
+  // The third is past the share: it waits, and low keeps its three.
+  EXPECT_EQ(highs[2]->status, RequestStatus::kWaiting);
+  EXPECT_EQ(out.blocked, AdmissionBlock::kSeqSlots);
+  EXPECT_EQ(out.blocked_lane, 0u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(lows[static_cast<std::size_t>(i)]->status, RequestStatus::kRunning) << i;
+  EXPECT_EQ(lows[3]->status, RequestStatus::kWaiting);
+  EXPECT_EQ(lows[4]->status, RequestStatus::kWaiting);
+  // When a high request ends, its slot goes to the waiting high one first, not back to low.
+  sched_->remove(highs[0]->id);
+  out = step();
+  EXPECT_TRUE(out.preempted.empty());
+  EXPECT_EQ(highs[2]->status, RequestStatus::kRunning);
+  EXPECT_EQ(lows[3]->status, RequestStatus::kWaiting);
+}
+
 // A model that predicts 10 ms + 1 ms per token, fitted from exact points.
 StepTimeModel linear_model(double fixed, double per_token) {
   StepTimeModel m;

@@ -222,14 +222,8 @@ std::int64_t Scheduler::reserved_blocks_elsewhere(std::size_t lane) const {
   return n;
 }
 
-std::int64_t Scheduler::reserved_seqs_elsewhere(std::size_t lane) const {
-  std::int64_t n = 0;
-  for (std::size_t l = 0; l < options_.lanes.size(); ++l) {
-    if (l == lane || options_.lanes[l].seq_reserve == 0) continue;
-    auto reserve = static_cast<std::int64_t>(std::floor(options_.lanes[l].seq_reserve * static_cast<double>(options_.max_num_seqs)));
-    n += std::max<std::int64_t>(0, reserve - lane_seqs(l));
-  }
-  return n;
+std::int64_t Scheduler::reserved_seqs(std::size_t lane) const {
+  return static_cast<std::int64_t>(std::floor(options_.lanes[lane].seq_reserve * static_cast<double>(options_.max_num_seqs)));
 }
 
 std::int64_t Scheduler::expected_tokens(const Request* r) const {
@@ -393,8 +387,7 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
           why = AdmissionBlock::kDeviceMemory;
         } else if (budget() <= 0) {
           why = AdmissionBlock::kTokenBudget;
-        } else if (num_running() >= options_.max_num_seqs ||
-                   lane_seqs(lane) + 1 > options_.max_num_seqs - reserved_seqs_elsewhere(lane)) {
+        } else if (num_running() >= options_.max_num_seqs) {
           why = AdmissionBlock::kSeqSlots;
         } else if (swapped && !out.swap_out.empty()) {
           why = AdmissionBlock::kKvBlocks;
@@ -431,8 +424,10 @@ SchedulerOutput Scheduler::schedule(bool device_memory_ok) {
           }
           if (why == AdmissionBlock::kNone || why == AdmissionBlock::kLatencyTarget) break;
         }
-        // No room: a lane with a TTFT target makes it by preempting later lanes' work.
-        if (!may_preempt || running_.empty()) break;
+        // No room: a lane with a TTFT target makes it by preempting later lanes' work, and so
+        // does a lane that finds its reserved sequence slots lent to later lanes.
+        const bool reclaim = why == AdmissionBlock::kSeqSlots && lane_seqs(lane) < reserved_seqs(lane);
+        if (!(may_preempt || reclaim) || running_.empty()) break;
         Request* victim = *std::max_element(running_.begin(), running_.end(), by_rank);
         if (victim->lane <= lane) break;
         preempt(victim, out);  // of a later lane: its growth was not counted above

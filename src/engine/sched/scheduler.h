@@ -8,10 +8,13 @@
 // again), else they are dropped and its tokens are computed again when it resumes. A step that
 // preempts admits nothing, so no step both swaps out and swaps in.
 //
-// Lanes: each lane has a bounded waiting queue and may reserve a share of the KV blocks and
-// of the sequence slots that no other lane can take — not by admission, and not by growth: a
-// request that needs a block only the reserve has left preempts the latest-ranked running
-// request, which is of its own lane or a later one. Lanes are scheduled in the order given (the
+// Lanes: each lane has a bounded waiting queue and may reserve a share of the KV blocks that no
+// other lane can take — not by admission, and not by growth: a request that needs a block only
+// the reserve has left preempts the latest-ranked running request, which is of its own lane or
+// a later one. A lane's share of the sequence slots is lent to later lanes while it does not use
+// it (an idle slot reserve would cap everyone else's batch): a request of the lane that finds
+// every slot taken while its lane runs fewer than its share preempts the latest-ranked request
+// of a later lane and starts in the same step. Lanes are scheduled in the order given (the
 // first is the most urgent), so a request of an earlier lane never waits on a later lane's
 // request: its decodes, prefill chunks and admissions come first, it may use its reserve, and
 // preemption victims come from the latest lane first.
@@ -60,7 +63,7 @@ namespace lmserve::engine {
 struct LaneOptions {
   std::string name;
   double kv_reserve = 0.0;    // share of KV blocks only this lane may use
-  double seq_reserve = 0.0;   // share of max_num_seqs only this lane may use
+  double seq_reserve = 0.0;   // share of max_num_seqs this lane gets at once (lent while idle)
   std::int64_t max_queued = 1024;
   // Latency targets in seconds (0: none): time to first token and time per output token.
   double ttft_target_s = 0.0;
@@ -187,7 +190,7 @@ class Scheduler {
   std::int64_t lane_seqs(std::size_t lane) const;
   // Blocks / slots that lanes other than `lane` have reserved and not yet used.
   std::int64_t reserved_blocks_elsewhere(std::size_t lane) const;
-  std::int64_t reserved_seqs_elsewhere(std::size_t lane) const;
+  std::int64_t reserved_seqs(std::size_t lane) const;  // the lane's share of max_num_seqs, in slots
   bool can_allocate(const Request* r, std::int64_t num_tokens) const;
   // r's tokens so far plus its expected growth (kv_growth_reserve), and the blocks beyond its
   // table that it takes to hold them (0 without a growth reserve).
