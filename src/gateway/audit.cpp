@@ -43,7 +43,7 @@ std::vector<std::pair<std::uint64_t, fs::path>> segments(const std::string& dir)
   return out;
 }
 
-std::string line_hash(const std::string& prev, const nlohmann::json& rec) { return sha256_hex(prev + rec.dump()); }
+std::string line_hash(const std::string& prev, const nlohmann::json& rec) { return sha256_hex(prev, rec.dump()); }
 
 // Walks one segment's lines, checking the chain from `hash`; returns false with `why` (and the
 // line number) at the first break. `sealed` tells whether it ended with its seal.
@@ -137,7 +137,7 @@ Result<std::unique_ptr<AuditLog>> AuditLog::open(const std::string& dir, Options
   std::unique_ptr<AuditLog> log(new AuditLog());
   log->dir_ = dir;
   log->opt_ = options;
-  log->last_hash_ = kGenesis;
+  log->last_hash_ = log->written_hash_ = kGenesis;
   const auto segs = segments(dir);
   if (segs.empty()) {
     log->segment_ = 1;
@@ -164,6 +164,7 @@ Result<std::unique_ptr<AuditLog>> AuditLog::open(const std::string& dir, Options
       return error(StatusCode::kDataLoss, "audit.dir: " + path.filename().string() + ":" + std::to_string(line) + ": " + why);
     }
     log->last_hash_ = hash;
+    log->written_hash_ = hash;
     log->segment_ = sealed ? n + 1 : n;
     log->in_segment_ = sealed ? 0 : records;
   }
@@ -202,7 +203,7 @@ static Status write_line(int fd, const std::string& line, bool sync, std::size_t
 }
 
 Status AuditLog::seal() {
-  const std::string line = nlohmann::json{{"seal", last_hash_}, {"records", in_segment_}}.dump() + "\n";
+  const std::string line = nlohmann::json{{"seal", written_hash_}, {"records", in_segment_}}.dump() + "\n";
   if (auto st = write_line(fd_, line, true, segment_size_); !st.is_ok()) return st;
   ::close(fd_);
   fd_ = -1;
@@ -213,26 +214,61 @@ Status AuditLog::seal() {
 
 Status AuditLog::append(const nlohmann::json& rec) {
   const std::string body = rec.dump();  // once, outside the lock
-  std::lock_guard lock(mu_);
-  if (fd_ < 0) {
-    if (auto st = begin_segment(); !st.is_ok()) return st;
-  }
-  const auto hash = sha256_hex(last_hash_ + body);  // line_hash(last_hash_, rec)
+  std::unique_lock lock(mu_);
+  const auto hash = sha256_hex(last_hash_, body);  // line_hash(last_hash_, rec)
   // What nlohmann::json{{"hash", hash}, {"prev", last_hash_}, {"rec", rec}}.dump() gives (keys in
   // order), without copying and serialising the record again.
-  std::string line;
-  line.reserve(body.size() + 160);
-  line.append(R"({"hash":")").append(hash).append(R"(","prev":")").append(last_hash_).append(R"(","rec":)").append(body).append("}\n");
-  if (auto st = write_line(fd_, line, opt_.sync, segment_size_); !st.is_ok()) return st;
-  segment_size_ += line.size();
+  const std::shared_ptr<Batch> batch = open_;
+  std::string& lines = batch->lines;
+  lines.append(R"({"hash":")").append(hash).append(R"(","prev":")").append(last_hash_).append(R"(","rec":)").append(body).append("}\n");
+  ++batch->records;
   last_hash_ = hash;
-  ++in_segment_;
-  ++appended_;
-  if (segment_size_ >= opt_.segment_bytes) {
-    // The record is in: a seal that fails is tried again at the next record.
-    if (auto st = seal(); !st.is_ok()) spdlog::error("{}", st.message());
+  while (!batch->done) {
+    if (writing_) {
+      written_cv_.wait(lock);
+    } else {
+      write_batch(lock);
+    }
   }
-  return Status::ok();
+  return batch->status;
+}
+
+// The leader's part of a group commit: the open batch (this thread's record and every one queued
+// since the last write) goes out in one write while the next batch fills.
+void AuditLog::write_batch(std::unique_lock<std::mutex>& lock) {
+  writing_ = true;
+  const std::shared_ptr<Batch> batch = std::exchange(open_, std::make_shared<Batch>());
+  const std::string hash_after = last_hash_;  // the batch's last record's
+  Status st;
+  if (fd_ < 0) st = begin_segment();  // a seal that failed to begin the next segment
+  if (st.is_ok()) {
+    const int fd = fd_;
+    const std::size_t size_before = segment_size_;
+    lock.unlock();
+    st = write_line(fd, batch->lines, opt_.sync, size_before);
+    lock.lock();
+  }
+  writing_ = false;
+  if (st.is_ok()) {
+    segment_size_ += batch->lines.size();
+    in_segment_ += batch->records;
+    appended_ += batch->records;
+    written_hash_ = hash_after;
+    if (segment_size_ >= opt_.segment_bytes) {
+      // The records are in: a seal that fails is tried again after the next batch.
+      if (auto sealed = seal(); !sealed.is_ok()) spdlog::error("{}", sealed.message());
+    }
+  } else {
+    // The records queued behind the batch chain on it: they fail with it, and the chain goes on
+    // from the last record written.
+    open_->status = st;
+    open_->done = true;
+    open_ = std::make_shared<Batch>();
+    last_hash_ = written_hash_;
+  }
+  batch->status = st;
+  batch->done = true;
+  written_cv_.notify_all();
 }
 
 std::uint64_t AuditLog::records() const {

@@ -10,6 +10,7 @@ namespace lmserve::gateway {
 std::string to_hex(const unsigned char* bytes, std::size_t n);
 // SHA-256 of `data`, 64 hex digits.
 std::string sha256_hex(std::string_view data);
+std::string sha256_hex(std::string_view a, std::string_view b);  // of a followed by b
 // SHA-1 of `data`, 40 hex digits (Redis names scripts by it; not for security).
 std::string sha1_hex(std::string_view data);
 // HMAC-SHA-256 of `data` under `key`, 64 hex digits.
