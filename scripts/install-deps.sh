@@ -25,6 +25,7 @@ packages=(
   nginx-light               # the gateway's overhead comparison (scripts/gateway-overhead.sh)
   wrk                       # the HTTP load client of that comparison
   redis-server libhiredis-dev  # the gateway's limits shared by several instances (and their tests)
+  prometheus                # promtool and the server: deploy/prometheus's rules tested, a live scrape
 )
 
 # Node.js runs the end-to-end suite (the official openai client). Some Node.js builds bring

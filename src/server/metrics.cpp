@@ -130,6 +130,10 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   for (const auto& [lane, n] : s.waiting_per_lane) {
     out += "lmserve:num_requests_waiting_lane{" + m + ",lane=\"" + escape(lane) + "\"} " + std::to_string(n) + "\n";
   }
+  header(out, "lmserve:lane_queue_capacity", "gauge", "How many requests each lane's queue holds before it refuses (429).");
+  for (const auto& l : lanes_) {
+    out += "lmserve:lane_queue_capacity{" + m + ",lane=\"" + escape(l.options.name) + "\"} " + std::to_string(l.options.max_queued) + "\n";
+  }
   header(out, "lmserve:num_requests_running_lane", "gauge", "Requests running, per lane.");
   for (const auto& [lane, n] : s.running_per_lane) {
     out += "lmserve:num_requests_running_lane{" + m + ",lane=\"" + escape(lane) + "\"} " + std::to_string(n) + "\n";

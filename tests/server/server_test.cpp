@@ -176,7 +176,8 @@ TEST_F(ServerTest, EveryEndpointAnswers) {
   for (const char* name : {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket",
                            "vllm:request_success_total", "vllm:cache_config_info", "lmserve:kv_watermark",
                            "lmserve:num_requests_running_lane{model_name=\"demo\",lane=\"high\"} 0",
-                           "lmserve:num_requests_waiting_lane{model_name=\"demo\",lane=\"low\"} 0"}) {
+                           "lmserve:num_requests_waiting_lane{model_name=\"demo\",lane=\"low\"} 0",
+                           "lmserve:lane_queue_capacity{model_name=\"demo\",lane=\"low\"} "}) {
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
   }
 }
