@@ -27,5 +27,6 @@ Command add_bench_serve(CLI::App& app);  // the `bench serve` subcommand
 void add_mixed_length_options(CLI::App& app, bench::DatasetOptions& d);
 Command add_plan_command(CLI::App& app);
 Command add_gateway_command(CLI::App& app);
+Command add_model_command(CLI::App& app);
 
 }  // namespace lmserve::cli

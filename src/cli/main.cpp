@@ -1,5 +1,5 @@
 // lmserve: one binary, one subcommand per tool (ARCHITECTURE.md). Exit codes: 0 success,
-// 1 runtime failure, 2 usage error or a subcommand this build does not provide yet.
+// 1 runtime failure, 2 usage error.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -9,22 +9,6 @@
 #include "cli/commands.h"
 #include "common/build_info.h"
 #include "common/log.h"
-
-namespace {
-
-// Subcommands whose implementation has not landed. They accept any arguments, so launch
-// scripts written for them fail with this message rather than with a flag error.
-struct PendingCommand {
-  const char* name;
-  const char* description;
-  const char* issue;
-};
-
-constexpr PendingCommand kPending[] = {
-    {"model", "model tools (verify)", "#4"},
-};
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"lmserve: LLM serving for private deployment", "lmserve"};
@@ -51,20 +35,12 @@ int main(int argc, char** argv) {
       {"bench", "benchmarks: latency, throughput (in process), serve (load test of an endpoint)", cli::add_bench_command},
       {"plan", "capacity planner: memory and GPUs for a model and a load", cli::add_plan_command},
       {"gateway", "entry point in front of serve replicas: routing, canary, affinity, health, failover", cli::add_gateway_command},
+      {"model", "model integrity and versions: manifest, verify, activate", cli::add_model_command},
   };
   std::vector<std::pair<CLI::App*, cli::Command>> commands;
   for (const auto& a : available) {
     auto* sub = app.add_subcommand(a.name, a.description);
     commands.emplace_back(sub, a.add(*sub));
-  }
-
-  for (const auto& p : kPending) {
-    auto* sub = app.add_subcommand(p.name, std::string(p.description) + " (not yet available)");
-    sub->prefix_command();
-    commands.emplace_back(sub, [p]() {
-      std::fprintf(stderr, "lmserve %s: not yet available in this build (tracked in issue %s)\n", p.name, p.issue);
-      return 2;
-    });
   }
 
   try {

@@ -1,6 +1,7 @@
 // lmserve serve: flags as `vllm serve` names them where the meaning is the same.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 
@@ -10,6 +11,7 @@
 #include "cli/model_options.h"
 #include "cli/yaml_config.h"
 #include "engine/engine.h"
+#include "model/manifest.h"
 #include "server/server.h"
 #include "text/chat_template.h"
 
@@ -37,6 +39,7 @@ Command add_serve_command(CLI::App& app) {
     bool enable_prefix_caching = true;
     bool no_prefix_caching = false;
     bool enforce_eager = false;
+    bool verify_model = false;
     std::uint64_t seed = 0;
     std::string chat_template;
     std::string scheduling_policy = "fcfs";
@@ -83,6 +86,9 @@ Command add_serve_command(CLI::App& app) {
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching, "automatic prefix caching")
       ->capture_default_str();
   app.add_flag("--enforce-eager", o->enforce_eager, "no CUDA graphs (CUDA backend)");
+  app.add_flag("--verify-model", o->verify_model,
+               "check the model folder against its lmserve-manifest.json (lmserve model manifest) before loading; refuse to start on any "
+               "changed, missing or unlisted file");
   app.add_flag("--host-sampling", o->model.host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
   app.add_option("--seed", o->seed, "seed for requests without one")->capture_default_str();
   app.add_option("--chat-template", o->chat_template, "a .jinja file instead of the model's chat template");
@@ -131,6 +137,18 @@ Command add_serve_command(CLI::App& app) {
     if (!lanes) return fail(lanes.error());
     so.lanes = *lanes;
 
+    if (o->verify_model) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto v = model::verify_model(o->model.model);
+      if (!v) return fail(v.error());
+      if (!v->ok()) {
+        for (const auto& p : v->problems) spdlog::error("model verification: {}", model::describe(p));
+        return fail(Status(StatusCode::kFailedPrecondition, fmt::format("{} does not match its manifest ({} problem(s), the first: {}); not starting",
+                                                                        o->model.model, v->problems.size(), model::describe(v->problems.front()))));
+      }
+      spdlog::info("model verified: {} {} ({} files, {:.2f} GiB, SHA-256) in {:.1f} s", v->manifest.name, v->manifest.version, v->files,
+                   v->bytes / 1073741824.0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
     auto config = model::load_config(o->model.model);
     if (!config) return fail(config.error());
     so.max_model_len = o->max_model_len > 0 ? o->max_model_len : config->max_position_embeddings;

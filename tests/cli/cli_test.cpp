@@ -78,12 +78,41 @@ TEST(Cli, VersionNamesTheCommitItWasBuiltFrom) {
       << "HEAD is " << head << "\n" << r.output;
 }
 
-TEST(Cli, PendingSubcommandsSayNotYetAvailableAndExitTwo) {
-  for (const char* sub : {"model verify x"}) {
-    CommandRun r = run(sub);
-    EXPECT_EQ(r.exit_code, 2) << sub;
-    EXPECT_NE(r.output.find("not yet available"), std::string::npos) << sub << ": " << r.output;
+// Model integrity end to end: manifest, verify, activate, and serve --verify-model refusing a
+// folder with one flipped byte (naming the file) before it loads anything.
+TEST(Cli, ModelManifestVerifyActivateAndServeRefusesAFlippedByte) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("lmserve_cli_test_models_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path dir = root / "demo" / "v1";
+  fs::create_directories(dir);
+  fs::copy(lmserve::testing::source_dir() / "models/demo", dir, fs::copy_options::recursive);
+  CommandRun r = run("model manifest " + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("demo v1, "), std::string::npos) << r.output;  // name and version from the layout
+  r = run("model verify " + dir.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("demo v1 verified"), std::string::npos) << r.output;
+  r = run("model activate demo v1 --root " + root.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("current -> v1 (was none)"), std::string::npos) << r.output;
+  {
+    std::fstream f(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096);
+    f.put('\x7f');
   }
+  r = run("model verify " + dir.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("model.safetensors: SHA-256 differs"), std::string::npos) << r.output;
+  r = run("serve --verify-model --port 0 --model " + (root / "demo" / "current").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("model.safetensors: SHA-256 differs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not starting"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("memory plan"), std::string::npos) << "nothing was to be loaded\n" << r.output;
+  r = run("model verify " + root.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("no manifest"), std::string::npos) << r.output;
+  fs::remove_all(root);
 }
 
 TEST(Cli, UsageErrorsExitTwo) {

@@ -12,9 +12,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <thread>
+#include <vector>
 
 #include "client.h"
+#include "model/manifest.h"
 #include "test_paths.h"
 
 namespace lmserve::gateway {
@@ -33,18 +37,22 @@ struct Replica {
   int port = 0;
   std::string log;
 
-  void start(int want_port, const std::string& name) {
+  // `model` with a manifest is served with --verify-model.
+  void start(int want_port, const std::string& name, std::string model = (lmserve::testing::source_dir() / "models/demo").string()) {
+    const bool verify = std::filesystem::exists(std::filesystem::path(model) / "lmserve-manifest.json");
     log = (std::filesystem::temp_directory_path() / ("lmserve_gw_serve_" + std::to_string(::getpid()) + "_" + name + ".log")).string();
     std::ofstream(log).close();
-    const auto model = (lmserve::testing::source_dir() / "models/demo").string();
     const auto port_arg = std::to_string(want_port);
     pid = fork();
     if (pid == 0) {
       int fd = ::open(log.c_str(), O_WRONLY | O_TRUNC);
       dup2(fd, 2);
       dup2(fd, 1);
-      execl(lmserve::testing::lmserve_binary().c_str(), "lmserve", "serve", "--model", model.c_str(), "--port", port_arg.c_str(),
-            "--device", "cpu", "--threads", "1", "--max-model-len", "512", "--served-model-name", "demo", static_cast<char*>(nullptr));
+      std::vector<const char*> argv = {"lmserve", "serve", "--model", model.c_str(), "--port", port_arg.c_str(), "--device", "cpu",
+                                       "--threads", "1", "--max-model-len", "512", "--served-model-name", "demo"};
+      if (verify) argv.push_back("--verify-model");
+      argv.push_back(nullptr);
+      execv(lmserve::testing::lmserve_binary().c_str(), const_cast<char* const*>(argv.data()));
       _exit(127);
     }
     port = 0;
@@ -170,6 +178,106 @@ TEST_F(GatewayServeTest, AKilledReplicaLosesNoRequestLeavesWithinTwoIntervalsAnd
   std::printf("idle replica out %.0f ms after the kill\n", since(idle_kill));
   EXPECT_LE(since(idle_kill), 2 * kInterval + 100);  // slack for a loaded test machine's timers
   EXPECT_GE(since(idle_kill), kInterval / 2);  // two failed checks, not one
+}
+
+// The rollback drill of docs/operations.md, through the gateway's canary: host 2 activates v2
+// (`lmserve model activate`, served with --verify-model), the gateway shifts 10% of the traffic to
+// it by a reload under load, then rolls back — weight 0 by a reload, v1 activated again on host 2,
+// its replica restarted — and no request of the stream fails at any step.
+TEST(GatewayRollbackDrill, CanaryShiftAndRollbackUnderLoadLoseNothing) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("lmserve_gw_drill_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  // Two hosts' model roots, each with versions v1 and v2 (same weights, own manifests).
+  for (const char* host : {"host1", "host2"}) {
+    for (const char* v : {"v1", "v2"}) {
+      const fs::path dir = root / host / "demo" / v;
+      fs::create_directories(dir);
+      fs::copy(lmserve::testing::source_dir() / "models/demo", dir, fs::copy_options::recursive);
+      auto m = model::make_manifest(dir, "demo", v);
+      ASSERT_TRUE(m) << m.error().message();
+      ASSERT_TRUE(model::write_manifest(dir, *m).is_ok());
+    }
+  }
+  ASSERT_TRUE(model::activate_version(root / "host1", "demo", "v1"));
+  ASSERT_TRUE(model::activate_version(root / "host2", "demo", "v2"));
+  Replica one, two;
+  one.start(0, "drill1", (root / "host1" / "demo" / "current").string());
+  two.start(0, "drill2", (root / "host2" / "demo" / "current").string());
+  ASSERT_GT(one.port, 0);
+  ASSERT_GT(two.port, 0);
+  const fs::path config = root / "gateway.yaml";
+  auto write_config = [&](int w1, int w2, const char* v2name) {
+    std::ofstream(config, std::ios::trunc) << "listen: 127.0.0.1:0\naccess_log: false\nhealth: {interval_ms: 100, fail_after: 2, pass_after: 1}\n"
+                                           << "models:\n  - name: demo\n    policy: round_robin\n    backends:\n"
+                                           << "      - {url: " << one.url() << ", version: v1, weight: " << w1 << "}\n"
+                                           << "      - {url: " << two.url() << ", version: " << v2name << ", weight: " << w2 << "}\n";
+  };
+  write_config(100, 0, "v2");  // v2 deployed, no traffic
+  auto g = Gateway::create({.config_path = config.string(), .port_override = 0});
+  ASSERT_TRUE(g) << g.error().message();
+  ASSERT_TRUE((*g)->start().is_ok());
+  const int port = (*g)->port();
+  std::thread serving([&] { (*g)->run(false); });
+
+  auto versions = [&](int n) {
+    std::map<std::string, int> seen;
+    for (const auto& r : run_calls(port, n, 4, [](int) { return completion(false, 2); })) {
+      EXPECT_EQ(r.status, 200) << r.body;
+      ++seen[r.header("x-lmserve-version")];
+    }
+    return seen;
+  };
+  auto before = versions(200);
+  EXPECT_EQ(before["v1"], 200);
+  // Shift 10% to v2 while requests flow.
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0}, done{0};
+  std::thread load([&] {
+    while (!stop) {
+      for (const auto& r : run_calls(port, 20, 2, [](int) { return completion(false, 2); })) {
+        if (r.status != 200) ++failures;
+        ++done;
+      }
+    }
+  });
+  write_config(90, 10, "v2");
+  ASSERT_TRUE((*g)->reload().is_ok());
+  auto canary = versions(1000);
+  EXPECT_EQ(canary["v1"] + canary["v2"], 1000);
+  EXPECT_NEAR(canary["v2"], 100, 40) << "about 10% to the canary";
+  // Roll back: no traffic to v2, then host 2 back on v1 and its replica restarted on it.
+  write_config(100, 0, "v2");
+  ASSERT_TRUE((*g)->reload().is_ok());
+  auto after = versions(200);
+  EXPECT_EQ(after["v1"], 200);
+  auto was = model::activate_version(root / "host2", "demo", "v1");
+  ASSERT_TRUE(was);
+  EXPECT_EQ(*was, "v2");
+  const int port2 = two.port;
+  two.kill_now();
+  two.start(port2, "drill2b", (root / "host2" / "demo" / "current").string());
+  ASSERT_EQ(two.port, port2);
+  write_config(50, 50, "v1");
+  ASSERT_TRUE((*g)->reload().is_ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // host 2 passes its health check
+  std::set<std::string> backends;
+  for (const auto& r : run_calls(port, 100, 4, [](int) { return completion(false, 2); })) {
+    EXPECT_EQ(r.status, 200);
+    EXPECT_EQ(r.header("x-lmserve-version"), "v1");
+    backends.insert(r.header("x-lmserve-backend"));
+  }
+  EXPECT_EQ(backends.size(), 2u) << "both hosts serve v1 again";
+  stop = true;
+  load.join();
+  std::printf("drill: canary %d of 1000 to v2; %d requests beside the shifts, %d failed\n", canary["v2"], done.load(), failures.load());
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(done.load(), 0);
+  (*g)->shutdown();
+  serving.join();
+  one.kill_now();
+  two.kill_now();
+  fs::remove_all(root);
 }
 
 }  // namespace
