@@ -26,6 +26,7 @@ packages=(
   wrk                       # the HTTP load client of that comparison
   redis-server libhiredis-dev  # the gateway's limits shared by several instances (and their tests)
   prometheus                # promtool and the server: deploy/prometheus's rules tested, a live scrape
+  systemd python3-yaml python3-jsonschema  # deploy/systemd verified, deploy/kubernetes checked (tests/deploy)
 )
 
 # Node.js runs the end-to-end suite (the official openai client). Some Node.js builds bring
