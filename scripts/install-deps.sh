@@ -27,6 +27,8 @@ packages=(
   redis-server libhiredis-dev  # the gateway's limits shared by several instances (and their tests)
   prometheus                # promtool and the server: deploy/prometheus's rules tested, a live scrape
   systemd python3-yaml python3-jsonschema  # deploy/systemd verified, deploy/kubernetes checked (tests/deploy)
+  libjs-chart.js            # the dashboard's charts, built into the binary
+  chromium chromium-driver python3-selenium  # the dashboard's browser test
 )
 
 # Node.js runs the end-to-end suite (the official openai client). Some Node.js builds bring

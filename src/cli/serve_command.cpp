@@ -208,6 +208,7 @@ Command add_serve_command(CLI::App& app) {
       const double limit = o->device_memory_limit;
       eo.device_memory_ok = [monitor, limit] { return monitor->max_used_share() <= limit; };
       o->server.gpu_memory = [monitor] { return monitor->latest(); };
+      o->server.device_memory_limit = limit;
       for (const auto& g : monitor->latest()) {
         spdlog::info("device memory: GPU {} {:.2f} of {:.2f} GiB in use ({}), admission stops above {:.0f}%", g.device,
                      g.used_bytes / 1073741824.0, g.total_bytes / 1073741824.0, g.source, limit * 100);

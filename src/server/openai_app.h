@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/dashboard.h"
 #include "server/errors.h"
 #include "server/http/transport.h"
 #include "server/metrics.h"
@@ -27,6 +28,7 @@ class OpenAiApp : public http::Application {
  public:
   OpenAiApp(ServerOptions options, std::unique_ptr<engine::Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
             std::optional<text::ChatTemplate> chat_template);
+  ~OpenAiApp() override;
 
   // http::Application
   void handle(http::Exchange ex) override;
@@ -70,6 +72,7 @@ class OpenAiApp : public http::Application {
   std::atomic<int> generations_{0}, generations_peak_{0};
   std::mutex id_mu_;
   std::mt19937_64 id_rng_{std::random_device{}()};
+  std::unique_ptr<Dashboard> dashboard_;  // last: its sampler reads the members above
 };
 
 }  // namespace lmserve::server

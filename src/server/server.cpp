@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
 #include <ctime>
 
 #include "common/build_info.h"
@@ -28,7 +29,10 @@ OpenAiApp::OpenAiApp(ServerOptions options, std::unique_ptr<engine::Engine> engi
                      std::optional<text::ChatTemplate> chat_template)
     : opt_(std::move(options)), engine_(std::move(engine)), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {
   metrics_.declare_lanes(engine_->options().scheduler.lanes);
+  if (opt_.dashboard) dashboard_ = std::make_unique<Dashboard>([this] { return metrics_text(); }, opt_.device_memory_limit);
 }
+
+OpenAiApp::~OpenAiApp() = default;
 
 std::string OpenAiApp::new_id(const char* prefix) {
   std::lock_guard lock(id_mu_);
@@ -92,6 +96,15 @@ void OpenAiApp::handle(http::Exchange ex) {
   if (route == "/metrics") {
     if (!needs("GET")) return;
     return reply(ex, 200, metrics_text(), route, "text/plain; version=0.0.4; charset=utf-8");
+  }
+  if (route == "/dashboard" || route == "/dashboard/chart.js" || route == "/dashboard/data") {
+    if (!needs("GET")) return;
+    if (!dashboard_) return reply_error(ex, ApiError::not_found("Unknown route."), route);
+    if (route == "/dashboard") return reply(ex, 200, std::string(Dashboard::page()), route, "text/html; charset=utf-8");
+    if (route == "/dashboard/chart.js") return reply(ex, 200, std::string(Dashboard::chart_js()), route, "text/javascript; charset=utf-8");
+    std::int64_t since = 0;  // ?since=MS: the samples after it
+    if (const auto q = req.target.find("since="); q != std::string::npos) since = std::strtoll(req.target.c_str() + q + 6, nullptr, 10);
+    return reply(ex, 200, dashboard_->data_json(since), route);
   }
   if (route == "/v1/models") {
     if (!needs("GET")) return;

@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,10 +24,8 @@ import urllib.request
 import jsonschema
 import yaml
 
+from deploy_common import fail, free_port
 
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    sys.exit(1)
 
 
 def systemd(lmserve, src):
@@ -131,13 +128,6 @@ NAMESPACE = {"type": "object", "required": ["apiVersion", "kind", "metadata"], "
     "apiVersion": {"const": "v1"}, "kind": {"const": "Namespace"}, "metadata": META}}
 SCHEMAS = {"Deployment": DEPLOYMENT, "Service": SERVICE, "PodDisruptionBudget": PDB, "HorizontalPodAutoscaler": HPA, "ConfigMap": CONFIGMAP, "Namespace": NAMESPACE}
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def wait_ok(url, seconds=30):

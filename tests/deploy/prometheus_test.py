@@ -11,19 +11,15 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
 
+from deploy_common import fail, free_port, start_load
 
-def fail(msg):
-    print("FAIL: " + msg, flush=True)
-    sys.exit(1)
 
 
 def run(cmd, cwd=None):
@@ -54,13 +50,6 @@ def rules(lmserve, src):
             fail(f"alerts_test.yml does not test {a}")
     print(f"{len(alerts)} alerts, each with a runbook section and tests")
 
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def get(url, timeout=10):
@@ -94,24 +83,7 @@ def scrape(lmserve, src):
             fail("serve did not start: " + open(os.path.join(work, "serve.log")).read())
         target = url.split("//")[1]
 
-        stop = threading.Event()
-
-        def load():  # a stream of short completions on both lanes while Prometheus scrapes
-            i = 0
-            while not stop.is_set():
-                lane = "high" if i % 3 == 0 else "low"
-                req = urllib.request.Request(url + "/v1/completions", method="POST",
-                                             data=json.dumps({"model": "demo", "prompt": f"hello {i}", "max_tokens": 8}).encode(),
-                                             headers={"Content-Type": "application/json", "x-lmserve-lane": lane})
-                try:
-                    urllib.request.urlopen(req, timeout=10).read()
-                except Exception as e:
-                    print("load:", e)
-                i += 1
-
-        loaders = [threading.Thread(target=load, daemon=True) for _ in range(2)]
-        for t in loaders:
-            t.start()
+        stop, loaders = start_load(url, ("high", "low", "low"))  # short completions on both lanes while Prometheus scrapes
 
         # The shipped scrape config with the test's target and a fast interval.
         cfg = open(os.path.join(src, "deploy", "prometheus", "prometheus.yml")).read()

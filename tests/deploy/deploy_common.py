@@ -1,0 +1,44 @@
+"""Helpers the deploy tests share (their folder is on sys.path when they run)."""
+import socket
+import sys
+
+
+def fail(msg):
+    print("FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+def free_port():
+    """A loopback port free at the moment of asking."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_load(url, lanes, max_tokens=8):
+    """One client thread per entry of `lanes`, each sending completions on its lane to `url` one
+    after the other until the returned event is set. Returns (event, threads)."""
+    import json
+    import threading
+    import urllib.request
+
+    stop = threading.Event()
+
+    def load(lane):
+        i = 0
+        while not stop.is_set():
+            body = json.dumps({"prompt": f"The {lane} request number {i} says", "max_tokens": max_tokens, "ignore_eos": True}).encode()
+            req = urllib.request.Request(url + "/v1/completions", data=body, method="POST",
+                                         headers={"Content-Type": "application/json", "x-lmserve-lane": lane})
+            try:
+                urllib.request.urlopen(req, timeout=30).read()
+            except OSError as e:
+                print("load:", e)
+            i += 1
+
+    threads = [threading.Thread(target=load, args=(lane,), daemon=True) for lane in lanes]
+    for t in threads:
+        t.start()
+    return stop, threads
