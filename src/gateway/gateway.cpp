@@ -15,6 +15,10 @@
 #include "gateway/errors.h"
 #include "gateway/keys.h"
 #include "gateway/monitor.h"
+#include "server/dashboard.h"
+
+#include <cstdlib>
+#include <map>
 #include "gateway/proxy.h"
 #include "server/http/asio.h"
 #include "server/http/transport.h"
@@ -184,6 +188,7 @@ struct Gateway::Impl : http::Application {
   std::unique_ptr<http::Transport> transport;
   std::unique_ptr<State> state;
   std::unique_ptr<Monitor> monitor;
+  std::unique_ptr<server::Dashboard> dashboard;  // GET /dashboard: the replicas' figures, once a second
   std::unique_ptr<KeyIndex> keys;  // with keys_db: every API request needs one of them
   std::optional<net::steady_timer> keys_timer;
   std::optional<net::signal_set> hangup;
@@ -195,7 +200,7 @@ struct Gateway::Impl : http::Application {
     const auto& path = req.path;
     auto snap = state->current();
     if (path == "/health" || path == "/ready") return own_route(ex, *snap);
-    if (path == "/metrics" || path.starts_with("/admin/")) {
+    if (path == "/metrics" || path.starts_with("/admin/") || path == "/dashboard" || path.starts_with("/dashboard/")) {
       if (admin) return ex.reply(error_response(404, "no such route (the admin routes are on admin_listen)", "not_found"));
       return own_route(ex, *snap);
     }
@@ -352,6 +357,15 @@ struct Gateway::Impl : http::Application {
     if (path == "/health") return ex.reply({.status = 200, .content_type = "text/plain", .body = "ok\n"});
     if (path == "/ready") return ready(ex, snap);
     if (path == "/metrics") return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = render_metrics(snap)});
+    if (path == "/dashboard") return ex.reply({.status = 200, .content_type = "text/html; charset=utf-8", .body = std::string(server::Dashboard::gateway_page())});
+    if (path == "/dashboard/chart.js") {
+      return ex.reply({.status = 200, .content_type = "text/javascript; charset=utf-8", .body = std::string(server::Dashboard::chart_js())});
+    }
+    if (path == "/dashboard/data" && dashboard) {
+      std::int64_t since = 0;  // ?since=MS: the samples after it
+      if (const auto q = req.target.find("since="); q != std::string::npos) since = std::strtoll(req.target.c_str() + q + 6, nullptr, 10);
+      return ex.reply({.status = 200, .body = dashboard->data_json(since)});
+    }
     if (path == "/admin/reload") {
       if (req.method != "POST") return ex.reply(error_response(405, "use POST", "method_not_allowed"));
       // On the API's address only from this host; admin_listen is the operator's to protect.
@@ -606,6 +620,29 @@ Status Gateway::start() {
     impl_->admin_thread = std::thread([a = impl_->admin.get()] { a->run(false); });
   }
   impl_->monitor->start();
+  // The dashboard's samples: each replica of the configuration in force, its health and load
+  // as this gateway sees them, and its own /metrics figures as last scraped.
+  impl_->dashboard = std::make_unique<server::Dashboard>(
+      [state = impl_->state.get(), samplers = std::make_shared<std::map<std::string, server::MetricsSampler>>()](std::int64_t t) {
+        auto snap = state->current();
+        std::string out = "{\"t\":" + std::to_string(t) + ",\"replicas\":[";
+        bool first = true;
+        for (const auto& m : snap->config.models) {
+          for (const auto& b : m.backends) {
+            for (const auto& r : state->replicas.of(b)) {
+              const std::string text = r->metrics_text();
+              nlohmann::json head{{"url", r->url()}, {"model", m.name}, {"version", b.version}, {"healthy", r->healthy()},
+                                  {"outstanding", r->outstanding.load()}};
+              std::string one = head.dump();
+              one.pop_back();  // the replica's own figures go in beside
+              one += ",\"figures\":" + (text.empty() ? std::string("null") : (*samplers)[r->url()].sample(text, t, 0.95)) + "}";
+              out += (first ? "" : ",") + one;
+              first = false;
+            }
+          }
+        }
+        return out + "]}";
+      });
   if (impl_->keys) net::post(impl_->state->ioc, [impl = impl_.get()] { impl->refresh_keys(); });
   return Status::ok();
 }

@@ -154,6 +154,8 @@ struct Monitor::Impl : std::enable_shared_from_this<Monitor::Impl> {
     });
   }
 
+  static constexpr std::chrono::milliseconds kDashboardScrape{1000};
+
   void run_once() {
     auto snap = state.current();
     const auto& cfg = snap->config;
@@ -192,14 +194,19 @@ struct Monitor::Impl : std::enable_shared_from_this<Monitor::Impl> {
                                 })
             ->start();
       }
-      if (scraped.contains(r->url()) && !rec->scrape_busy && now >= rec->next_scrape) {
+      // Every replica's /metrics once a second for the dashboard; kv_aware models' replicas at
+      // scrape_interval for the router.
+      if (!rec->scrape_busy && now >= rec->next_scrape) {
+        const bool for_router = scraped.contains(r->url());
         rec->scrape_busy = true;
-        rec->next_scrape = now + cfg.scrape_interval;
+        rec->next_scrape = now + (for_router ? cfg.scrape_interval : std::max(cfg.scrape_interval, kDashboardScrape));
         auto* record = rec.get();
         std::make_shared<Probe>(strand, r, rec->scrape_conn, "/metrics", std::max(cfg.scrape_interval * 5, std::chrono::milliseconds(500)),
-                                [self = shared_from_this(), r, record](int status, std::string body) {
+                                [self = shared_from_this(), r, record, for_router](int status, std::string body) {
                                   record->scrape_busy = false;
-                                  if (status == 200) r->set_load(parse_load(body));
+                                  if (status != 200) return;
+                                  if (for_router) r->set_load(parse_load(body));
+                                  r->set_metrics_text(std::move(body));
                                 })
             ->start();
       }

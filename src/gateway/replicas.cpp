@@ -74,6 +74,16 @@ void Replica::set_load(ReplicaLoad load) {
   load_ = std::move(load);
 }
 
+void Replica::set_metrics_text(std::string text) {
+  std::lock_guard lock(mu_);
+  metrics_text_ = std::move(text);
+}
+
+std::string Replica::metrics_text() const {
+  std::lock_guard lock(mu_);
+  return metrics_text_;
+}
+
 Replica::LoadFigures Replica::load_for(const std::string& lane) const {
   std::lock_guard lock(mu_);
   LoadFigures f{load_.scraped, load_.at, load_.kv_usage, load_.waiting};

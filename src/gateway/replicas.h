@@ -60,6 +60,9 @@ class Replica : public std::enable_shared_from_this<Replica> {
   std::atomic<std::int64_t> outstanding{0};
 
   void set_load(ReplicaLoad load);
+  // The replica's last /metrics text (the monitor scrapes every replica for the dashboard).
+  void set_metrics_text(std::string text);
+  std::string metrics_text() const;
   // The figures the router needs (waiting: of `lane` when the replica reports it), without copying
   // the per-lane table.
   struct LoadFigures {
@@ -92,6 +95,7 @@ class Replica : public std::enable_shared_from_this<Replica> {
   AtomicTime ejected_until_, retry_after_until_;
   std::chrono::milliseconds backoff_{0};
   ReplicaLoad load_;
+  std::string metrics_text_;
   struct alignas(64) IdlePool {
     std::mutex mu;  // its thread's, and close_idle()'s
     std::vector<UpstreamSocket> sockets;

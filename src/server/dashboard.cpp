@@ -24,10 +24,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // histogram_quantile over cumulative (le, count) pairs sorted by le, +Inf last.
 json quantile(double q, const std::vector<std::pair<double, double>>& b) {
   if (b.empty() || b.back().second <= 0) return nullptr;
@@ -46,6 +42,10 @@ json quantile(double q, const std::vector<std::pair<double, double>>& b) {
 }
 
 }  // namespace
+
+std::int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 std::vector<MetricSample> parse_metrics_text(std::string_view text) {
   std::vector<MetricSample> out;
@@ -97,8 +97,8 @@ std::vector<MetricSample> parse_metrics_text(std::string_view text) {
   return out;
 }
 
-Dashboard::Dashboard(std::function<std::string()> metrics_text, double device_memory_limit, std::chrono::milliseconds period, std::size_t keep)
-    : metrics_text_(std::move(metrics_text)), limit_(device_memory_limit), period_(period), keep_(keep) {
+Dashboard::Dashboard(std::function<std::string(std::int64_t)> take, std::chrono::milliseconds period, std::size_t keep)
+    : take_(std::move(take)), period_(period), keep_(keep) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -122,10 +122,20 @@ void Dashboard::loop() {
 }
 
 void Dashboard::sample_now() {
-  const std::string text = metrics_text_();  // outside the lock: it takes the engine's
-  const std::int64_t t = now_ms();
+  const std::int64_t t = unix_ms();
+  std::string s = take_(t);  // outside the lock: it reads the server's metrics
+  std::lock_guard lock(mu_);
+  samples_.push_back(std::move(s));
+  times_.push_back(t);
+  while (samples_.size() > keep_) {
+    samples_.pop_front();
+    times_.pop_front();
+  }
+}
+
+std::string MetricsSampler::sample(std::string_view text, std::int64_t t, double device_memory_limit) {
   const auto samples = parse_metrics_text(text);
-  json s{{"t", t}, {"device_memory_limit", limit_}};
+  json s{{"t", t}, {"device_memory_limit", device_memory_limit}};
   std::map<std::string, json> gpus;
   std::map<std::string, double> counters{{"prompt", 0}, {"output", 0}, {"refusals", 0}, {"episodes", 0}};
   std::map<std::string, std::vector<std::pair<double, double>>> buckets;  // "ttft|lane", "tpot|lane"
@@ -175,7 +185,6 @@ void Dashboard::sample_now() {
   s["limit_episodes_total"] = counters["episodes"];
   for (auto& [k, b] : buckets) std::sort(b.begin(), b.end());
 
-  std::lock_guard lock(mu_);
   const double dt = last_ms_ > 0 ? static_cast<double>(t - last_ms_) / 1e3 : 0;
   auto rate = [&](const char* k) -> json {
     if (dt <= 0) return nullptr;
@@ -201,13 +210,9 @@ void Dashboard::sample_now() {
     lanes[lane][kind + "_p99"] = quantile(0.99, window);
   }
   s["lanes"] = lanes;
-  samples_.push_back(s.dump());
-  times_.push_back(t);
-  while (samples_.size() > keep_) {
-    samples_.pop_front();
-    times_.pop_front();
-  }
+  return s.dump();
 }
+
 
 std::string Dashboard::data_json(std::int64_t since_ms) const {
   std::lock_guard lock(mu_);

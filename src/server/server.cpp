@@ -29,7 +29,11 @@ OpenAiApp::OpenAiApp(ServerOptions options, std::unique_ptr<engine::Engine> engi
                      std::optional<text::ChatTemplate> chat_template)
     : opt_(std::move(options)), engine_(std::move(engine)), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {
   metrics_.declare_lanes(engine_->options().scheduler.lanes);
-  if (opt_.dashboard) dashboard_ = std::make_unique<Dashboard>([this] { return metrics_text(); }, opt_.device_memory_limit);
+  if (opt_.dashboard) {
+    dashboard_ = std::make_unique<Dashboard>([this, sampler = std::make_shared<MetricsSampler>()](std::int64_t t) {
+      return sampler->sample(metrics_text(), t, opt_.device_memory_limit);
+    });
+  }
 }
 
 OpenAiApp::~OpenAiApp() = default;

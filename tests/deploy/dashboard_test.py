@@ -6,10 +6,17 @@ data, and the numbers it shows match /metrics at the same moment (once the load 
 so that both are still); a screenshot is kept (SCREENSHOT path). With --api-key the dashboard
 answers 401 without the key, like the other routes.
 
-  dashboard_test.py LMSERVE SOURCE_DIR SCREENSHOT
+  dashboard_test.py serve LMSERVE SOURCE_DIR SCREENSHOT
+
+The gateway's dashboard (GET /dashboard on its admin address) the same way, across two real
+replicas behind it: every chart has a series per replica with data, and each replica's output
+tokens shown equal that replica's /metrics.
+
+  dashboard_test.py gateway LMSERVE SOURCE_DIR SCREENSHOT
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,7 +30,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
-from deploy_common import fail, free_port, start_load
+from deploy_common import fail, free_port, free_ports, start_load
 
 
 
@@ -53,6 +60,63 @@ def metrics(url):
     return out
 
 
+def chromium():
+    """Debian's Chromium, headless, logging the console and the network."""
+    opts = Options()
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1800",
+              "--no-first-run", "--disable-extensions", "--disable-background-networking", "--disable-component-update",
+              "--disable-default-apps", "--disable-sync", "--metrics-recording-only", "--disable-domain-reliability"):
+        opts.add_argument(a)
+    opts.binary_location = shutil.which("chromium")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+
+
+def chart_points(driver):
+    """Per chart (canvas id), the number of drawn points of each series."""
+    return driver.execute_script("""
+      const out = {};
+      for (const c of Object.values(Chart.instances)) {
+        out[c.canvas.id] = c.data.datasets.map(d => d.data.filter(v => v !== null && v !== undefined && !Number.isNaN(v)).length);
+      }
+      return out;""")
+
+
+def shown_figures(driver):
+    """The figures above the charts: element id -> the raw value the page shows."""
+    return driver.execute_script("""
+      const v = {}; for (const el of document.querySelectorAll('.stat')) v[el.id] = el.dataset.value; return v;""")
+
+
+def cleanup(driver, procs, work):
+    if driver is not None:
+        driver.quit()
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def check_console_and_origins(driver, url):
+    """No console error, and every request the page made went to its own origin."""
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    if errors:
+        fail(f"console errors: {errors}")
+    urls = set()
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg.get("method") == "Network.requestWillBeSent":
+            urls.add(msg["params"]["request"]["url"])
+    foreign = [u for u in urls if not (u.startswith(url + "/") or u.startswith("data:") or u.startswith("about:"))]
+    if foreign or not any(u.startswith(url + "/dashboard/chart.js") for u in urls):
+        fail(f"requests to other origins: {foreign} (all: {sorted(urls)})")
+    print(f"{len(urls)} distinct URLs requested, all on {url}")
+
+
 def main(lmserve, src, screenshot):
     work = tempfile.mkdtemp(prefix="lmserve_dashboard_test_")
     procs = []
@@ -78,25 +142,13 @@ def main(lmserve, src, screenshot):
         procs.append(serve)
         stop, loaders = start_load(url, ("low", "low", "high"), max_tokens=12)
 
-        opts = Options()
-        for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1800",
-                  "--no-first-run", "--disable-extensions", "--disable-background-networking", "--disable-component-update",
-                  "--disable-default-apps", "--disable-sync", "--metrics-recording-only", "--disable-domain-reliability"):
-            opts.add_argument(a)
-        opts.binary_location = shutil.which("chromium")
-        opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-        driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
+        driver = chromium()
         driver.get(url + "/dashboard")
         # Every chart gets data: at least one dataset with a number in it.
         deadline = time.time() + 40
         state = None
         while time.time() < deadline:
-            state = driver.execute_script("""
-              const out = {};
-              for (const c of Object.values(Chart.instances)) {
-                out[c.canvas.id] = c.data.datasets.map(d => d.data.filter(v => v !== null && v !== undefined && !Number.isNaN(v)).length);
-              }
-              return out;""")
+            state = chart_points(driver)
             if len(state) == 7 and all(any(n > 0 for n in v) for v in state.values()):
                 # Latency charts: both lanes' p99 once both lanes have answered within the minute.
                 if all(n > 0 for n in state["chart-ttft"]) and all(n > 0 for n in state["chart-tpot"]):
@@ -116,8 +168,7 @@ def main(lmserve, src, screenshot):
             t.join(timeout=30)
         time.sleep(2.5)
         m = metrics(url)
-        shown = driver.execute_script("""
-          const v = {}; for (const el of document.querySelectorAll('.stat')) v[el.id] = el.dataset.value; return v;""")
+        shown = shown_figures(driver)
         expect = {
             "now-output-total": m['vllm:generation_tokens_total{model_name="demo"}'],
             "now-prompt-total": m['vllm:prompt_tokens_total{model_name="demo"}'],
@@ -132,35 +183,76 @@ def main(lmserve, src, screenshot):
             fail("the load produced too few tokens")
         print("shown = /metrics:", {k: shown[k] for k in expect})
 
-        # No console error, and every request the page made went to its own origin.
-        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-        if errors:
-            fail(f"console errors: {errors}")
-        urls = set()
-        for entry in driver.get_log("performance"):
-            msg = json.loads(entry["message"])["message"]
-            if msg.get("method") == "Network.requestWillBeSent":
-                urls.add(msg["params"]["request"]["url"])
-        foreign = [u for u in urls if not (u.startswith(url + "/") or u.startswith("data:") or u.startswith("about:"))]
-        if foreign or not any(u.startswith(url + "/dashboard/chart.js") for u in urls):
-            fail(f"requests to other origins: {foreign} (all: {sorted(urls)})")
-        print(f"{len(urls)} distinct URLs requested, all on {url}")
+        check_console_and_origins(driver, url)
     finally:
-        if driver is not None:
-            driver.quit()
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        cleanup(driver, procs, work)
+    print("PASS")
+
+
+def gateway(lmserve, src, screenshot):
+    """The gateway's dashboard across two real replicas behind it."""
+    work = tempfile.mkdtemp(prefix="lmserve_gw_dashboard_test_")
+    procs = []
+    driver = None
+    try:
+        replicas = []
+        for _ in range(2):
+            p, u = start_serve(lmserve, src, work)
+            procs.append(p)
+            replicas.append(u)
+        port, admin = free_ports(2)
+        cfg = os.path.join(work, "gateway.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"listen: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin}\nmodels:\n  - name: demo\n    policy: round_robin\n    backends:\n")
+            for i, u in enumerate(replicas):
+                f.write(f"      - {{url: {u}, version: v{i + 1}}}\n")
+        gw = subprocess.Popen([lmserve, "gateway", "--config", cfg], stdout=open(os.path.join(work, "gateway.log"), "w"), stderr=subprocess.STDOUT)
+        procs.append(gw)
+        admin_url = f"http://127.0.0.1:{admin}"
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(admin_url + "/ready", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        stop, loaders = start_load(f"http://127.0.0.1:{port}", ("low", "low", "high", "low"), max_tokens=12, model="demo")
+        driver = chromium()
+        driver.get(admin_url + "/dashboard")
+        deadline = time.time() + 40
+        state = None
+        while time.time() < deadline:
+            state = chart_points(driver)
+            if len(state) == 7 and all(len(v) == 2 and all(n > 0 for n in v) for v in state.values()):
+                break
+            time.sleep(0.5)
+        else:
+            fail(f"not every chart got data for both replicas: {state}")
+        print("charts with data (points per replica):", state)
+        time.sleep(2)
+        driver.save_screenshot(screenshot)
+        print("screenshot:", screenshot)
+        stop.set()
+        for t in loaders:
+            t.join(timeout=30)
+        time.sleep(3.5)  # a replica scrape and a sample after the last request
+        shown = shown_figures(driver)
+        for u in replicas:
+            key = re.sub(r"[^0-9a-zA-Z]", "_", u)
+            want = metrics(u)['vllm:generation_tokens_total{model_name="demo"}']
+            got = shown.get("now-output-" + key)
+            if got in (None, "") or float(got) != want or want <= 0:
+                fail(f"{u}: the page shows {got!r} output tokens, its /metrics says {want}")
+            if shown.get("now-healthy-" + key) != "1":
+                fail(f"{u}: not shown healthy")
+        print("per replica, shown = the replica's /metrics:", {u: shown["now-output-" + re.sub(r"[^0-9a-zA-Z]", "_", u)] for u in replicas})
+        check_console_and_origins(driver, admin_url)
+    finally:
+        cleanup(driver, procs, work)
     print("PASS")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) != 5 or sys.argv[1] not in ("serve", "gateway"):
         print(__doc__)
         sys.exit(2)
-    main(*sys.argv[1:])
+    {"serve": main, "gateway": gateway}[sys.argv[1]](*sys.argv[2:])

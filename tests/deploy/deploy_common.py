@@ -8,16 +8,23 @@ def fail(msg):
     sys.exit(1)
 
 
+def free_ports(n):
+    """n distinct loopback ports free at the moment of asking (bound together, so no two are the same)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
 def free_port():
     """A loopback port free at the moment of asking."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    return free_ports(1)[0]
 
 
-def start_load(url, lanes, max_tokens=8):
+def start_load(url, lanes, max_tokens=8, model=None):
     """One client thread per entry of `lanes`, each sending completions on its lane to `url` one
     after the other until the returned event is set. Returns (event, threads)."""
     import json
@@ -29,7 +36,10 @@ def start_load(url, lanes, max_tokens=8):
     def load(lane):
         i = 0
         while not stop.is_set():
-            body = json.dumps({"prompt": f"The {lane} request number {i} says", "max_tokens": max_tokens, "ignore_eos": True}).encode()
+            request = {"prompt": f"The {lane} request number {i} says", "max_tokens": max_tokens, "ignore_eos": True}
+            if model:
+                request["model"] = model
+            body = json.dumps(request).encode()
             req = urllib.request.Request(url + "/v1/completions", data=body, method="POST",
                                          headers={"Content-Type": "application/json", "x-lmserve-lane": lane})
             try:

@@ -24,7 +24,7 @@ import urllib.request
 import jsonschema
 import yaml
 
-from deploy_common import fail, free_port
+from deploy_common import fail, free_port, free_ports
 
 
 
@@ -233,7 +233,7 @@ def kubernetes(lmserve, src):
         procs.append(serve)
         wait_ok(f"http://127.0.0.1:{serve_port}/ready", 60)
         gw = yaml.safe_load(gw_cfg)
-        gw_port, admin_port = free_port(), free_port()
+        gw_port, admin_port = free_ports(2)
         gw["listen"] = f"127.0.0.1:{gw_port}"
         gw["admin_listen"] = f"127.0.0.1:{admin_port}"
         for m in gw["models"]:
