@@ -137,7 +137,7 @@ Result<std::unique_ptr<AuditLog>> AuditLog::open(const std::string& dir, Options
   std::unique_ptr<AuditLog> log(new AuditLog());
   log->dir_ = dir;
   log->opt_ = options;
-  log->last_hash_ = log->written_hash_ = kGenesis;
+  log->written_hash_ = kGenesis;
   const auto segs = segments(dir);
   if (segs.empty()) {
     log->segment_ = 1;
@@ -163,7 +163,6 @@ Result<std::unique_ptr<AuditLog>> AuditLog::open(const std::string& dir, Options
     if (!walk(path, hash, records, sealed, line, why)) {
       return error(StatusCode::kDataLoss, "audit.dir: " + path.filename().string() + ":" + std::to_string(line) + ": " + why);
     }
-    log->last_hash_ = hash;
     log->written_hash_ = hash;
     log->segment_ = sealed ? n + 1 : n;
     log->in_segment_ = sealed ? 0 : records;
@@ -213,16 +212,10 @@ Status AuditLog::seal() {
 }
 
 Status AuditLog::append(const nlohmann::json& rec) {
-  const std::string body = rec.dump();  // once, outside the lock
+  std::string body = rec.dump();  // outside the lock
   std::unique_lock lock(mu_);
-  const auto hash = sha256_hex(last_hash_, body);  // line_hash(last_hash_, rec)
-  // What nlohmann::json{{"hash", hash}, {"prev", last_hash_}, {"rec", rec}}.dump() gives (keys in
-  // order), without copying and serialising the record again.
   const std::shared_ptr<Batch> batch = open_;
-  std::string& lines = batch->lines;
-  lines.append(R"({"hash":")").append(hash).append(R"(","prev":")").append(last_hash_).append(R"(","rec":)").append(body).append("}\n");
-  ++batch->records;
-  last_hash_ = hash;
+  batch->bodies.push_back(std::move(body));
   while (!batch->done) {
     if (writing_) {
       written_cv_.wait(lock);
@@ -234,38 +227,41 @@ Status AuditLog::append(const nlohmann::json& rec) {
 }
 
 // The leader's part of a group commit: the open batch (this thread's record and every one queued
-// since the last write) goes out in one write while the next batch fills.
+// since the last write) is chained onto the last record written and goes out in one write, while
+// the next batch fills.
 void AuditLog::write_batch(std::unique_lock<std::mutex>& lock) {
   writing_ = true;
   const std::shared_ptr<Batch> batch = std::exchange(open_, std::make_shared<Batch>());
-  const std::string hash_after = last_hash_;  // the batch's last record's
   Status st;
   if (fd_ < 0) st = begin_segment();  // a seal that failed to begin the next segment
+  std::string lines, prev = written_hash_;
   if (st.is_ok()) {
     const int fd = fd_;
     const std::size_t size_before = segment_size_;
     lock.unlock();
-    st = write_line(fd, batch->lines, opt_.sync, size_before);
+    for (const auto& body : batch->bodies) {
+      // What nlohmann::json{{"hash", hash}, {"prev", prev}, {"rec", rec}}.dump() gives (keys in
+      // order), without parsing and serialising the record again.
+      const auto hash = sha256_hex(prev, body);  // line_hash(prev, rec)
+      lines.append(R"({"hash":")").append(hash).append(R"(","prev":")").append(prev).append(R"(","rec":)").append(body).append("}\n");
+      prev = hash;
+    }
+    st = write_line(fd, lines, opt_.sync, size_before);
     lock.lock();
   }
   writing_ = false;
   if (st.is_ok()) {
-    segment_size_ += batch->lines.size();
-    in_segment_ += batch->records;
-    appended_ += batch->records;
-    written_hash_ = hash_after;
+    segment_size_ += lines.size();
+    in_segment_ += batch->bodies.size();
+    appended_ += batch->bodies.size();
+    written_hash_ = prev;
     if (segment_size_ >= opt_.segment_bytes) {
       // The records are in: a seal that fails is tried again after the next batch.
       if (auto sealed = seal(); !sealed.is_ok()) spdlog::error("{}", sealed.message());
     }
-  } else {
-    // The records queued behind the batch chain on it: they fail with it, and the chain goes on
-    // from the last record written.
-    open_->status = st;
-    open_->done = true;
-    open_ = std::make_shared<Batch>();
-    last_hash_ = written_hash_;
   }
+  // A batch that could not be written fails alone: the next one chains onto the last record
+  // that was written, as this one did.
   batch->status = st;
   batch->done = true;
   written_cv_.notify_all();

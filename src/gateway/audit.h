@@ -13,11 +13,11 @@
 //
 // AuditLog::append returns only when its line is in the file (the page cache; `sync` adds
 // fdatasync): its failure is what lets the gateway refuse a request it cannot audit (fail-closed).
-// Thread-safe, with group commit: the lock covers chaining a record onto the open batch; one
-// thread at a time writes the open batch with one write(2) (and one fdatasync) while the records
-// of other threads queue in the next. A batch that cannot be written fails every record in it
-// and every one queued behind it (they chain on it), and the chain goes on from the last record
-// written.
+// Thread-safe, with group commit: the lock covers queueing a record in the open batch; one
+// thread at a time takes the batch, chains its records onto the last record written (the
+// hashing outside the lock) and writes them with one write(2) (and one fdatasync) while other
+// threads' records queue in the next. A batch that cannot be written fails its records alone, and
+// the chain goes on from the last record written.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +27,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -51,8 +52,7 @@ class AuditLog {
 
  private:
   struct Batch {
-    std::string lines;
-    std::uint64_t records = 0;
+    std::vector<std::string> bodies;  // the records, serialised, in order
     bool done = false;
     Status status;
   };
@@ -69,8 +69,7 @@ class AuditLog {
   int fd_ = -1;
   std::uint64_t segment_ = 0, in_segment_ = 0, appended_ = 0;  // written records
   std::size_t segment_size_ = 0;
-  std::string last_hash_;     // of the last record chained (written or queued)
-  std::string written_hash_;  // of the last record written
+  std::string written_hash_;  // of the last record written: the chain's tip
 };
 
 struct AuditVerdict {
