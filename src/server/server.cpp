@@ -29,11 +29,9 @@ OpenAiApp::OpenAiApp(ServerOptions options, std::unique_ptr<engine::Engine> engi
                      std::optional<text::ChatTemplate> chat_template)
     : opt_(std::move(options)), engine_(std::move(engine)), tokenizer_(std::move(tokenizer)), chat_template_(std::move(chat_template)) {
   metrics_.declare_lanes(engine_->options().scheduler.lanes);
-  if (opt_.dashboard) {
-    dashboard_ = std::make_unique<Dashboard>([this, sampler = std::make_shared<MetricsSampler>()](std::int64_t t) {
-      return sampler->sample(metrics_text(), t, opt_.device_memory_limit);
-    });
-  }
+  dashboard_ = std::make_unique<Dashboard>([this, sampler = std::make_shared<MetricsSampler>()](std::int64_t t) {
+    return sampler->sample(metrics_text(), t, opt_.device_memory_limit);
+  });
 }
 
 OpenAiApp::~OpenAiApp() = default;
@@ -103,7 +101,6 @@ void OpenAiApp::handle(http::Exchange ex) {
   }
   if (route == "/dashboard" || route == "/dashboard/chart.js" || route == "/dashboard/data") {
     if (!needs("GET")) return;
-    if (!dashboard_) return reply_error(ex, ApiError::not_found("Unknown route."), route);
     if (route == "/dashboard") return reply(ex, 200, std::string(Dashboard::page()), route, "text/html; charset=utf-8");
     if (route == "/dashboard/chart.js") return reply(ex, 200, std::string(Dashboard::chart_js()), route, "text/javascript; charset=utf-8");
     std::int64_t since = 0;  // ?since=MS: the samples after it

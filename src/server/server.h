@@ -36,7 +36,6 @@ struct ServerOptions : http::TransportOptions {
   // Per-GPU memory for /metrics (a DeviceMemoryMonitor's latest()); empty: none exported.
   std::function<std::vector<GpuMemorySample>()> gpu_memory;
   double device_memory_limit = 0.95;  // the dashboard's admission line on the memory chart
-  bool dashboard = true;              // GET /dashboard (dashboard.h)
 };
 
 class Server {

@@ -30,7 +30,7 @@ from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
-from deploy_common import fail, free_port, free_ports, start_load
+from deploy_common import fail, free_port, free_ports, start_load, stop_processes, wait_ok
 
 
 
@@ -91,14 +91,7 @@ def shown_figures(driver):
 def cleanup(driver, procs, work):
     if driver is not None:
         driver.quit()
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-    shutil.rmtree(work, ignore_errors=True)
+    stop_processes(procs, work)
 
 
 def check_console_and_origins(driver, url):
@@ -209,12 +202,7 @@ def gateway(lmserve, src, screenshot):
         gw = subprocess.Popen([lmserve, "gateway", "--config", cfg], stdout=open(os.path.join(work, "gateway.log"), "w"), stderr=subprocess.STDOUT)
         procs.append(gw)
         admin_url = f"http://127.0.0.1:{admin}"
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(admin_url + "/ready", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.05)
+        wait_ok(admin_url + "/ready")
         stop, loaders = start_load(f"http://127.0.0.1:{port}", ("low", "low", "high", "low"), max_tokens=12, model="demo")
         driver = chromium()
         driver.get(admin_url + "/dashboard")

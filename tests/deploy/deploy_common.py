@@ -1,6 +1,11 @@
 """Helpers the deploy tests share (their folder is on sys.path when they run)."""
+import shutil
+import signal
 import socket
+import subprocess
 import sys
+import time
+import urllib.request
 
 
 def fail(msg):
@@ -22,6 +27,32 @@ def free_ports(n):
 def free_port():
     """A loopback port free at the moment of asking."""
     return free_ports(1)[0]
+
+
+def wait_ok(url, seconds=30):
+    """Waits until `url` answers 200; fails the test after `seconds`."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(url, timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    fail(f"{url} never answered 200")
+
+
+def stop_processes(procs, work):
+    """SIGTERM to every process still running (SIGKILL after 30 s), then the work folder goes."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def start_load(url, lanes, max_tokens=8, model=None):

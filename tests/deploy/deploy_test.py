@@ -24,7 +24,7 @@ import urllib.request
 import jsonschema
 import yaml
 
-from deploy_common import fail, free_port, free_ports
+from deploy_common import fail, free_port, free_ports, stop_processes, wait_ok
 
 
 
@@ -128,18 +128,6 @@ NAMESPACE = {"type": "object", "required": ["apiVersion", "kind", "metadata"], "
     "apiVersion": {"const": "v1"}, "kind": {"const": "Namespace"}, "metadata": META}}
 SCHEMAS = {"Deployment": DEPLOYMENT, "Service": SERVICE, "PodDisruptionBudget": PDB, "HorizontalPodAutoscaler": HPA, "ConfigMap": CONFIGMAP, "Namespace": NAMESPACE}
 
-
-
-def wait_ok(url, seconds=30):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(url, timeout=2).status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    fail(f"{url} never answered 200")
 
 
 def kubernetes(lmserve, src):
@@ -261,10 +249,7 @@ def kubernetes(lmserve, src):
             fail("serve did not verify the model")
         print("the Deployment's serve arguments and the gateway ConfigMap ran: a completion through the gateway, both drained")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_processes(procs, work)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 
-from deploy_common import fail, free_port, start_load
+from deploy_common import fail, free_port, start_load, stop_processes
 
 
 
@@ -147,14 +146,7 @@ def scrape(lmserve, src):
             fail("too few dashboard queries have data")
         stop.set()
     finally:
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_processes(procs, work)
 
 
 if __name__ == "__main__":
