@@ -4,7 +4,8 @@
 #include <cstdio>
 #include <ctime>
 #include <mutex>
-#include <nlohmann/json.hpp>
+
+#include "common/json_line.h"
 
 namespace lmserve::gateway {
 
@@ -21,14 +22,16 @@ std::string utc_now() {
 }
 
 void write_access_log(const AccessRecord& r) {
-  nlohmann::json j = {{"time", utc_now()},    {"event", "request"}, {"id", r.id},           {"model", r.model},
-                      {"backend", r.backend}, {"version", r.version}, {"status", r.status}, {"stream", r.stream},
-                      {"retries", r.retries}, {"total_ms", r.total_s * 1e3}, {"client", r.client}, {"path", r.path}};
-  j["ttft_ms"] = r.ttft_s < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.ttft_s * 1e3);
-  if (!r.error.empty()) j["error"] = r.error;
-  if (!r.key_id.empty()) j["key_id"] = r.key_id;
-  if (!r.tenant.empty()) j["tenant"] = r.tenant;
-  const auto line = j.dump() + "\n";
+  JsonLine j;
+  j.str("time", utc_now()).str("event", "request").num("id", static_cast<std::int64_t>(r.id)).str("model", r.model).str("backend", r.backend);
+  j.str("version", r.version).num("status", r.status).boolean("stream", r.stream).num("retries", r.retries).real("total_ms", r.total_s * 1e3);
+  j.str("client", r.client).str("path", r.path);
+  if (r.ttft_s < 0) j.null("ttft_ms");
+  else j.real("ttft_ms", r.ttft_s * 1e3);
+  if (!r.error.empty()) j.str("error", r.error);
+  if (!r.key_id.empty()) j.str("key_id", r.key_id);
+  if (!r.tenant.empty()) j.str("tenant", r.tenant);
+  const auto line = std::move(j).done() + "\n";
   static std::mutex mu;
   std::lock_guard lock(mu);
   std::fwrite(line.data(), 1, line.size(), stdout);

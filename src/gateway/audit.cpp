@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <vector>
 
 namespace lmserve::gateway {
@@ -43,7 +44,23 @@ std::vector<std::pair<std::uint64_t, fs::path>> segments(const std::string& dir)
   return out;
 }
 
-std::string line_hash(const std::string& prev, const nlohmann::json& rec) { return sha256_hex(prev, rec.dump()); }
+// A record line's layout: {"hash":"<64>","prev":"<64>","rec":<the record's text>}. The hash is over
+// the record's text as written, byte for byte.
+constexpr std::string_view kHashKey = R"({"hash":")", kPrevKey = R"(","prev":")", kRecKey = R"(","rec":)";
+constexpr std::size_t kRecAt = kHashKey.size() + 64 + kPrevKey.size() + 64 + kRecKey.size();
+
+// The record's text in a line laid out as written, with its hash and prev; false when the line is
+// not laid out so.
+bool split_line(std::string_view line, std::string_view& hash, std::string_view& prev, std::string_view& rec) {
+  if (line.size() < kRecAt + 3 || !line.starts_with(kHashKey) || line.substr(kHashKey.size() + 64, kPrevKey.size()) != kPrevKey ||
+      line.substr(kRecAt - kRecKey.size(), kRecKey.size()) != kRecKey || line.back() != '}') {
+    return false;
+  }
+  hash = line.substr(kHashKey.size(), 64);
+  prev = line.substr(kHashKey.size() + 64 + kPrevKey.size(), 64);
+  rec = line.substr(kRecAt, line.size() - kRecAt - 1);
+  return true;
+}
 
 // Walks one segment's lines, checking the chain from `hash`; returns false with `why` (and the
 // line number) at the first break. `sealed` tells whether it ended with its seal.
@@ -75,19 +92,20 @@ bool walk(const fs::path& path, std::string& hash, std::uint64_t& records, bool&
       sealed = true;
       continue;
     }
-    if (!j.contains("prev") || !j.contains("rec") || !j.contains("hash") || !j["prev"].is_string() || !j["hash"].is_string() || !j["rec"].is_object()) {
+    std::string_view line_hash, line_prev, rec;
+    if (j.size() != 3 || !j.contains("rec") || !j["rec"].is_object() || !split_line(line, line_hash, line_prev, rec)) {
       why = "not an audit record";
       return false;
     }
-    if (j["prev"] != hash) {
+    if (line_prev != hash) {
       why = "the previous hash does not match (a record before it was changed, removed or moved)";
       return false;
     }
-    if (j["hash"] != line_hash(hash, j["rec"])) {
+    if (line_hash != sha256_hex(hash, rec)) {
       why = "its hash does not match its content (the record was changed)";
       return false;
     }
-    hash = j["hash"].get<std::string>();
+    hash = std::string(line_hash);
     ++in_segment;
     ++records;
   }
@@ -168,10 +186,19 @@ Result<std::unique_ptr<AuditLog>> AuditLog::open(const std::string& dir, Options
     log->in_segment_ = sealed ? 0 : records;
   }
   if (auto st = log->begin_segment(); !st.is_ok()) return error(st);
+  log->writer_ = std::thread([l = log.get()] { l->run(); });
   return log;
 }
 
 AuditLog::~AuditLog() {
+  if (writer_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    queued_cv_.notify_one();
+    writer_.join();
+  }
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -211,65 +238,73 @@ Status AuditLog::seal() {
   return begin_segment();
 }
 
-Status AuditLog::append(const nlohmann::json& rec) {
-  std::string body = rec.dump();  // outside the lock
-  std::unique_lock lock(mu_);
-  const std::shared_ptr<Batch> batch = open_;
-  batch->bodies.push_back(std::move(body));
-  while (!batch->done) {
-    if (writing_) {
-      written_cv_.wait(lock);
-    } else {
-      write_batch(lock);
-    }
+void AuditLog::append(std::vector<std::string> records, Done done) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back({std::move(records), std::move(done)});
   }
-  return batch->status;
+  queued_cv_.notify_one();
 }
 
-// The leader's part of a group commit: the open batch (this thread's record and every one queued
-// since the last write) is chained onto the last record written and goes out in one write, while
-// the next batch fills.
-void AuditLog::write_batch(std::unique_lock<std::mutex>& lock) {
-  writing_ = true;
-  const std::shared_ptr<Batch> batch = std::exchange(open_, std::make_shared<Batch>());
-  Status st;
-  if (fd_ < 0) st = begin_segment();  // a seal that failed to begin the next segment
-  std::string lines, prev = written_hash_;
-  if (st.is_ok()) {
-    const int fd = fd_;
-    const std::size_t size_before = segment_size_;
+Status AuditLog::append(const nlohmann::json& rec) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Status> outcome;
+  append({rec.dump()}, [&](const Status& st) {
+    std::lock_guard lock(mu);
+    outcome = st;
+    cv.notify_one();
+  });
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return outcome.has_value(); });
+  return *outcome;
+}
+
+// The writer: everything queued since its last write goes out together, then the callbacks run.
+// On destruction it writes what is queued before it ends.
+void AuditLog::run() {
+  std::vector<Queued> batch;
+  std::unique_lock lock(mu_);
+  for (;;) {
+    queued_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and nothing left
+    batch.swap(queue_);
     lock.unlock();
-    for (const auto& body : batch->bodies) {
-      // What nlohmann::json{{"hash", hash}, {"prev", prev}, {"rec", rec}}.dump() gives (keys in
-      // order), without parsing and serialising the record again.
-      const auto hash = sha256_hex(prev, body);  // line_hash(prev, rec)
-      lines.append(R"({"hash":")").append(hash).append(R"(","prev":")").append(prev).append(R"(","rec":)").append(body).append("}\n");
-      prev = hash;
-    }
-    st = write_line(fd, lines, opt_.sync, size_before);
+    const Status st = write_batch(batch);
+    for (auto& q : batch) q.done(st);
+    batch.clear();
     lock.lock();
   }
-  writing_ = false;
-  if (st.is_ok()) {
-    segment_size_ += lines.size();
-    in_segment_ += batch->bodies.size();
-    appended_ += batch->bodies.size();
-    written_hash_ = prev;
-    if (segment_size_ >= opt_.segment_bytes) {
-      // The records are in: a seal that fails is tried again after the next batch.
-      if (auto sealed = seal(); !sealed.is_ok()) spdlog::error("{}", sealed.message());
-    }
-  }
-  // A batch that could not be written fails alone: the next one chains onto the last record
-  // that was written, as this one did.
-  batch->status = st;
-  batch->done = true;
-  written_cv_.notify_all();
 }
 
-std::uint64_t AuditLog::records() const {
-  std::lock_guard lock(mu_);
-  return appended_;
+// One batch chained onto the last record written and written at once. A batch that cannot be
+// written fails alone: the next one chains onto the last record that was written, as this one did.
+Status AuditLog::write_batch(const std::vector<Queued>& batch) {
+  if (fd_ < 0) {  // a seal that failed to begin the next segment
+    if (auto st = begin_segment(); !st.is_ok()) return st;
+  }
+  std::string lines, prev = written_hash_;
+  std::uint64_t n = 0;
+  for (const auto& q : batch) {
+    for (const auto& record : q.records) {
+      const auto hash = sha256_hex(prev, record);
+      lines.append(kHashKey).append(hash).append(kPrevKey).append(prev).append(kRecKey).append(record).append("}\n");
+      prev = hash;
+      ++n;
+    }
+  }
+  if (auto st = write_line(fd_, lines, opt_.sync, segment_size_); !st.is_ok()) return st;
+  segment_size_ += lines.size();
+  in_segment_ += n;
+  appended_ += n;
+  written_hash_ = prev;
+  if (segment_size_ >= opt_.segment_bytes) {
+    // The records are in: a seal that fails is tried again after the next batch.
+    if (auto sealed = seal(); !sealed.is_ok()) spdlog::error("{}", sealed.message());
+  }
+  return Status::ok();
 }
+
+std::uint64_t AuditLog::records() const { return appended_.load(); }
 
 }  // namespace lmserve::gateway

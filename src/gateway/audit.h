@@ -3,30 +3,34 @@
 //
 //   {"hash":"<SHA-256 of prev followed by rec>","prev":"<the previous line's hash>","rec":{...}}
 //
-// (keys sorted, rec serialised as in the line), the first line of the first segment with a prev of 64
-// zeros. Changing, deleting, inserting or reordering a record breaks the chain there. A segment
+// (the hash is over the record's text as it stands in the line, byte for byte), the first line
+// of the first segment with a prev of 64 zeros. Changing, deleting, inserting or reordering a record breaks the chain there. A segment
 // that reaches its size is sealed with a last line {"seal":"<its last hash>","records":N} and the
 // next one goes on from that hash. verify_audit() walks a directory and names the first line that
 // breaks the chain. (A chain proves order and integrity, not completeness at its end: records cut
 // off the end of the last, unsealed segment leave a shorter valid chain; the seals and an outside
 // copy of the last hash are what show that.)
 //
-// AuditLog::append returns only when its line is in the file (the page cache; `sync` adds
-// fdatasync): its failure is what lets the gateway refuse a request it cannot audit (fail-closed).
-// Thread-safe, with group commit: the lock covers queueing a record in the open batch; one
-// thread at a time takes the batch, chains its records onto the last record written (the
-// hashing outside the lock) and writes them with one write(2) (and one fdatasync) while other
-// threads' records queue in the next. A batch that cannot be written fails its records alone, and
-// the chain goes on from the last record written.
+// Records are written by the trail's own thread (group commit): append() queues a record and
+// returns at once; the writer takes everything queued, chains it onto the last record written,
+// writes it with one write(2) (and one fdatasync with `sync`) and then runs each record's
+// callback, in order, with the outcome. An I/O thread thus never waits on the disk: it goes on
+// with other requests, and a request's answer waits (its callback) until its record is in the
+// file (the page cache; `sync` adds fdatasync). A batch that cannot be written fails its own
+// records only (the caller refuses what it cannot audit: fail-closed), and the chain goes on from
+// the last record written.
 #pragma once
 
-#include <cstddef>
+#include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -37,7 +41,7 @@ class AuditLog {
  public:
   struct Options {
     std::size_t segment_bytes = 64 << 20;  // sealed and a new segment begun past this
-    bool sync = false;                     // fdatasync after each record
+    bool sync = false;                     // fdatasync after each batch of records
   };
   // Creates the directory if needed and goes on from the chain already there (a sealed last
   // segment: a new one). Unavailable when it cannot; DataLoss when the last segment's chain is
@@ -45,31 +49,39 @@ class AuditLog {
   static Result<std::unique_ptr<AuditLog>> open(const std::string& dir, Options options);
   ~AuditLog();
 
-  // Appends `rec` (an object) as the next line. Unavailable when it could not be written: the
-  // chain then stays as it was.
+  // Queues `records` (JSON objects, serialised: the lines' "rec"), to be written together in
+  // their order, and returns at once; `done` runs on the writer thread once their lines are in the
+  // file (OK) or could not be written (Unavailable: the chain then stays as it was). Groups are
+  // written, and their callbacks run, in the order they were queued.
+  using Done = std::function<void(const Status&)>;
+  void append(std::vector<std::string> records, Done done);
+  // The same for an object, waiting for the outcome (tools and tests).
   Status append(const nlohmann::json& rec);
   std::uint64_t records() const;  // appended by this process
 
  private:
-  struct Batch {
-    std::vector<std::string> bodies;  // the records, serialised, in order
-    bool done = false;
-    Status status;
+  struct Queued {
+    std::vector<std::string> records;
+    Done done;
   };
   AuditLog() = default;
   Status begin_segment();
   Status seal();
-  void write_batch(std::unique_lock<std::mutex>& lock);
+  void run();                                            // the writer thread
+  Status write_batch(const std::vector<Queued>& batch);  // on the writer thread
   std::string dir_;
   Options opt_;
-  mutable std::mutex mu_;
-  std::condition_variable written_cv_;
-  bool writing_ = false;                                   // a thread is writing a batch
-  std::shared_ptr<Batch> open_ = std::make_shared<Batch>();  // records queued for the next write
+  std::mutex mu_;
+  std::condition_variable queued_cv_;
+  std::vector<Queued> queue_;  // under mu_
+  bool stopping_ = false;      // under mu_
+  std::thread writer_;
+  // The writer thread's alone once it runs:
   int fd_ = -1;
-  std::uint64_t segment_ = 0, in_segment_ = 0, appended_ = 0;  // written records
+  std::uint64_t segment_ = 0, in_segment_ = 0;
   std::size_t segment_size_ = 0;
   std::string written_hash_;  // of the last record written: the chain's tip
+  std::atomic<std::uint64_t> appended_{0};
 };
 
 struct AuditVerdict {

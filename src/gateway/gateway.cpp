@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include "common/json_line.h"
 #include "gateway/access_log.h"
 #include "gateway/digest.h"
 #include "gateway/redact.h"
@@ -212,12 +213,15 @@ struct Gateway::Impl : http::Application {
     if (req.method != "POST") return ex.reply(error_response(404, "no such route", "not_found"));
     // Refused by the gateway itself: answered, and logged as a proxied request would be.
     std::string tenant;  // with a valid key
-    auto refuse = [&](http::Response r, const std::string& model, const std::string& code) {
-      if (!tenant.empty()) state->metrics.tenant_request(tenant, model, r.status);
-      if (snap->config.access_log) {
-        write_access_log({.id = state->next_id(), .model = model, .path = req.path, .client = req.remote_address, .error = code, .status = r.status});
-      }
-      ex.reply(std::move(r));
+    auto refuse = [&](http::Response r, const std::string& model, const std::string& code) { refuse_now(ex, *snap, tenant, std::move(r), model, code); };
+    // A refusal of a request that reached admission: its record first (audit_then).
+    auto refuse_audited = [&](JsonLine rec, http::Response r, const std::string& model, const std::string& code) {
+      if (!state->audit) return refuse(std::move(r), model, code);
+      rec.num("status", r.status);
+      audit_then(std::move(rec), ex, [this, ex, snap, tenant, r = std::move(r), model, code](bool ok) mutable {
+        if (!ok) return refuse_now(ex, *snap, tenant, audit_unavailable(), model, "audit_unavailable");
+        refuse_now(ex, *snap, tenant, std::move(r), model, code);
+      });
     };
     if (transport->draining()) {
       auto r = error_response(503, "the gateway is shutting down", "service_unavailable");
@@ -235,14 +239,13 @@ struct Gateway::Impl : http::Application {
       auto a = authenticate(req, model->name);
       if (a.key) tenant = a.key->tenant;
       if (a.refusal) {
-        const int status = a.refusal->status;
+        const char* code = a.refusal->status == 403 ? "model_not_allowed" : "invalid_api_key";
         if (a.key && state->audit) {  // a valid key: the request reached admission, and its refusal is audited
           auto rec = audit_base("refused", state->next_id(), a.key->tenant, a.key->id, model->name, req);
-          rec["status"] = status;
-          rec["error"] = "model_not_allowed";
-          if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
+          rec.str("error", "model_not_allowed");
+          return refuse_audited(std::move(rec), std::move(*a.refusal), model->name, code);
         }
-        return refuse(std::move(*a.refusal), model->name, status == 403 ? "model_not_allowed" : "invalid_api_key");
+        return refuse(std::move(*a.refusal), model->name, code);
       }
       key = std::move(a.key);
     }
@@ -272,40 +275,49 @@ struct Gateway::Impl : http::Application {
     }
     if (const Guard* guard = snap->guard_for(info.tenant)) {
       if (auto rule = guard->check(guarded_texts(body()))) {
-        if (state->audit) {
-          auto rec = audit_base("refused", info.id, info.tenant, info.key_id, model->name, req);
-          rec["status"] = 400;
-          rec["error"] = "content_blocked";
-          rec["rule"] = *rule;
-          if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
-        }
         if (!info.tenant.empty()) state->metrics.tenant_blocked(info.tenant, *rule);
-        return refuse(error_response(400, "the request was blocked by the content rule " + *rule, "content_blocked"), model->name, "content_blocked");
+        auto r = error_response(400, "the request was blocked by the content rule " + *rule, "content_blocked");
+        auto rec = audit_base("refused", info.id, info.tenant, info.key_id, model->name, req);
+        rec.str("error", "content_blocked").str("rule", *rule);
+        return refuse_audited(std::move(rec), std::move(r), model->name, "content_blocked");
       }
     }
     if (key && has_limits(key->limits)) {
       auto refusal = admit(body, *snap, *model, *key, info);
       if (refusal) {
-        if (state->audit) {
-          auto rec = audit_base("refused", info.id, key->tenant, key->id, model->name, req);
-          rec["status"] = refusal->first.status;
-          rec["error"] = refusal->second;
-          if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
-        }
         state->metrics.tenant_limited(key->tenant, refusal->second);
-        return refuse(std::move(refusal->first), model->name, refusal->second);
+        auto rec = audit_base("refused", info.id, key->tenant, key->id, model->name, req);
+        rec.str("error", refusal->second);
+        return refuse_audited(std::move(rec), std::move(refusal->first), model->name, refusal->second);
       }
     }
     if (state->audit) {  // the admission's record, before anything goes to a replica
       auto rec = audit_base("admitted", info.id, info.tenant, info.key_id, model->name, req);
-      rec["lane"] = info.lane;
+      rec.str("lane", info.lane);
       if (snap->config.tenant(info.tenant).audit_content == TenantConfig::AuditContent::kRedacted) {
         info.audit_text = true;
-        rec["prompt"] = redact(prompt_text(body()));
+        rec.str("prompt", redact(prompt_text(body())));
       }
-      if (!write_audit(rec)) return refuse(audit_unavailable(), model->name, "audit_unavailable");
+      // The I/O thread goes on with other requests while the record is written.
+      return audit_then(std::move(rec), ex, [this, ex, snap = std::move(snap), model, tenant, info = std::move(info)](bool ok) mutable {
+        if (!ok) {
+          if (info.grant) info.grant->settle(0);  // nothing reached a replica
+          return refuse_now(ex, *snap, tenant, audit_unavailable(), model->name, "audit_unavailable");
+        }
+        start_proxy(*state, std::move(snap), *model, ex, std::move(info));
+      });
     }
     start_proxy(*state, std::move(snap), *model, ex, std::move(info));
+  }
+
+  // Answered by the gateway itself: counted, logged as a proxied request would be, and sent.
+  void refuse_now(http::Exchange& ex, const Snapshot& snap, const std::string& tenant, http::Response r, const std::string& model, const std::string& code) {
+    const auto& req = ex.request();
+    if (!tenant.empty()) state->metrics.tenant_request(tenant, model, r.status);
+    if (snap.config.access_log) {
+      write_access_log({.id = state->next_id(), .model = model, .path = req.path, .client = req.remote_address, .error = code, .status = r.status});
+    }
+    ex.reply(std::move(r));
   }
 
   // ---- limits -----------------------------------------------------------------------------------
@@ -391,19 +403,18 @@ struct Gateway::Impl : http::Application {
 
   // ---- the audit trail --------------------------------------------------------------------------
   // A record's common fields. The prompt's digest is the SHA-256 of the request body as received.
-  nlohmann::json audit_base(const char* event, std::uint64_t id, const std::string& tenant, const std::string& key_id,
-                            const std::string& model, const http::Request& req) {
-    return {{"event", event},   {"id", id},       {"time", utc_now()}, {"tenant", tenant},
-            {"key_id", key_id}, {"model", model}, {"path", req.path},  {"prompt_sha256", sha256_hex(req.body)}};
+  JsonLine audit_base(const char* event, std::uint64_t id, const std::string& tenant, const std::string& key_id, const std::string& model,
+                      const http::Request& req) {
+    JsonLine rec;
+    rec.str("event", event).num("id", static_cast<std::int64_t>(id)).str("time", utc_now()).str("tenant", tenant).str("key_id", key_id);
+    rec.str("model", model).str("path", req.path).str("prompt_sha256", sha256_hex(req.body));
+    return rec;
   }
 
-  // False when the record could not be written and the trail is fail-closed.
-  bool write_audit(const nlohmann::json& rec) {
-    if (!state->audit) return true;
-    auto st = state->audit->append(rec);
-    if (st.is_ok()) return true;
-    spdlog::error("gateway: audit record not written: {}", st.message());
-    return !state->audit_fail_closed;
+  // Queues `rec` on the audit trail; `then(ok)` runs on the exchange's thread once it is written,
+  // ok false when it could not be and the trail is fail-closed. The thread serves others meanwhile.
+  void audit_then(JsonLine rec, const http::Exchange& ex, std::function<void(bool)> then) {
+    state->audit_then(server::http::io_context_of(ex), std::move(rec).done(), std::move(then));
   }
 
   static http::Response audit_unavailable() {

@@ -9,6 +9,7 @@
 #include <random>
 #include <strings.h>
 
+#include "common/json_line.h"
 #include "gateway/access_log.h"
 #include "gateway/answer.h"
 #include "gateway/deadlines.h"
@@ -449,24 +450,31 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
         sent_ = true;
       }
       ex_.end_stream();
-    } else {
-      ttft_ = seconds_since(arrived_);
-      if (answer_) answer_->take(whole_, false);
-      if (state_.audit) {  // the outcome's record before the answer: an answer is not served unaudited
-        if (!audit_completed(status_)) {
-          auto r = error_response(503, "the audit trail cannot be written", "audit_unavailable");
-          r.headers.emplace_back("Retry-After", "1");
-          ex_.reply(std::move(r));
-          return finish(503);
-        }
-      }
-      add_identity();
-      ex_.reply({.status = status_, .content_type = content_type_, .body = std::move(whole_), .head_lines = std::move(head_lines_)});
     }
     if (keep_alive_ && rbuf_.size() == 0 && sock_) {
       replica_->put_idle(std::move(*sock_));
       sock_.reset();
     }
+    if (streamed_) return finish(status_);
+    ttft_ = seconds_since(arrived_);
+    if (answer_) answer_->take(whole_, false);
+    if (!state_.audit) return reply_whole();
+    // The outcome's record before the answer: an answer is not served unaudited. The thread
+    // serves other requests while it is written (a deadline or the client's going may end this
+    // call meanwhile: then the answer is dropped).
+    audit_completed(status_, [self = shared_from_this()](bool ok) {
+      if (self->done_) return;
+      if (ok) return self->reply_whole();
+      auto r = error_response(503, "the audit trail cannot be written", "audit_unavailable");
+      r.headers.emplace_back("Retry-After", "1");
+      self->ex_.reply(std::move(r));
+      self->finish(503);
+    });
+  }
+
+  void reply_whole() {
+    add_identity();
+    ex_.reply({.status = status_, .content_type = content_type_, .body = std::move(whole_), .head_lines = std::move(head_lines_)});
     finish(status_);
   }
 
@@ -596,7 +604,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     if (counted_) --replica_->outstanding;
     counted_ = false;
     --state_.in_flight;
-    if (state_.audit && !answer_->written) audit_completed(status);  // a stream's, or a failure's (a stream already flowed)
+    if (state_.audit && !answer_->written) audit_completed(status, {});  // a stream's, or a failure's (a stream already flowed)
     if (info_.grant) {
       // The tokens the replica reported; none when nothing was answered; else the reservation.
       const Usage u = answer_ ? answer_->reader.usage() : Usage{};
@@ -622,28 +630,28 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   }
 
   // The outcome's audit record: status, replica, tokens as the replica reported them, times, and
-  // the SHA-256 of the answer's body as the replica sent it. False when it could not be written
-  // and the trail is fail-closed.
-  bool audit_completed(int status) {
+  // the SHA-256 of the answer's body as the replica sent it. `then(ok)` (when given) runs on this
+  // call's thread once it is written, ok false when it could not be and the trail is fail-closed.
+  void audit_completed(int status, std::function<void(bool)> then) {
     auto& a = *answer_;
     a.written = true;
     const auto& req = ex_.request();
-    nlohmann::json rec = {{"event", "completed"}, {"id", id_}, {"time", utc_now()}, {"tenant", info_.tenant}, {"key_id", info_.key_id},
-                          {"model", model_.name}, {"path", req.path}, {"lane", info_.lane}, {"status", status}, {"stream", streamed_},
-                          {"retries", retries_}, {"latency_ms", seconds_since(arrived_) * 1e3}, {"completion_sha256", a.hash->hex()}};
-    rec["replica"] = replica_ ? replica_->url() : "";  // the last one tried
-    rec["version"] = replica_ ? version_ : "";
-    rec["ttft_ms"] = ttft_ < 0 ? nlohmann::json(nullptr) : nlohmann::json(ttft_ * 1e3);
+    JsonLine rec;
+    rec.str("event", "completed").num("id", static_cast<std::int64_t>(id_)).str("time", utc_now()).str("tenant", info_.tenant).str("key_id", info_.key_id);
+    rec.str("model", model_.name).str("path", req.path).str("lane", info_.lane).num("status", status).boolean("stream", streamed_);
+    rec.num("retries", retries_).real("latency_ms", seconds_since(arrived_) * 1e3).str("completion_sha256", a.hash->hex());
+    rec.str("replica", replica_ ? replica_->url() : "").str("version", replica_ ? version_ : "");  // the last one tried
+    if (ttft_ < 0) rec.null("ttft_ms");
+    else rec.real("ttft_ms", ttft_ * 1e3);
     const auto& u = a.reader.usage();
-    rec["prompt_tokens"] = u.prompt_tokens >= 0 ? nlohmann::json(u.prompt_tokens) : nlohmann::json(nullptr);
-    rec["completion_tokens"] = u.completion_tokens >= 0 ? nlohmann::json(u.completion_tokens) : nlohmann::json(nullptr);
+    for (const auto& [name, n] : {std::pair{"prompt_tokens", u.prompt_tokens}, std::pair{"completion_tokens", u.completion_tokens}}) {
+      if (n >= 0) rec.num(name, n);
+      else rec.null(name);
+    }
     const std::string& failure = !failed_mid_stream_.empty() ? failed_mid_stream_ : status >= 500 ? last_failure_ : "";
-    if (!failure.empty()) rec["error"] = failure;
-    if (info_.audit_text) rec["completion"] = redact(a.reader.text());
-    auto st = state_.audit->append(rec);
-    if (st.is_ok()) return true;
-    spdlog::error("gateway: audit record of request {} not written: {}", id_, st.message());
-    return !state_.audit_fail_closed;
+    if (!failure.empty()) rec.str("error", failure);
+    if (info_.audit_text) rec.str("completion", redact(a.reader.text()));
+    state_.audit_then(io_, std::move(rec).done(), std::move(then));
   }
 
   // What the audit and the token limits take from the answer as it passes.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/post.hpp>
+#include <spdlog/spdlog.h>
 
 namespace lmserve::gateway {
 
@@ -44,6 +46,37 @@ std::uint64_t State::next_id() {
     end = next + kBlock;
   }
   return next++;
+}
+
+namespace {
+// An I/O thread's records of this turn of its event loop.
+struct AuditTurn {
+  std::vector<std::string> records;
+  std::vector<std::function<void(bool)>> thens;
+};
+thread_local AuditTurn tl_audit;
+}  // namespace
+
+void State::audit_then(boost::asio::io_context& io, std::string record, std::function<void(bool ok)> then) {
+  auto& turn = tl_audit;
+  if (turn.records.empty()) {
+    // Posted now, it runs after the handlers already queued: those of this turn's events.
+    boost::asio::post(io, [this, &io] {
+      auto& t = tl_audit;
+      audit->append(std::move(t.records), [&io, thens = std::move(t.thens), fail_closed = audit_fail_closed](const Status& st) {
+        if (!st.is_ok()) spdlog::error("gateway: {} audit record(s) not written: {}", thens.size(), st.message());
+        boost::asio::post(io, [thens, ok = st.is_ok() || !fail_closed] {
+          for (const auto& then : thens) {
+            if (then) then(ok);
+          }
+        });
+      });
+      t.records.clear();  // (moved from)
+      t.thens.clear();
+    });
+  }
+  turn.records.push_back(std::move(record));
+  turn.thens.push_back(std::move(then));
 }
 
 void candidates(const State& state, const GatewayConfig& config, const ModelConfig& model, const std::string& lane,

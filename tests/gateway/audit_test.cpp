@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <thread>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <unistd.h>
 #include <vector>
@@ -135,6 +136,66 @@ TEST_F(AuditTest, ThreadsAppendingAtOnceKeepOneWholeChain) {
     }
   }
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(next[static_cast<std::size_t>(t)], kEach);
+}
+
+// The asynchronous form: groups queued without waiting are written in order, their callbacks
+// run in that order, and closing the trail writes what is still queued.
+TEST_F(AuditTest, QueuedGroupsAreWrittenAndAnsweredInOrderAndClosingWritesTheRest) {
+  constexpr int kGroups = 500;
+  std::vector<int> answered;  // by the writer thread alone
+  {
+    auto log = AuditLog::open(dir_, {.segment_bytes = 8 << 10});
+    ASSERT_TRUE(log) << log.error().message();
+    for (int g = 0; g < kGroups; ++g) {
+      std::vector<std::string> recs{R"({"group":)" + std::to_string(g) + R"(,"part":0})", R"({"group":)" + std::to_string(g) + R"(,"part":1})"};
+      (*log)->append(std::move(recs), [&answered, g](const Status& st) {
+        EXPECT_TRUE(st.is_ok()) << st.message();
+        answered.push_back(g);
+      });
+    }
+  }  // closed at once: nothing may be lost
+  ASSERT_EQ(answered.size(), static_cast<std::size_t>(kGroups));
+  for (int g = 0; g < kGroups; ++g) EXPECT_EQ(answered[static_cast<std::size_t>(g)], g);
+  const auto v = verify_audit(dir_);
+  EXPECT_TRUE(v.ok) << v.broken;
+  EXPECT_EQ(v.records, 2u * kGroups);
+  int expect = 0;
+  for (int seg = 1; fs::exists(segment(seg)); ++seg) {
+    for (const auto& l : lines(segment(seg))) {
+      const auto j = nlohmann::json::parse(l);
+      if (j.contains("seal")) continue;
+      EXPECT_EQ(j["rec"]["group"], expect / 2);
+      EXPECT_EQ(j["rec"]["part"], expect % 2);
+      ++expect;
+    }
+  }
+  EXPECT_EQ(expect, 2 * kGroups);
+}
+
+// The hash covers a record's text byte for byte: a record as its writer laid it out (keys in its
+// order, its spacing) verifies, and the same object laid out otherwise does not.
+TEST_F(AuditTest, TheHashIsOverTheRecordsTextAsWritten) {
+  {
+    auto log = AuditLog::open(dir_, {});
+    ASSERT_TRUE(log) << log.error().message();
+    for (const char* rec : {R"({"z":1,"a":"x"})", R"({"event":"admitted", "id":2})", R"({"path":"/v1/é"})"}) {
+      std::promise<Status> done;
+      (*log)->append({rec}, [&done](const Status& st) { done.set_value(st); });
+      ASSERT_TRUE(done.get_future().get().is_ok());
+    }
+  }
+  auto v = verify_audit(dir_);
+  ASSERT_TRUE(v.ok) << v.broken;
+  EXPECT_EQ(v.records, 3u);
+  auto ls = lines(segment(1));
+  ASSERT_EQ(ls.size(), 3u);
+  const auto at = ls[1].find(R"("admitted", )");
+  ASSERT_NE(at, std::string::npos);
+  ls[1].erase(at + 11, 1);  // the same object without the space
+  put_lines(segment(1), ls);
+  v = verify_audit(dir_);
+  EXPECT_FALSE(v.ok);
+  EXPECT_EQ(v.broken.rfind("audit-000001.jsonl:2: its hash does not match", 0), 0u) << v.broken;
 }
 
 TEST_F(AuditTest, ARecordThatCannotBeWrittenIsAnErrorAndLeavesTheChainWhole) {

@@ -1,0 +1,126 @@
+#include "common/json_line.h"
+
+#include <charconv>
+#include <cmath>
+
+namespace lmserve {
+
+namespace {
+
+// The length of the UTF-8 sequence at s[i], or 0 when the bytes there are not one (overlong
+// forms, surrogates and code points past U+10FFFF are not).
+std::size_t utf8_length(std::string_view s, std::size_t i) {
+  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  const auto cont = [&](std::size_t k) { return i + k < s.size() && (b(k) & 0xC0) == 0x80; };
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (!cont(1) || !cont(2)) return 0;
+    if (c == 0xE0 && b(1) < 0xA0) return 0;  // overlong
+    if (c == 0xED && b(1) >= 0xA0) return 0;  // a surrogate
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if (c == 0xF0 && b(1) < 0x90) return 0;  // overlong
+    if (c == 0xF4 && b(1) >= 0x90) return 0;  // past U+10FFFF
+    return 4;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void append_json_escaped(std::string& out, std::string_view v) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::size_t i = 0;
+  while (i < v.size()) {
+    // The run of bytes that go as they are.
+    std::size_t j = i;
+    while (j < v.size()) {
+      const auto c = static_cast<unsigned char>(v[j]);
+      if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) break;
+      ++j;
+    }
+    out.append(v.data() + i, j - i);
+    if (j == v.size()) return;
+    i = j;
+    const auto c = static_cast<unsigned char>(v[i]);
+    if (c >= 0x80) {
+      const std::size_t n = utf8_length(v, i);
+      if (n == 0) {
+        out += "\xEF\xBF\xBD";  // U+FFFD for the byte that does not begin a sequence
+        ++i;
+      } else {
+        out.append(v.data() + i, n);
+        i += n;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        out += "\\u00";
+        out += kHex[c >> 4];
+        out += kHex[c & 0xF];
+    }
+    ++i;
+  }
+}
+
+void JsonLine::key(std::string_view k) {
+  if (text_.size() > 1) text_ += ',';
+  text_ += '"';
+  text_.append(k);
+  text_ += "\":";
+}
+
+JsonLine& JsonLine::str(std::string_view k, std::string_view value) {
+  key(k);
+  text_ += '"';
+  append_json_escaped(text_, value);
+  text_ += '"';
+  return *this;
+}
+
+JsonLine& JsonLine::num(std::string_view k, std::int64_t value) {
+  key(k);
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, value);
+  text_.append(buf, r.ptr);
+  return *this;
+}
+
+JsonLine& JsonLine::real(std::string_view k, double value) {
+  if (!std::isfinite(value)) return null(k);
+  key(k);
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, value);
+  text_.append(buf, r.ptr);
+  return *this;
+}
+
+JsonLine& JsonLine::boolean(std::string_view k, bool value) {
+  key(k);
+  text_ += value ? "true" : "false";
+  return *this;
+}
+
+JsonLine& JsonLine::null(std::string_view k) {
+  key(k);
+  text_ += "null";
+  return *this;
+}
+
+std::string JsonLine::done() && {
+  text_ += '}';
+  return std::move(text_);
+}
+
+}  // namespace lmserve
