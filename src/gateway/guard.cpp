@@ -3,6 +3,7 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -177,6 +178,27 @@ class KeywordMatcher {
 
 GuardText guard_normalise(std::string_view text) {
   GuardText t;
+  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+    // ASCII (most prompts): compatibility composition leaves it as it is and case folding is
+    // lowercasing, so utf8proc's pass and the decoding are not needed.
+    static const auto dropped = [] {
+      std::array<bool, 128> d{};
+      for (char32_t c = 0; c < 128; ++c) d[c] = drop_in_compact(c);
+      return d;
+    }();
+    t.folded.resize(text.size());
+    t.compact.reserve(text.size());
+    t.to_folded.reserve(text.size());
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      const auto c = static_cast<unsigned char>(text[i]);
+      t.folded[i] = static_cast<char>(c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c);
+      if (!dropped[c]) {
+        t.compact.push_back(t.folded[i]);
+        t.to_folded.push_back(i);
+      }
+    }
+    return t;
+  }
   const std::string valid = text::utf8_is_valid(text) ? std::string(text) : text::utf8_lossy(text);
   utf8proc_uint8_t* out = nullptr;
   const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(valid.data()), static_cast<utf8proc_ssize_t>(valid.size()), &out,

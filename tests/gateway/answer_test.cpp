@@ -43,6 +43,42 @@ TEST(AnswerReader, AJsonAnswerAndWhatIsNotOne) {
   EXPECT_EQ(broken.text(), "");
 }
 
+// Without the text, a JSON answer's usage is read without a document; it must read what the
+// document gives, whatever the answer holds.
+TEST(AnswerReader, TheUsageReadWithoutADocumentIsTheDocumentsUsage) {
+  const char* bodies[] = {
+      R"({"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}})",
+      R"({"usage":{"completion_tokens":3,"prompt_tokens":7}})",
+      R"({"usage":{"prompt_tokens":7}})",
+      R"({"usage":{"prompt_tokens":-2,"completion_tokens":18446744073709551615}})",
+      R"({"usage":{"prompt_tokens":7.0,"completion_tokens":"3"}})",
+      R"({"usage":{"prompt_tokens":{"n":7},"completion_tokens":[3]}})",
+      R"({"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":{"prompt_tokens":5}})",
+      R"({"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":null})",
+      R"({"usage":{"prompt_tokens":1,"completion_tokens":2},"usage":[{"prompt_tokens":9}]})",
+      R"({"usage":{"prompt_tokens":1,"prompt_tokens":4,"completion_tokens":2}})",
+      R"({"x":{"usage":{"prompt_tokens":1,"completion_tokens":2}}})",
+      R"({"choices":[{"usage":{"prompt_tokens":1,"completion_tokens":2}}]})",
+      R"([{"usage":{"prompt_tokens":1,"completion_tokens":2}}])",
+      R"({"usage":{"prompt_tokens":1,"completion_tokens":2},"choices":[)",
+      R"({"usage":{"prompt_tokens":1,"extra":{"prompt_tokens":9},"completion_tokens":2}})",
+      R"({"usage":{"prompt_tokens":0,"completion_tokens":0}})",
+      "",
+      "null",
+  };
+  for (const char* body : bodies) {
+    AnswerReader lean(false), full(true);
+    lean.read_whole(body);
+    full.read_whole(body);
+    EXPECT_EQ(lean.usage().prompt_tokens, full.usage().prompt_tokens) << body;
+    EXPECT_EQ(lean.usage().completion_tokens, full.usage().completion_tokens) << body;
+  }
+  AnswerReader r(false);
+  r.read_whole(bodies[0]);
+  EXPECT_EQ(r.usage().prompt_tokens, 7);
+  EXPECT_EQ(r.usage().completion_tokens, 3);
+}
+
 TEST(AnswerReader, AnOverlongLineIsSkippedAndTheNextOneRead) {
   AnswerReader r(true);
   r.feed_stream("data: {\"choices\":[{\"text\":\"");
