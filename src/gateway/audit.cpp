@@ -186,7 +186,7 @@ Result<std::unique_ptr<AuditLog>> AuditLog::open(const std::string& dir, Options
     log->in_segment_ = sealed ? 0 : records;
   }
   if (auto st = log->begin_segment(); !st.is_ok()) return error(st);
-  log->writer_ = std::thread([l = log.get()] { l->run(); });
+  if (options.sync) log->writer_ = std::thread([l = log.get()] { l->run(); });
   return log;
 }
 
@@ -239,11 +239,26 @@ Status AuditLog::seal() {
 }
 
 void AuditLog::append(std::vector<std::string> records, Done done) {
-  {
-    std::lock_guard lock(mu_);
-    queue_.push_back({std::move(records), std::move(done)});
+  std::unique_lock lock(mu_);
+  queue_.push_back({std::move(records), std::move(done)});
+  if (opt_.sync) {  // the writer thread waits on the disk, not the caller
+    lock.unlock();
+    queued_cv_.notify_one();
+    return;
   }
-  queued_cv_.notify_one();
+  if (writing_) return;  // the thread writing takes this group with its next batch
+  // This thread writes: what is queued, then what others queue meanwhile, until nothing is.
+  writing_ = true;
+  std::vector<Queued> batch;
+  while (!queue_.empty()) {
+    batch.swap(queue_);
+    lock.unlock();
+    const Status st = write_batch(batch);
+    for (auto& q : batch) q.done(st);
+    batch.clear();
+    lock.lock();
+  }
+  writing_ = false;
 }
 
 Status AuditLog::append(const nlohmann::json& rec) {
@@ -260,8 +275,8 @@ Status AuditLog::append(const nlohmann::json& rec) {
   return *outcome;
 }
 
-// The writer: everything queued since its last write goes out together, then the callbacks run.
-// On destruction it writes what is queued before it ends.
+// The `sync` writer: everything queued since its last write goes out together, then the callbacks
+// run. On destruction it writes what is queued before it ends.
 void AuditLog::run() {
   std::vector<Queued> batch;
   std::unique_lock lock(mu_);

@@ -11,14 +11,15 @@
 // off the end of the last, unsealed segment leave a shorter valid chain; the seals and an outside
 // copy of the last hash are what show that.)
 //
-// Records are written by the trail's own thread (group commit): append() queues a record and
-// returns at once; the writer takes everything queued, chains it onto the last record written,
-// writes it with one write(2) (and one fdatasync with `sync`) and then runs each record's
-// callback, in order, with the outcome. An I/O thread thus never waits on the disk: it goes on
-// with other requests, and a request's answer waits (its callback) until its record is in the
-// file (the page cache; `sync` adds fdatasync). A batch that cannot be written fails its own
-// records only (the caller refuses what it cannot audit: fail-closed), and the chain goes on from
-// the last record written.
+// Group commit: append() queues a group of records; a thread that finds no write under way
+// writes everything queued (chained onto the last record written, one write(2)), then what others
+// queued meanwhile, and each group's callback runs with the outcome; a thread that finds a write
+// under way returns at once, its group going out with the next batch. No caller waits for
+// another's write, so an I/O thread goes on with other requests while its records are written,
+// and a request's answer waits (its callback) until its record is in the file (the page cache).
+// With `sync` (fdatasync after each batch) the writing is the trail's own thread's, so that no
+// caller waits on the disk. A batch that cannot be written fails its own records only (the caller
+// refuses what it cannot audit: fail-closed), and the chain goes on from the last record written.
 #pragma once
 
 #include <atomic>
@@ -50,8 +51,9 @@ class AuditLog {
   ~AuditLog();
 
   // Queues `records` (JSON objects, serialised: the lines' "rec"), to be written together in
-  // their order, and returns at once; `done` runs on the writer thread once their lines are in the
-  // file (OK) or could not be written (Unavailable: the chain then stays as it was). Groups are
+  // their order; `done` runs once their lines are in the file (OK) or could not be written
+  // (Unavailable: the chain then stays as it was), on the thread that wrote them: this one before
+  // append() returns, another appending thread, or with `sync` the trail's own thread. Groups are
   // written, and their callbacks run, in the order they were queued.
   using Done = std::function<void(const Status&)>;
   void append(std::vector<std::string> records, Done done);
@@ -67,16 +69,17 @@ class AuditLog {
   AuditLog() = default;
   Status begin_segment();
   Status seal();
-  void run();                                            // the writer thread
-  Status write_batch(const std::vector<Queued>& batch);  // on the writer thread
+  void run();                                            // the `sync` writer thread
+  Status write_batch(const std::vector<Queued>& batch);  // by the writing thread
   std::string dir_;
   Options opt_;
   std::mutex mu_;
   std::condition_variable queued_cv_;
   std::vector<Queued> queue_;  // under mu_
+  bool writing_ = false;       // under mu_: a thread is writing (not the `sync` thread)
   bool stopping_ = false;      // under mu_
-  std::thread writer_;
-  // The writer thread's alone once it runs:
+  std::thread writer_;         // with `sync`
+  // The writing thread's alone (one at a time):
   int fd_ = -1;
   std::uint64_t segment_ = 0, in_segment_ = 0;
   std::size_t segment_size_ = 0;

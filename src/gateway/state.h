@@ -60,9 +60,8 @@ struct State {
   // Queues `record` (a JSON object, serialised) on the audit trail and returns at once; `then(ok)`
   // (when given) runs on `io`'s thread once the record is written, ok false when it could not be
   // and the trail is fail-closed. The records an I/O thread queues in one turn of its event loop
-  // (the requests of one wait for events) go to the trail's writer as one group, and their
-  // callbacks come back as one handler: the writer's wake-up and the way back are paid once per
-  // turn, not per record. `io` is the calling thread's own.
+  // (the requests of one wait for events) go to the trail as one group (one write, one lock), and
+  // their callbacks come back as one handler. `io` is the calling thread's own.
   void audit_then(boost::asio::io_context& io, std::string record, std::function<void(bool ok)> then);
 
  private:

@@ -138,13 +138,16 @@ TEST_F(AuditTest, ThreadsAppendingAtOnceKeepOneWholeChain) {
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(next[static_cast<std::size_t>(t)], kEach);
 }
 
-// The asynchronous form: groups queued without waiting are written in order, their callbacks
-// run in that order, and closing the trail writes what is still queued.
-TEST_F(AuditTest, QueuedGroupsAreWrittenAndAnsweredInOrderAndClosingWritesTheRest) {
+// The asynchronous form: groups are written in order, their callbacks run in that order, and
+// closing the trail writes what is still queued (with `sync`, the trail's own thread writes).
+class AuditSyncTest : public AuditTest, public ::testing::WithParamInterface<bool> {};
+INSTANTIATE_TEST_SUITE_P(Both, AuditSyncTest, ::testing::Values(false, true));
+
+TEST_P(AuditSyncTest, QueuedGroupsAreWrittenAndAnsweredInOrderAndClosingWritesTheRest) {
   constexpr int kGroups = 500;
-  std::vector<int> answered;  // by the writer thread alone
+  std::vector<int> answered;  // by one writing thread at a time
   {
-    auto log = AuditLog::open(dir_, {.segment_bytes = 8 << 10});
+    auto log = AuditLog::open(dir_, {.segment_bytes = 8 << 10, .sync = GetParam()});
     ASSERT_TRUE(log) << log.error().message();
     for (int g = 0; g < kGroups; ++g) {
       std::vector<std::string> recs{R"({"group":)" + std::to_string(g) + R"(,"part":0})", R"({"group":)" + std::to_string(g) + R"(,"part":1})"};
