@@ -90,14 +90,18 @@ void GatewayMetrics::upstream_error(const std::string& backend, const std::strin
 }
 
 void GatewayMetrics::tenant_request(const std::string& tenant, const std::string& model, int status) {
-  std::lock_guard lock(mu_);
-  ++tenant_requests_[{tenant, model, std::to_string(status)}];
+  auto& s = shard();
+  char code[16];
+  const auto n = std::to_chars(code, code + sizeof code, status).ptr - code;
+  std::lock_guard lock(s.mu);
+  ++series(s.tenant_requests, joined(tenant, model, std::string_view(code, static_cast<std::size_t>(n))), zero);
 }
 
 void GatewayMetrics::tenant_tokens(const std::string& tenant, const std::string& model, std::int64_t prompt, std::int64_t completion) {
-  std::lock_guard lock(mu_);
-  if (prompt > 0) tenant_tokens_[{tenant, model, "prompt"}] += static_cast<std::uint64_t>(prompt);
-  if (completion > 0) tenant_tokens_[{tenant, model, "completion"}] += static_cast<std::uint64_t>(completion);
+  auto& s = shard();
+  std::lock_guard lock(s.mu);
+  if (prompt > 0) series(s.tenant_tokens, joined(tenant, model, std::string_view("prompt")), zero) += static_cast<std::uint64_t>(prompt);
+  if (completion > 0) series(s.tenant_tokens, joined(tenant, model, std::string_view("completion")), zero) += static_cast<std::uint64_t>(completion);
 }
 
 void GatewayMetrics::tenant_limited(const std::string& tenant, const std::string& limit) {
@@ -114,9 +118,12 @@ std::string GatewayMetrics::render(const std::vector<ReplicaRow>& replicas) cons
   std::lock_guard lock(mu_);
   std::map<std::string, std::uint64_t> requests;
   std::map<std::string, prometheus::Histogram> ttft, total;
+  std::map<std::string, std::uint64_t> tenant_requests, tenant_tokens;
   for (const auto& [thread, s] : shards_) {
     std::lock_guard shard_lock(s->mu);
     for (const auto& [k, n] : s->requests) requests[k] += n;
+    for (const auto& [k, n] : s->tenant_requests) tenant_requests[k] += n;
+    for (const auto& [k, n] : s->tenant_tokens) tenant_tokens[k] += n;
     for (const auto& [k, h] : s->ttft) series(ttft, k, latency_histogram).merge(h);
     for (const auto& [k, h] : s->total) series(total, k, latency_histogram).merge(h);
   }
@@ -152,14 +159,14 @@ std::string GatewayMetrics::render(const std::vector<ReplicaRow>& replicas) cons
     out += "lmserve:gateway_upstream_errors_total{" + lbl("backend", k.first) + "," + lbl("kind", k.second) + "} " + std::to_string(n) + "\n";
   }
   header(out, "lmserve:gateway_tenant_requests_total", "counter", "Requests of API keys answered (proxied or refused by the gateway), by tenant, model and HTTP status.");
-  for (const auto& [k, n] : tenant_requests_) {
-    const auto& [tenant, model, status] = k;
-    out += "lmserve:gateway_tenant_requests_total{" + lbl("tenant", tenant) + "," + lbl("model", model) + "," + lbl("status", status) + "} " + std::to_string(n) + "\n";
+  for (const auto& [k, n] : tenant_requests) {
+    const auto l = split(k);  // tenant, model, status
+    out += "lmserve:gateway_tenant_requests_total{" + lbl("tenant", l[0]) + "," + lbl("model", l[1]) + "," + lbl("status", l[2]) + "} " + std::to_string(n) + "\n";
   }
   header(out, "lmserve:gateway_tenant_tokens_total", "counter", "Tokens the replicas reported for a tenant's requests, by kind (prompt, completion).");
-  for (const auto& [k, n] : tenant_tokens_) {
-    const auto& [tenant, model, kind] = k;
-    out += "lmserve:gateway_tenant_tokens_total{" + lbl("tenant", tenant) + "," + lbl("model", model) + "," + lbl("kind", kind) + "} " + std::to_string(n) + "\n";
+  for (const auto& [k, n] : tenant_tokens) {
+    const auto l = split(k);  // tenant, model, kind
+    out += "lmserve:gateway_tenant_tokens_total{" + lbl("tenant", l[0]) + "," + lbl("model", l[1]) + "," + lbl("kind", l[2]) + "} " + std::to_string(n) + "\n";
   }
   header(out, "lmserve:gateway_tenant_limited_total", "counter", "A tenant's requests refused by a key's limit (rpm, tpm, max_concurrency, daily_tokens, max_input_tokens).");
   for (const auto& [k, n] : tenant_limited_) out += "lmserve:gateway_tenant_limited_total{" + lbl("tenant", k.first) + "," + lbl("limit", k.second) + "} " + std::to_string(n) + "\n";

@@ -46,6 +46,7 @@ class GatewayMetrics {
     std::mutex mu;  // its own thread's, and render()'s
     std::map<std::string, std::uint64_t, std::less<>> requests;       // model, backend, version, status
     std::map<std::string, prometheus::Histogram, std::less<>> ttft, total;  // model, version
+    std::map<std::string, std::uint64_t, std::less<>> tenant_requests, tenant_tokens;  // tenant, model, status/kind
   };
   Shard& shard();
   const std::uint64_t id_ = next_id();  // tells this instance's shards from another's in a thread's cache
@@ -55,7 +56,6 @@ class GatewayMetrics {
   std::map<std::thread::id, std::unique_ptr<Shard>> shards_;
   std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> retries_;
   std::map<std::pair<std::string, std::string>, std::uint64_t> ejections_, upstream_errors_;
-  std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> tenant_requests_, tenant_tokens_;  // tenant, model, status/kind
   std::map<std::pair<std::string, std::string>, std::uint64_t> tenant_limited_, tenant_blocked_;                 // tenant, limit/rule
 };
 
