@@ -42,6 +42,7 @@ Command add_serve_command(CLI::App& app) {
     bool verify_model = false;
     std::uint64_t seed = 0;
     std::string chat_template;
+    std::string tool_call_parser;  // --tool-call-parser, by name
     std::string scheduling_policy = "fcfs";
     std::string lanes = "high:0.2,low";
     int shutdown_timeout = 30;
@@ -96,6 +97,9 @@ Command add_serve_command(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
   app.add_flag("--log-prompts", o->server.log_prompts, "include prompt text in request logs");
+  app.add_option("--tool-call-parser", o->tool_call_parser, "read tool calls from chat outputs in this format: hermes, llama3_json or mistral");
+  app.add_flag("--enable-auto-tool-choice", o->server.enable_auto_tool_choice,
+               "answer requests with tools and tool_choice auto, their calls read by --tool-call-parser");
   app.add_option("--max-connections", o->server.max_connections, "open connections at most (more get 503)")->capture_default_str();
   app.add_option("--max-header-bytes", o->server.max_header_bytes, "request header size limit (431 beyond)")->capture_default_str();
   app.add_option("--max-body-bytes", o->server.max_body_bytes, "request body size limit (413 beyond)")->capture_default_str();
@@ -114,6 +118,15 @@ Command add_serve_command(CLI::App& app) {
       if (Status s = apply_yaml_config(app, o->config); !s.is_ok()) return fail(s);
     }
     if (!o->positional_model.empty()) o->model.model = o->positional_model;
+    if (!o->tool_call_parser.empty()) {
+      o->server.tool_call_parser = server::tool_parser_named(o->tool_call_parser);
+      if (!o->server.tool_call_parser) {
+        return fail(Status(StatusCode::kInvalidArgument, "--tool-call-parser must be hermes, llama3_json or mistral, not " + o->tool_call_parser));
+      }
+    }
+    if (o->server.enable_auto_tool_choice && !o->server.tool_call_parser) {
+      return fail(Status(StatusCode::kInvalidArgument, "--enable-auto-tool-choice needs --tool-call-parser"));
+    }
     if (o->tensor_parallel_size != 1) {
       return fail(Status(StatusCode::kInvalidArgument, "--tensor-parallel-size must be 1: tensor parallelism is not available yet"));
     }

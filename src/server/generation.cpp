@@ -27,6 +27,9 @@ class Generation {
     writer_.emplace(chat, app_.new_id(chat ? "chatcmpl" : "cmpl"), static_cast<std::int64_t>(std::time(nullptr)),
                     app_.options().served_model_name, &app_.tokenizer());
     choices_.resize(static_cast<std::size_t>(parsed_.params.n));
+    if (parsed_.tools_auto) {
+      for (std::size_t i = 0; i < choices_.size(); ++i) tool_streams_.emplace_back(*app_.options().tool_call_parser);
+    }
     last_token_.assign(choices_.size(), Clock::time_point{});
     started_ = Clock::now();
     app_.count_generation();
@@ -100,8 +103,30 @@ class Generation {
     }
     if (e.finish == engine::FinishReason::kError) {
       ex_.send(ResponseWriter::error_event(ApiError::internal("The engine failed while generating.")));
+    } else if (!tool_streams_.empty()) {
+      send_with_tools(e);
     } else if (!e.text.empty() || !e.token_ids.empty() || e.finish != engine::FinishReason::kNone) {
       ex_.send(writer_->delta_chunk(e.index, e.text, e.logprobs, e.finish, parsed_.logprobs));
+    }
+  }
+
+  // A streamed choice whose output may hold tool calls: content as the parser lets it go (no
+  // marker text), the calls' deltas, and at the end what it held back.
+  void send_with_tools(const engine::StreamEvent& e) {
+    auto& ts = tool_streams_[static_cast<std::size_t>(e.index)];
+    auto d = ts.feed(e.text);
+    if (e.finish != engine::FinishReason::kNone) {
+      auto rest = ts.finish();
+      d.content += rest.content;
+      d.calls.insert(d.calls.end(), rest.calls.begin(), rest.calls.end());
+    }
+    if (!d.calls.empty() && !d.content.empty()) {  // content before the calls, in order
+      ex_.send(writer_->delta_chunk(e.index, d.content, e.logprobs, engine::FinishReason::kNone, parsed_.logprobs));
+      d.content.clear();
+    }
+    if (!d.calls.empty()) ex_.send(writer_->tool_calls_chunk(e.index, d.calls));
+    if (!d.content.empty() || e.finish != engine::FinishReason::kNone || (parsed_.logprobs && !e.logprobs.empty() && d.calls.empty())) {
+      ex_.send(writer_->delta_chunk(e.index, d.content, e.logprobs, e.finish, parsed_.logprobs, ts.calls() > 0));
     }
   }
 
@@ -121,6 +146,14 @@ class Generation {
     }
     if (client_gone_) return ex_.reply({});  // nobody to answer: the transport closes the connection
     if (!error_.empty()) return app_.reply_error(ex_, ApiError::internal("The engine failed while generating."), route_);
+    if (!tool_streams_.empty()) {
+      for (auto& c : choices_) {
+        auto parsed = parse_tool_calls(*app_.options().tool_call_parser, c.text);
+        if (parsed.calls.empty()) continue;
+        c.text = std::move(parsed.content);
+        c.tool_calls = std::move(parsed.calls);
+      }
+    }
     app_.reply(ex_, 200, writer_->full(choices_, usage_, parsed_.logprobs), route_);
   }
 
@@ -175,6 +208,7 @@ class Generation {
   std::optional<ResponseWriter> writer_;
   std::vector<ChoiceResult> choices_;
   std::map<std::int32_t, bool> role_sent_;
+  std::vector<ToolCallStream> tool_streams_;  // a choice's each, when its calls are read
   Usage usage_;
   std::string error_;
   Clock::time_point started_, first_token_;
@@ -190,6 +224,12 @@ void OpenAiApp::generate(http::Exchange& ex, const ojson& body, bool chat, const
   auto parsed = parse_request(body, chat);
   if (!parsed) return reply_error(ex, parsed.error(), route);
   ParsedRequest& p = *parsed;
+  if (p.tools_auto && !(opt_.enable_auto_tool_choice && opt_.tool_call_parser)) {
+    return reply_error(ex,
+                       ApiError::bad_request("tool_choice 'auto' needs the server started with --enable-auto-tool-choice and --tool-call-parser.",
+                                             "not_supported", "tool_choice"),
+                       route);
+  }
   std::vector<std::int32_t> prompt;
   if (chat) {
     auto ids = render_chat(p);

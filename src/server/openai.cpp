@@ -168,6 +168,26 @@ Expected<ParsedRequest, ApiError> parse_request(const ojson& body, bool chat) {
                                          "messages"));
       }
       ojson msg = m;
+      if (role == "assistant" && m.contains("tool_calls")) {
+        // The templates write a call's arguments as an object (tojson): OpenAI's clients send them
+        // as a string of JSON.
+        if (!m["tool_calls"].is_array()) return type_error("messages.tool_calls", "a list");
+        for (auto& call : msg["tool_calls"]) {
+          if (!call.is_object() || !call.contains("function") || !call["function"].is_object() || !call["function"].contains("name") ||
+              !call["function"]["name"].is_string()) {
+            return type_error("messages.tool_calls", "a list of {\"type\": \"function\", \"function\": {\"name\", \"arguments\"}}");
+          }
+          auto& args = call["function"]["arguments"];
+          if (args.is_string()) {
+            auto parsed = ojson::parse(args.get<std::string>(), nullptr, false);
+            if (!parsed.is_object()) return type_error("messages.tool_calls.function.arguments", "a JSON object (as a string)");
+            args = std::move(parsed);
+          } else if (!args.is_object()) {
+            return type_error("messages.tool_calls.function.arguments", "a JSON object (as a string)");
+          }
+        }
+      }
+      if (role == "tool" && m.contains("tool_call_id") && !m["tool_call_id"].is_string()) return type_error("messages.tool_call_id", "a string");
       if (m.contains("content") && m["content"].is_array()) {
         std::string text;  // text parts are joined; other part types are not supported
         for (const auto& part : m["content"]) {
@@ -185,14 +205,21 @@ Expected<ParsedRequest, ApiError> parse_request(const ojson& body, bool chat) {
     p.chat_request.messages = std::move(messages);
     if (r.has("tools")) {
       if (!body["tools"].is_array()) return type_error("tools", "a list");
-      p.chat_request.tools = body["tools"];
+      for (const auto& t : body["tools"]) {
+        if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object() ||
+            !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+          return type_error("tools", "a list of {\"type\": \"function\", \"function\": {\"name\", ...}}");
+        }
+      }
+      if (!body["tools"].empty()) p.chat_request.tools = body["tools"];
     }
+    p.tools_auto = !p.chat_request.tools.is_null();
     if (r.has("tool_choice")) {
       const ojson& tc = body["tool_choice"];
       if (!(tc.is_string() && (tc == "none" || tc == "auto"))) {
         return Err(ApiError::bad_request("Only tool_choice 'none' and 'auto' are supported.", "not_supported", "tool_choice"));
       }
-      if (tc == "none") p.chat_request.tools = nullptr;
+      if (tc == "none") p.tools_auto = false;  // the template still sees the tools (as vLLM's does); no calls are read
     }
     if (r.has("response_format")) {
       const ojson& rf = body["response_format"];
@@ -313,13 +340,17 @@ std::string ResponseWriter::full(const std::vector<ChoiceResult>& choices, const
   for (std::size_t i = 0; i < choices.size(); ++i) {
     const auto& c = choices[i];
     ojson choice{{"index", i}};
-    if (chat_) {
+    if (chat_ && !c.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (const auto& t : c.tool_calls) calls.push_back({{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      choice["message"] = {{"role", "assistant"}, {"content", c.text.empty() ? ojson() : ojson(c.text)}, {"tool_calls", std::move(calls)}};
+    } else if (chat_) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     } else {
       choice["text"] = c.text;
     }
     choice["logprobs"] = want_logprobs ? logprobs_json(c.logprobs) : ojson();
-    choice["finish_reason"] = finish_reason_name(c.finish);
+    choice["finish_reason"] = !c.tool_calls.empty() && c.finish == engine::FinishReason::kStop ? "tool_calls" : finish_reason_name(c.finish);
     if (!c.stop_reason.empty()) choice["stop_reason"] = c.stop_reason;
     cs.push_back(std::move(choice));
   }
@@ -335,8 +366,26 @@ std::string ResponseWriter::role_chunk(std::int32_t index) const {
   return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
 }
 
+std::string ResponseWriter::tool_calls_chunk(std::int32_t index, const std::vector<ToolCallDelta>& calls) const {
+  ojson list = ojson::array();
+  for (const auto& c : calls) {
+    ojson d{{"index", c.index}};
+    if (!c.name.empty()) {
+      d["id"] = c.id;
+      d["type"] = "function";
+      d["function"] = {{"name", c.name}, {"arguments", c.arguments}};
+    } else {
+      d["function"] = {{"arguments", c.arguments}};
+    }
+    list.push_back(std::move(d));
+  }
+  ojson j = base("chat.completion.chunk");
+  j["choices"] = ojson::array({{{"index", index}, {"delta", {{"tool_calls", std::move(list)}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+  return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
+}
+
 std::string ResponseWriter::delta_chunk(std::int32_t index, const std::string& text, const std::vector<engine::SampleResult>& lps,
-                                        engine::FinishReason finish, bool want_logprobs) const {
+                                        engine::FinishReason finish, bool want_logprobs, bool called_tools) const {
   ojson j = base(chat_ ? "chat.completion.chunk" : "text_completion");
   ojson choice{{"index", index}};
   if (chat_) {
@@ -345,7 +394,9 @@ std::string ResponseWriter::delta_chunk(std::int32_t index, const std::string& t
     choice["text"] = text;
   }
   choice["logprobs"] = want_logprobs && !lps.empty() ? logprobs_json(lps) : ojson();
-  choice["finish_reason"] = finish == engine::FinishReason::kNone ? ojson() : ojson(finish_reason_name(finish));
+  choice["finish_reason"] = finish == engine::FinishReason::kNone                      ? ojson()
+                           : called_tools && finish == engine::FinishReason::kStop ? ojson("tool_calls")
+                                                                                   : ojson(finish_reason_name(finish));
   j["choices"] = ojson::array({choice});
   return "data: " + j.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n\n";
 }

@@ -12,6 +12,7 @@
 #include "common/expected.h"
 #include "engine/engine.h"
 #include "server/errors.h"
+#include "server/tool_calls.h"
 #include "text/chat_template.h"
 
 namespace lmserve::server {
@@ -29,6 +30,7 @@ struct ParsedRequest {
   bool logprobs = false;  // chat: logprobs=true; completions: logprobs=N
   // chat
   text::ChatRequest chat_request;
+  bool tools_auto = false;  // tools given and tool_choice "auto" (stated or by default): calls are read from the output
   // completions
   std::optional<std::string> prompt_text;
   std::vector<std::int32_t> prompt_ids;
@@ -43,6 +45,7 @@ struct ChoiceResult {
   std::vector<engine::SampleResult> logprobs;
   engine::FinishReason finish = engine::FinishReason::kNone;
   std::string stop_reason;
+  std::vector<ToolCall> tool_calls;  // read from the output (then `text` is the rest of it)
 };
 
 struct Usage {
@@ -60,8 +63,11 @@ class ResponseWriter {
   std::string full(const std::vector<ChoiceResult>& choices, const Usage& usage, bool want_logprobs) const;
   // One SSE event ("data: {...}\n\n"). role_chunk: the first chat chunk of a choice.
   std::string role_chunk(std::int32_t index) const;
+  // called_tools: the choice made tool calls, so a stop is finish_reason "tool_calls".
   std::string delta_chunk(std::int32_t index, const std::string& text, const std::vector<engine::SampleResult>& logprobs,
-                          engine::FinishReason finish, bool want_logprobs) const;
+                          engine::FinishReason finish, bool want_logprobs, bool called_tools = false) const;
+  // Tool calls' deltas of a choice: a call's index, id, type and name first, then its arguments.
+  std::string tool_calls_chunk(std::int32_t index, const std::vector<ToolCallDelta>& calls) const;
   std::string usage_chunk(const Usage& usage) const;
   static std::string done() { return "data: [DONE]\n\n"; }
   static std::string error_event(const ApiError& e) { return "data: " + e.body() + "\n\n"; }

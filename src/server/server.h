@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "server/http/transport.h"
 #include "server/metrics.h"
+#include "server/tool_calls.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -33,6 +34,10 @@ struct ServerOptions : http::TransportOptions {
   std::string api_key;  // empty: no authentication
   bool metrics_require_key = false;
   bool log_prompts = false;
+  // Tool calls read from chat outputs (`--tool-call-parser`, `--enable-auto-tool-choice`): a
+  // request with tools and tool_choice "auto" needs both, as in vLLM.
+  std::optional<ToolParser> tool_call_parser;
+  bool enable_auto_tool_choice = false;
   // Per-GPU memory for /metrics (a DeviceMemoryMonitor's latest()); empty: none exported.
   std::function<std::vector<GpuMemorySample>()> gpu_memory;
   double device_memory_limit = 0.95;  // the dashboard's admission line on the memory chart

@@ -121,6 +121,12 @@ TEST(Cli, UsageErrorsExitTwo) {
   CommandRun r = run("--log-level loud version");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("unknown log level 'loud'"), std::string::npos) << r.output;
+  r = run("serve --port 0 --tool-call-parser pythonic --model " + (lmserve::testing::source_dir() / "models/demo").string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--tool-call-parser must be hermes, llama3_json or mistral"), std::string::npos) << r.output;
+  r = run("serve --port 0 --enable-auto-tool-choice --model " + (lmserve::testing::source_dir() / "models/demo").string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--enable-auto-tool-choice needs --tool-call-parser"), std::string::npos) << r.output;
 }
 
 std::string model_dir() { return (lmserve::testing::source_dir() / "models/demo").string(); }

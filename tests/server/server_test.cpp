@@ -55,11 +55,12 @@ class FailingBackend : public backend::Backend {
 
 class ServerTest : public ::testing::Test {
  protected:
-  void start(ServerOptions o = {}, engine::EngineOptions eo = {}, std::int64_t blocks = 512, int fail_after = -1) {
+  void start(ServerOptions o = {}, engine::EngineOptions eo = {}, std::int64_t blocks = 512, int fail_after = -1,
+             std::optional<std::filesystem::path> template_file = std::nullopt) {
     auto dir = lmserve::testing::source_dir() / "models/demo";
     auto w = model::ModelWeights::load(dir, {});
     auto tok = text::Tokenizer::load(dir);
-    auto tmpl = text::ChatTemplate::load(dir);
+    auto tmpl = text::ChatTemplate::load(dir, template_file);
     ASSERT_TRUE(w && tok && tmpl);
     auto b = backend::make_cpu_backend(*w, {.kv = {backend::KvDtype::kFloat32, 16, blocks}, .threads = 2});
     ASSERT_TRUE(b);
@@ -300,6 +301,11 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
       {"response_format json", c, "{" + msg + R"(,"response_format":{"type":"json_object"}})", 400, "not_supported"},
       {"tool_choice required", c, "{" + msg + R"(,"tool_choice":"required"})", 400, "not_supported"},
       {"tools not a list", c, "{" + msg + R"(,"tools":{}})", 400, "invalid_type"},
+      {"tools without auto tool choice", c, "{" + msg + R"(,"tools":[{"type":"function","function":{"name":"f"}}]})", 400, "not_supported"},
+      {"tool without a name", c, "{" + msg + R"(,"tools":[{"type":"function","function":{}}]})", 400, "invalid_type"},
+      {"tool call arguments not JSON", c,
+       R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{oops"}}]}]})",
+       400, "invalid_type"},
       {"stream_options not object", c, "{" + msg + R"(,"stream_options":true})", 400, "invalid_type"},
       {"chat_template_kwargs list", c, "{" + msg + R"(,"chat_template_kwargs":[]})", 400, "invalid_type"},
       {"continue_final_message", c, "{" + msg + R"(,"continue_final_message":true})", 400, "not_supported"},
@@ -373,6 +379,53 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
   EXPECT_EQ(pipelined.status, 200);
   EXPECT_TRUE(healthy());
   EXPECT_GE(cases.size() + 9, 100u);
+}
+
+// With a tool-call parser, a request with tools is answered (its calls read from the output),
+// streamed as whole, and a conversation carrying calls and their results goes through the
+// template. (Which calls the demo model makes is its own affair: exact calls need constrained
+// decoding, tested with it.)
+TEST_F(ServerTest, ToolsAreAnsweredWithAParserStreamedAsWhole) {
+  ServerOptions o;
+  o.tool_call_parser = ToolParser::kHermes;
+  o.enable_auto_tool_choice = true;
+  // Qwen2.5's template (ChatML, as the demo model's), which knows tools, calls and their results.
+  start(o, {}, 512, -1, lmserve::testing::source_dir() / "../shared/data/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+  const std::string tools = R"(,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])";
+  auto full = post("/v1/chat/completions", chat_body("Weather in Paris?", tools + R"(,"temperature":0,"max_tokens":24)"));
+  ASSERT_EQ(full.status, 200) << full.body;
+  const auto j = ojson::parse(full.body);
+  const auto& msg = j["choices"][0]["message"];
+  const bool called = msg.contains("tool_calls");
+  const std::string finish = j["choices"][0]["finish_reason"];
+  if (called) EXPECT_EQ(finish, "tool_calls");
+  else EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+  auto streamed = post("/v1/chat/completions", chat_body("Weather in Paris?", tools + R"(,"temperature":0,"max_tokens":24,"stream":true)"));
+  ASSERT_EQ(streamed.status, 200);
+  std::string content;
+  for (std::size_t pos = 0; (pos = streamed.body.find("data: {", pos)) != std::string::npos;) {
+    const std::size_t end = streamed.body.find("\n\n", pos);
+    const auto e = ojson::parse(streamed.body.substr(pos + 6, end - pos - 6));
+    if (e["choices"][0]["delta"].contains("content")) content += e["choices"][0]["delta"]["content"].get<std::string>();
+    EXPECT_FALSE(e["choices"][0]["delta"].contains("tool_calls") && !called);
+    pos = end;
+  }
+  if (!called) EXPECT_EQ(content, msg["content"].get<std::string>());
+  // A call and its result, back through the template; tool_choice none reads no calls.
+  const std::string convo = R"({"messages":[{"role":"user","content":"Weather in Paris?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+      {"role":"tool","tool_call_id":"call_1","content":"18 C, sunny"}],"max_tokens":4,"tool_choice":"none")" + tools + "}";
+  auto r = post("/v1/chat/completions", convo);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(ojson::parse(r.body)["choices"][0]["message"].contains("tool_calls"));
+  // The call's arguments (a string of JSON from the client) reach the template as an object.
+  auto tok = post("/tokenize", convo);
+  ASSERT_EQ(tok.status, 200) << tok.body;
+  auto text = post("/detokenize", ojson{{"tokens", ojson::parse(tok.body)["tokens"]}}.dump());
+  ASSERT_EQ(text.status, 200) << text.body;
+  const std::string prompt = ojson::parse(text.body)["prompt"];
+  EXPECT_NE(prompt.find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"), std::string::npos) << prompt;
+  EXPECT_NE(prompt.find("<tool_response>\n18 C, sunny\n</tool_response>"), std::string::npos) << prompt;
 }
 
 TEST_F(ServerTest, ApiKeyGuardsEveryRouteButHealthAndMetrics) {

@@ -2,6 +2,8 @@
 // content and calls, a call's name before its arguments, and no marker text in content.
 #include "server/tool_calls.h"
 
+#include "server/openai.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -154,6 +156,36 @@ TEST(ToolCalls, TheNameComesFirstAndTheArgumentsInPieces) {
   EXPECT_TRUE(s.finish().empty());
   EXPECT_TRUE(s.well_formed());
   EXPECT_EQ(s.calls(), 1);
+}
+
+// The answer's shapes, as OpenAI's: message.tool_calls with content null and finish_reason
+// "tool_calls"; in a stream, a call's id, type and name first, then its arguments by index.
+TEST(ToolCalls, TheAnswersShapesAreOpenAis) {
+  ResponseWriter w(true, "chatcmpl-x", 1, "m", nullptr);
+  ChoiceResult c;
+  c.finish = engine::FinishReason::kStop;
+  c.tool_calls = {{.id = "call_a", .name = "get_weather", .arguments = R"({"city": "Paris"})"}};
+  auto j = nlohmann::json::parse(w.full({c}, {}, false));
+  const auto& choice = j["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  EXPECT_EQ(choice["message"]["tool_calls"], nlohmann::json::parse(
+                                                  R"([{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}])"));
+  c.text = "Checking.";
+  c.finish = engine::FinishReason::kLength;
+  j = nlohmann::json::parse(w.full({c}, {}, false));
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Checking.");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+
+  const auto event = [](const std::string& sse) { return nlohmann::json::parse(sse.substr(6, sse.size() - 8)); };
+  auto first = event(w.tool_calls_chunk(0, {{.index = 0, .id = "call_a", .name = "get_weather", .arguments = "{\"ci"}}));
+  EXPECT_EQ(first["choices"][0]["delta"], nlohmann::json::parse(
+                                              R"({"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"get_weather","arguments":"{\"ci"}}]})"));
+  auto next = event(w.tool_calls_chunk(0, {{.index = 0, .arguments = "ty\": 1}"}}));
+  EXPECT_EQ(next["choices"][0]["delta"], nlohmann::json::parse(R"({"tool_calls":[{"index":0,"function":{"arguments":"ty\": 1}"}}]})"));
+  auto last = event(w.delta_chunk(0, "", {}, engine::FinishReason::kStop, false, true));
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(event(w.delta_chunk(0, "", {}, engine::FinishReason::kStop, false, false))["choices"][0]["finish_reason"], "stop");
 }
 
 }  // namespace
