@@ -66,8 +66,8 @@ void State::audit_then(boost::asio::io_context& io, std::string record, std::fun
       audit->append(std::move(t.records), [&io, thens = std::move(t.thens), fail_closed = audit_fail_closed](const Status& st) {
         if (!st.is_ok()) spdlog::error("gateway: {} audit record(s) not written: {}", thens.size(), st.message());
         boost::asio::post(io, [thens, ok = st.is_ok() || !fail_closed] {
-          for (const auto& then : thens) {
-            if (then) then(ok);
+          for (const auto& each : thens) {
+            if (each) each(ok);
           }
         });
       });

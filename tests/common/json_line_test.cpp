@@ -60,7 +60,9 @@ TEST(JsonLine, RandomBytesAlwaysParseAndUtf8ComesBackUnchanged) {
     } catch (const nlohmann::json::exception&) {
       valid = false;
     }
-    if (valid) EXPECT_EQ(j["s"].get<std::string>(), s);
+    if (valid) {
+      EXPECT_EQ(j["s"].get<std::string>(), s);
+    }
   }
 }
 

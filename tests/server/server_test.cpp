@@ -398,8 +398,11 @@ TEST_F(ServerTest, ToolsAreAnsweredWithAParserStreamedAsWhole) {
   const auto& msg = j["choices"][0]["message"];
   const bool called = msg.contains("tool_calls");
   const std::string finish = j["choices"][0]["finish_reason"];
-  if (called) EXPECT_EQ(finish, "tool_calls");
-  else EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+  if (called) {
+    EXPECT_EQ(finish, "tool_calls");
+  } else {
+    EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+  }
   auto streamed = post("/v1/chat/completions", chat_body("Weather in Paris?", tools + R"(,"temperature":0,"max_tokens":24,"stream":true)"));
   ASSERT_EQ(streamed.status, 200);
   std::string content;
@@ -410,7 +413,9 @@ TEST_F(ServerTest, ToolsAreAnsweredWithAParserStreamedAsWhole) {
     EXPECT_FALSE(e["choices"][0]["delta"].contains("tool_calls") && !called);
     pos = end;
   }
-  if (!called) EXPECT_EQ(content, msg["content"].get<std::string>());
+  if (!called) {
+    EXPECT_EQ(content, msg["content"].get<std::string>());
+  }
   // A call and its result, back through the template; tool_choice none reads no calls.
   const std::string convo = R"({"messages":[{"role":"user","content":"Weather in Paris?"},
       {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
