@@ -36,6 +36,21 @@ bool JsonPrefix::complete() const {
   return number_end && depth_ == 0;
 }
 
+JsonPrefix::Key JsonPrefix::key() const {
+  std::uint64_t rest = static_cast<std::uint64_t>(mode_);
+  rest = rest << 8 | depth_;
+  rest = rest << 1 | key_;
+  rest = rest << 3 | hex_left_;
+  rest = rest << 2 | utf8_left_;
+  rest = rest << 8 | utf8_lo_;
+  rest = rest << 8 | utf8_hi_;
+  rest = rest << 2 | lit_;
+  rest = rest << 3 | lit_pos_;
+  rest = rest << 8 | spaces_;
+  // The options are the same for every state a cache sees (one grammar per request).
+  return {depth_ == 0 ? 0 : stack_ & (~std::uint64_t{0} >> (64 - depth_)), rest};
+}
+
 // Whitespace where the grammar allows it, at most max_space_run in a row.
 bool JsonPrefix::space(unsigned char b) {
   if (!is_space(b) || spaces_ >= opt_.max_space_run) return false;

@@ -31,6 +31,13 @@ class JsonPrefix {
   bool advance(std::string_view bytes);
   // The text so far is a whole value (followed by whitespace at most).
   bool complete() const;
+  // Everything the next bytes' fate depends on, packed: equal keys take and refuse the same
+  // bytes (a mask made for one state holds for every state of the same key).
+  struct Key {
+    std::uint64_t stack, rest;
+    bool operator==(const Key&) const = default;
+  };
+  Key key() const;
 
  private:
   enum class Mode : std::uint8_t {

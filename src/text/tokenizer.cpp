@@ -421,6 +421,15 @@ bool Tokenizer::decodes_to_nothing(std::int32_t id, bool skip_special_tokens) co
   return impl_->piece(id, skip_special_tokens) == nullptr;
 }
 
+std::optional<std::string> Tokenizer::token_bytes(std::int32_t id) const {
+  if (is_special(id)) return std::nullopt;
+  const std::string* piece = impl_->piece(id, false);
+  if (!piece) return std::nullopt;
+  std::string t = *piece;
+  if (impl_->decoder) impl_->decoder->to_bytes(t);
+  return t;
+}
+
 bool Tokenizer::is_special(std::int32_t id) const {
   auto it = impl_->added_by_id.find(id);
   return it != impl_->added_by_id.end() && impl_->added[it->second].special;

@@ -68,6 +68,9 @@ class Tokenizer {
   std::size_t vocab_size() const;
   std::optional<std::int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(std::int32_t id) const;
+  // The bytes `id` adds in the middle of a text (raw: a byte-level token may hold part of a
+  // UTF-8 character); nullopt for special tokens and unknown ids. What a token mask tries.
+  std::optional<std::string> token_bytes(std::int32_t id) const;
   // True for added tokens marked special (BOS, EOS, <|im_end|>, ...).
   bool is_special(std::int32_t id) const;
   // True when `id` is a <0xXX> byte token that this tokenizer's decoder groups with its

@@ -319,6 +319,10 @@ class ByteLevelDecoder : public Decoder {
     }
     tokens.assign(1, utf8_lossy(bytes));
   }
+  void to_bytes(std::string& token) const override {
+    std::string bytes;
+    if (byte_level_to_bytes(token, &bytes)) token = std::move(bytes);
+  }
 };
 
 class ByteFallbackDecoder : public Decoder {
@@ -347,6 +351,12 @@ class ByteFallbackDecoder : public Decoder {
     }
     flush();
     tokens = std::move(out);
+  }
+  void to_bytes(std::string& t) const override {
+    if (t.size() == 6 && t.starts_with("<0x") && t.back() == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+        std::isxdigit(static_cast<unsigned char>(t[4]))) {
+      t = std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+    }
   }
 };
 
@@ -398,6 +408,7 @@ class ReplaceDecoder : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (auto& t : tokens) t = pattern_.replace_all(t, content_);
   }
+  void to_bytes(std::string& token) const override { token = pattern_.replace_all(token, content_); }
 
  private:
   Pattern pattern_;
@@ -422,6 +433,11 @@ class MetaspaceDecoder : public Decoder {
       tokens[i] = std::move(out);
     }
   }
+  void to_bytes(std::string& token) const override {  // not the first token: every replacement is a space
+    std::vector<std::string> two{"", token};
+    decode_chain(two);
+    token = std::move(two[1]);
+  }
 
  private:
   std::string replacement_;
@@ -433,6 +449,9 @@ class SequenceDecoder : public Decoder {
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> parts) : parts_(std::move(parts)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
+  }
+  void to_bytes(std::string& token) const override {
+    for (const auto& p : parts_) p->to_bytes(token);
   }
   bool groups_byte_tokens() const override {
     return std::any_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->groups_byte_tokens(); });

@@ -55,6 +55,9 @@ class Decoder {
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
   // Whether <0xXX> tokens are decoded together as one byte group (ByteFallback).
   virtual bool groups_byte_tokens() const { return false; }
+  // One token's string as the bytes it adds in the middle of a text (not the first token, no
+  // replacement of bytes that do not form UTF-8 on their own): what a token mask tries.
+  virtual void to_bytes(std::string& token) const { (void)token; }
 };
 
 class PostProcessor {

@@ -1,0 +1,108 @@
+// text/token_mask: which tokens of a vocabulary a grammar lets come next (issue #33's constrained
+// decoding). The vocabulary's byte strings (Tokenizer::token_bytes; special tokens left out) are
+// kept as a trie in depth-first order, so a mask is one pass over it: a node's byte is tried on a
+// copy of its parent's grammar state, and a byte the grammar refuses skips the node's whole
+// subtree (in a grammar position that allows few bytes, most of the vocabulary is passed over at
+// its first byte). The grammar is any type with `bool advance(unsigned char)` that leaves its
+// state unchanged on false, copied freely (text/json_prefix.h's JsonPrefix).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "text/tokenizer.h"
+
+namespace lmserve::text {
+
+class TokenTrie {
+ public:
+  explicit TokenTrie(const Tokenizer& tokenizer);
+  std::size_t vocab_size() const { return vocab_size_; }
+  std::size_t nodes() const { return nodes_.size(); }
+
+  // Bit `id` of `allowed` (vocab_size() bits in 64-bit words, cleared first) for each token whose
+  // bytes the grammar takes whole from `state`.
+  template <class Grammar>
+  void allowed(const Grammar& state, std::vector<std::uint64_t>& allowed) const;
+
+ private:
+  struct Node {
+    std::uint32_t end;                    // one past the last node of its subtree
+    std::uint32_t ids_begin, ids_end;     // the tokens whose bytes end here (in ids_)
+    std::uint16_t depth;                  // bytes from the root
+    unsigned char byte;
+  };
+  std::vector<Node> nodes_;  // depth-first order, without the root
+  std::vector<std::int32_t> ids_;
+  std::size_t vocab_size_ = 0, max_depth_ = 0;
+};
+
+template <class Grammar>
+void TokenTrie::allowed(const Grammar& state, std::vector<std::uint64_t>& allowed) const {
+  allowed.assign((vocab_size_ + 63) / 64, 0);
+  thread_local std::vector<Grammar> states;
+  states.assign(max_depth_ + 1, state);  // states[d]: after the first d bytes of the current path
+  for (std::uint32_t i = 0; i < nodes_.size();) {
+    const Node& n = nodes_[i];
+    Grammar next = states[n.depth - 1];
+    if (!next.advance(n.byte)) {
+      i = n.end;  // no token below takes this byte
+      continue;
+    }
+    states[n.depth] = next;
+    for (std::uint32_t k = n.ids_begin; k < n.ids_end; ++k) {
+      const auto id = static_cast<std::uint32_t>(ids_[k]);
+      allowed[id >> 6] |= std::uint64_t{1} << (id & 63);
+    }
+    ++i;
+  }
+}
+
+// Masks remembered by grammar state (Grammar::key(), with a std::hash-able packing of it given as
+// KeyHash): a model writing a string's text, or a number, stays in one state for many tokens, and
+// the mask of a state that lets most of the vocabulary through is the costly one to make. The
+// least recently used of `capacity` masks gives way.
+template <class Grammar, class KeyHash>
+class MaskCache {
+ public:
+  explicit MaskCache(const TokenTrie& trie, std::size_t capacity = 32) : trie_(trie), capacity_(capacity) {}
+  const std::vector<std::uint64_t>& allowed(const Grammar& state) {
+    const auto key = state.key();
+    if (auto it = index_.find(key); it != index_.end()) {
+      ++hits_;
+      order_.splice(order_.begin(), order_, it->second);  // most recent first
+      return it->second->second;
+    }
+    ++misses_;
+    if (index_.size() >= capacity_) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    order_.emplace_front(key, std::vector<std::uint64_t>{});
+    trie_.allowed(state, order_.front().second);
+    index_.emplace(key, order_.begin());
+    return order_.front().second;
+  }
+  std::uint64_t hits() const { return hits_; }
+  std::uint64_t misses() const { return misses_; }
+
+ private:
+  using Key = decltype(std::declval<const Grammar&>().key());
+  const TokenTrie& trie_;
+  std::size_t capacity_;
+  std::list<std::pair<Key, std::vector<std::uint64_t>>> order_;
+  std::unordered_map<Key, typename decltype(order_)::iterator, KeyHash> index_;
+  std::uint64_t hits_ = 0, misses_ = 0;
+};
+
+struct JsonPrefixKeyHash {
+  template <class K>
+  std::size_t operator()(const K& k) const {
+    return std::hash<std::uint64_t>()(k.stack * 0x9E3779B97F4A7C15ull ^ k.rest);
+  }
+};
+
+}  // namespace lmserve::text

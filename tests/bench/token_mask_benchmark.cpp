@@ -1,0 +1,90 @@
+// The token mask of response_format json_object (text/token_mask.h over text/json_prefix.h) on
+// real vocabularies: one mask per state, single-threaded. A step of a batch of 64 constrained
+// sequences needs 64 of them. Run: build/release/tests/bench/token_mask_benchmark
+#include <benchmark/benchmark.h>
+
+#include <map>
+#include <memory>
+
+#include "test_paths.h"
+#include "text/json_prefix.h"
+#include "text/token_mask.h"
+
+namespace {
+
+using lmserve::text::JsonPrefix;
+using lmserve::text::Tokenizer;
+using lmserve::text::TokenTrie;
+
+const TokenTrie& trie(const std::string& rel) {
+  static std::map<std::string, std::unique_ptr<TokenTrie>> tries;
+  auto& t = tries[rel];
+  if (!t) {
+    auto tok = Tokenizer::load(lmserve::testing::source_dir() / rel);
+    if (!tok) std::abort();
+    t = std::make_unique<TokenTrie>(**tok);
+  }
+  return *t;
+}
+
+// State: the text generated so far (a string's inside lets most of the vocabulary through; after
+// a comma only a key's quote and space).
+void BM_JsonMask(benchmark::State& st, std::string vocab, std::string prefix) {
+  const TokenTrie& t = trie(vocab);
+  JsonPrefix p;
+  if (!p.advance(std::string_view(prefix))) std::abort();
+  std::vector<std::uint64_t> mask;
+  for (auto _ : st) {
+    t.allowed(p, mask);
+    benchmark::DoNotOptimize(mask.data());
+  }
+  std::size_t n = 0;
+  for (auto w : mask) n += static_cast<std::size_t>(__builtin_popcountll(w));
+  st.counters["allowed"] = static_cast<double>(n);
+  st.counters["vocab"] = static_cast<double>(t.vocab_size());
+  st.counters["trie_nodes"] = static_cast<double>(t.nodes());
+}
+
+const char* kLlama = "../shared/data/tokenizers/Llama-3.2-3B-Instruct";
+const char* kQwen = "../shared/data/tokenizers/Qwen2.5-7B-Instruct-json";
+BENCHMARK_CAPTURE(BM_JsonMask, llama3_in_string, kLlama, R"({"name": "get_weather", "arguments": {"city": "Pa)")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_JsonMask, llama3_after_comma, kLlama, R"({"name": "get_weather", )")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_JsonMask, llama3_in_number, kLlama, R"({"a": [1, 2.5)")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_JsonMask, qwen25_in_string, kQwen, R"({"name": "get_weather", "arguments": {"city": "Pa)")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_JsonMask, qwen25_after_comma, kQwen, R"({"name": "get_weather", )")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_JsonMask, qwen25_in_number, kQwen, R"({"a": [1, 2.5)")->Unit(benchmark::kMicrosecond);
+
+// A document written token by token with a request's mask cache: the mean cost of a token's
+// mask over the document (strings, numbers, keys), the cache starting empty.
+void BM_JsonMaskPerTokenOfADocument(benchmark::State& st, std::string vocab) {
+  auto tok = Tokenizer::load(lmserve::testing::source_dir() / vocab);
+  if (!tok) std::abort();
+  const TokenTrie& t = trie(vocab);
+  const std::string doc = R"({"customer": {"name": "Anna Schmidt", "account": "DE89 3704 0044 0532 0130 00", "segment": "retail"},)"
+                          R"( "request": "The customer asks why the transfer of 1,250.00 EUR on 3 March was returned and whether the fee)"
+                          R"( will be refunded; she also wants the statement for February sent to her new address.", "priority": 2,)"
+                          R"( "tags": ["transfer", "fee", "statement"], "amounts": [1250.0, 12.5], "escalate": false})";
+  const auto ids = (*tok)->encode(doc, {.add_special_tokens = false});
+  std::vector<std::string> bytes;
+  for (auto id : ids) bytes.push_back(*(*tok)->token_bytes(id));
+  std::uint64_t hits = 0, misses = 0;
+  for (auto _ : st) {
+    lmserve::text::MaskCache<JsonPrefix, lmserve::text::JsonPrefixKeyHash> cache(t);
+    JsonPrefix p;
+    for (const auto& b : bytes) {
+      benchmark::DoNotOptimize(cache.allowed(p).data());
+      if (!p.advance(std::string_view(b))) std::abort();
+    }
+    hits += cache.hits();
+    misses += cache.misses();
+  }
+  st.SetItemsProcessed(static_cast<std::int64_t>(st.iterations() * ids.size()));
+  st.counters["tokens"] = static_cast<double>(ids.size());
+  st.counters["hit_rate"] = static_cast<double>(hits) / static_cast<double>(hits + misses);
+}
+BENCHMARK_CAPTURE(BM_JsonMaskPerTokenOfADocument, llama3, kLlama)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_JsonMaskPerTokenOfADocument, qwen25, kQwen)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
