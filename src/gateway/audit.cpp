@@ -249,6 +249,13 @@ void AuditLog::append(std::vector<std::string> records, Done done) {
   if (writing_) return;  // the thread writing takes this group with its next batch
   // This thread writes: what is queued, then what others queue meanwhile, until nothing is.
   writing_ = true;
+  write_queued(lock);
+  writing_ = false;
+}
+
+// Writes everything queued, batch after batch, until the queue is empty; each batch's callbacks
+// run outside the lock. `lock` holds mu_ on entry and on return.
+void AuditLog::write_queued(std::unique_lock<std::mutex>& lock) {
   std::vector<Queued> batch;
   while (!queue_.empty()) {
     batch.swap(queue_);
@@ -258,7 +265,6 @@ void AuditLog::append(std::vector<std::string> records, Done done) {
     batch.clear();
     lock.lock();
   }
-  writing_ = false;
 }
 
 Status AuditLog::append(const nlohmann::json& rec) {
@@ -278,17 +284,11 @@ Status AuditLog::append(const nlohmann::json& rec) {
 // The `sync` writer: everything queued since its last write goes out together, then the callbacks
 // run. On destruction it writes what is queued before it ends.
 void AuditLog::run() {
-  std::vector<Queued> batch;
   std::unique_lock lock(mu_);
   for (;;) {
     queued_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, and nothing left
-    batch.swap(queue_);
-    lock.unlock();
-    const Status st = write_batch(batch);
-    for (auto& q : batch) q.done(st);
-    batch.clear();
-    lock.lock();
+    write_queued(lock);
   }
 }
 

@@ -70,6 +70,7 @@ class AuditLog {
   Status begin_segment();
   Status seal();
   void run();                                            // the `sync` writer thread
+  void write_queued(std::unique_lock<std::mutex>& lock);  // everything queued, until none is
   Status write_batch(const std::vector<Queued>& batch);  // by the writing thread
   std::string dir_;
   Options opt_;

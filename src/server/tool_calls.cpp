@@ -38,15 +38,6 @@ std::optional<ToolParser> tool_parser_named(std::string_view name) {
   return std::nullopt;
 }
 
-const char* tool_parser_name(ToolParser p) {
-  switch (p) {
-    case ToolParser::kHermes: return "hermes";
-    case ToolParser::kLlama3Json: return "llama3_json";
-    case ToolParser::kMistral: return "mistral";
-  }
-  return "";
-}
-
 std::string make_tool_call_id(ToolParser p) {
   static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   thread_local std::mt19937_64 rng{std::random_device{}()};

@@ -26,7 +26,6 @@ namespace lmserve::server {
 
 enum class ToolParser { kHermes, kLlama3Json, kMistral };
 std::optional<ToolParser> tool_parser_named(std::string_view name);  // vLLM's names
-const char* tool_parser_name(ToolParser p);
 
 // A new call's id: "call_" and 24 letters and digits; Mistral's templates require 9 of them.
 std::string make_tool_call_id(ToolParser p);
