@@ -4,7 +4,8 @@
 // copy of its parent's grammar state, and a byte the grammar refuses skips the node's whole
 // subtree (in a grammar position that allows few bytes, most of the vocabulary is passed over at
 // its first byte). The grammar is any type with `bool advance(unsigned char)` that leaves its
-// state unchanged on false, copied freely (text/json_prefix.h's JsonPrefix).
+// state unchanged on false, copied freely (text/json_prefix.h's JsonPrefix), or with
+// `bool advance_into(unsigned char, Grammar& out) const` (text/grammar.h's GrammarState).
 #pragma once
 
 #include <cstdint>
@@ -47,12 +48,18 @@ void TokenTrie::allowed(const Grammar& state, std::vector<std::uint64_t>& allowe
   states.assign(max_depth_ + 1, state);  // states[d]: after the first d bytes of the current path
   for (std::uint32_t i = 0; i < nodes_.size();) {
     const Node& n = nodes_[i];
-    Grammar next = states[n.depth - 1];
-    if (!next.advance(n.byte)) {
+    bool taken;
+    if constexpr (requires(const Grammar& g, Grammar& out) { g.advance_into(n.byte, out); }) {
+      taken = states[n.depth - 1].advance_into(n.byte, states[n.depth]);  // written in place: no copy first
+    } else {
+      Grammar next = states[n.depth - 1];
+      taken = next.advance(n.byte);
+      if (taken) states[n.depth] = next;
+    }
+    if (!taken) {
       i = n.end;  // no token below takes this byte
       continue;
     }
-    states[n.depth] = next;
     for (std::uint32_t k = n.ids_begin; k < n.ids_end; ++k) {
       const auto id = static_cast<std::uint32_t>(ids_[k]);
       allowed[id >> 6] |= std::uint64_t{1} << (id & 63);
