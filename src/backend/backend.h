@@ -71,6 +71,10 @@ struct RowSampling {
   std::int32_t top_k = 0;     // <= 0: off
   std::uint64_t key = 0;      // the request's random stream
   std::uint32_t counter = 0;  // which draw of it (the index of the token in the output)
+  // Constrained decoding (only where Backend::supports_masks(), with mode kGreedy or kRandom):
+  // the token is drawn as above from the logits with every token outside the row's mask set
+  // to -infinity; the mask comes after launch(), through supply_masks().
+  bool masked = false;
 };
 
 struct Batch {
@@ -138,6 +142,18 @@ class Backend {
   // sampled_tokens. The engine plans a step ahead only on such a backend.
   virtual bool asynchronous() const { return false; }
 
+  // Constrained decoding: whether rows may be sampled under a mask (RowSampling::masked).
+  virtual bool supports_masks() const { return false; }
+  // The masks of a launched step's masked rows, in row order: mask_words(vocab_size) 64-bit
+  // words each, bit t % 64 of word t / 64 set when token t may come. Called once per step with
+  // masked rows, after launch() and before wait() (the host computes them while the device
+  // runs the step); the spans need live only until the call returns. InvalidArgument when the
+  // count does not match the step's masked rows.
+  virtual Status supply_masks(std::span<const std::uint64_t> masks) {
+    (void)masks;
+    return Status(StatusCode::kUnimplemented, "this backend does not sample under masks");
+  }
+
   // Bytes of one KV block across all layers (K and V).
   virtual std::uint64_t kv_block_bytes() const = 0;
   virtual MemoryInfo memory() const = 0;
@@ -174,6 +190,9 @@ class Backend {
   Status launched_;
   bool has_prepared_ = false;
 };
+
+// 64-bit words of one token mask over a vocabulary of `vocab` tokens.
+inline std::size_t mask_words(std::int64_t vocab) { return static_cast<std::size_t>((vocab + 63) / 64); }
 
 // Bytes one KV block needs for `config` with `dtype` and `block_size` (all layers, K and V).
 std::uint64_t kv_block_bytes(const model::ModelConfig& config, KvDtype dtype, int block_size);

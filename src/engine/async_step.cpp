@@ -3,6 +3,8 @@
 // output until the step in flight samples it (Live::placeholder_row), the step planned ahead
 // lists where those tokens go (StepBuffers::pending) and gets them as patches at launch.
 // take_tokens() fills a done step's tokens: the backend's, and those the host samples.
+#include <cmath>
+
 #include "engine/engine_core.h"
 
 namespace lmserve::engine {
@@ -34,12 +36,19 @@ Status EngineCore::take_tokens(StepBuffers& sb) {
     for (std::size_t k = b; k < e; ++k) {
       const std::size_t i = sb.host_rows[k];
       std::span<float> row(sb.logits.get() + i * vocab, vocab);
+      if (!sb.mask_of.empty() && sb.mask_of[i] >= 0) {  // constrained: tokens outside the mask cannot come
+        const std::uint64_t* m = sb.masks.data() + static_cast<std::size_t>(sb.mask_of[i]) * backend::mask_words(static_cast<std::int64_t>(vocab));
+        for (std::size_t t = 0; t < vocab; ++t) {
+          if (!((m[t >> 6] >> (t & 63)) & 1)) row[t] = -INFINITY;
+        }
+      }
       Request* r = sb.sampled[i];
       // A placeholder for this very token may end the output: the request's tokens before it.
       std::span<const std::int32_t> output(r->output.data(), r->output.size() - (sb.appended[i] ? 1 : 0));
       sb.results[i] = sample_token(row, r->params, r->prompt, output, eos_ids_, sb.lives[i]->rng);
     }
   });
+  advance_grammars(sb);
   return Status::ok();
 }
 

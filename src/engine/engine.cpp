@@ -88,6 +88,8 @@ void EngineCore::set_host_blocks(std::int64_t blocks) {
 }
 
 namespace {
+constexpr std::size_t kMaskCacheEntries = 16;  // per choice of a request with a grammar
+
 Unexpected<SubmitError> invalid_request(const std::string& msg) {
   return Unexpected<SubmitError>(SubmitError{Status(StatusCode::kInvalidArgument, msg)});
 }
@@ -100,6 +102,11 @@ std::optional<Unexpected<SubmitError>> EngineCore::check(const GenerateRequest& 
     if (t < 0 || t >= vocab) return invalid_request("prompt token id " + std::to_string(t) + " is outside the vocabulary");
   }
   if (Status s = g.params.validate(vocab, options_.max_n); !s.is_ok()) return invalid_request(s.message());
+  if (g.params.grammar) {
+    if (!tokenizer_) return invalid_request("constrained decoding needs the model's tokenizer");
+    // Once, at the first request that needs it: the vocabulary's byte strings as a trie.
+    std::call_once(trie_once_, [&] { trie_ = std::make_unique<const text::TokenTrie>(*tokenizer_); });
+  }
   return std::nullopt;
 }
 
@@ -158,6 +165,10 @@ Expected<Submitted, SubmitError> EngineCore::submit_locked(const GenerateRequest
     L->device_key = mix64(seed);
     L->index = i;
     L->group = first;
+    if (g.params.grammar) {
+      L->grammar.emplace(g.params.grammar);
+      L->mask_cache = std::make_unique<text::MaskCache<text::GrammarState, text::GrammarKeyHash>>(*trie_, kMaskCacheEntries);
+    }
     L->times.arrival = Clock::now();
     lives.push_back(std::move(L));
   }

@@ -27,6 +27,8 @@
 #include "engine/engine.h"
 #include "engine/output/output_processor.h"
 #include "engine/sampling/sampler.h"
+#include "text/grammar.h"
+#include "text/token_mask.h"
 
 namespace lmserve::engine {
 
@@ -71,6 +73,14 @@ class EngineCore {
   // A done step's outputs and ends (after take_tokens). Rows of `ahead` (launched already) whose
   // request ends here are marked dead there.
   void complete(StepBuffers& sb, StepBuffers* ahead);
+  // Constrained decoding (constraints.cpp). A done step's tokens taken by the grammars of their
+  // requests (take_tokens() ends with it, before the step planned ahead computes its masks); a
+  // token a grammar refuses marks its request broken (it ends with an error).
+  void advance_grammars(StepBuffers& sb);
+  // A launched step's masks, one per row of a request with a grammar, computed on the sampler
+  // threads while the device runs the step; the device-sampled ones go to the backend, the
+  // others wait in sb for take_tokens().
+  Status make_masks(StepBuffers& sb);
   // Whether the next step may be planned while this one runs.
   bool may_plan_ahead() const;
   // Fits step_model_ to a few steps of known shape run before the first request
@@ -97,6 +107,9 @@ class EngineCore {
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   EngineOptions options_;
   std::vector<std::int32_t> eos_ids_;
+  // The vocabulary as a trie of byte strings, built at the first request with a grammar.
+  mutable std::once_flag trie_once_;
+  mutable std::unique_ptr<const text::TokenTrie> trie_;
 
   mutable std::mutex mu_;  // guards everything below; the loop drops it around forward()
   std::condition_variable work_cv_, idle_cv_;
@@ -132,6 +145,11 @@ class EngineCore {
     // Per sampled row: its token is in its request's output already (a placeholder until the
     // step is done); its request ended while the step was in flight (the row is dropped).
     std::vector<char> appended, dead;
+    // Constrained decoding: per sampled row the index of its mask in `masks` (-1: none), and the
+    // masks (backend::mask_words(vocab) words each).
+    std::vector<std::int32_t> mask_of;
+    std::vector<std::uint64_t> masks;
+    std::size_t num_masks = 0;
     // Logits rows, never value-initialised: at 1,024 rows of a 128k vocabulary a zero-filled
     // std::vector writes 525 MB a step that a backend sampling on the device never reads
     // (docs/perf.md, "host time"). Untouched pages cost nothing.
@@ -195,6 +213,12 @@ struct EngineCore::Live {
   // step in flight whose token its output holds a placeholder for (-1: none). ahead_row may be
   // stale; it counts only where that step's row is this request.
   std::int32_t ahead_row = -1, placeholder_row = -1;
+  // Constrained decoding: the grammar's state after the output so far, the masks of the states
+  // it has been in (a string's text or a number stays in one state for many tokens), and
+  // whether a token it refused was sampled.
+  std::optional<text::GrammarState> grammar;
+  std::unique_ptr<text::MaskCache<text::GrammarState, text::GrammarKeyHash>> mask_cache;
+  bool grammar_broken = false;
 };
 
 }  // namespace lmserve::engine

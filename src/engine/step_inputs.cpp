@@ -125,6 +125,13 @@ Status EngineCore::plan(StepBuffers& sb, const StepBuffers* before, bool* any) {
     rs.top_k = p.top_k;
     rs.key = sb.lives[i]->device_key;
     rs.counter = static_cast<std::uint32_t>(r.output.size());
+    if (sb.lives[i]->grammar) {
+      if (!backend_->supports_masks()) {
+        rs = backend::RowSampling{};  // the host samples it, under its mask
+      } else {
+        rs.masked = true;
+      }
+    }
   }
   backend::Batch batch{sb.tokens, sb.positions, sb.slots, sb.seqs, sb.logits_rows, sb.sample_rows, sb.sampled_tokens};
   Status st = backend_->prepare(batch, std::span<float>(sb.logits.get(), sb.logits_rows.size() * vocab));
@@ -144,6 +151,7 @@ Status EngineCore::launch(StepBuffers& sb) {
   sb.backend_seconds = seconds(t0, t1);
   if (!st.is_ok()) return st;
   sb.launched = true;
+  LMSERVE_RETURN_IF_ERROR(make_masks(sb));
   // The step's tokens are known (the patched ones too), so the blocks it fills may be hashed
   // now; the cache's contents follow in stream order.
   scheduler_->commit_step(sb.out);

@@ -117,7 +117,7 @@ void EngineCore::complete(StepBuffers& sb, StepBuffers* ahead) {
     if (dead[i]) continue;
     Request* r = sampled[i];
     if (!sb.appended[i]) r->output.push_back(results[i].token);
-    if (!many || !options_.overlap_outputs || !r->params.stop.empty()) {
+    if (!many || !options_.overlap_outputs || !r->params.stop.empty() || lives[i]->grammar_broken) {
       sync_rows.push_back(i);
       continue;
     }
@@ -166,6 +166,11 @@ void EngineCore::complete(StepBuffers& sb, StepBuffers* ahead) {
     Live& L = *lives[i];
     SampleResult& res = results[i];
     OutputProcessor::Update& update = updates[i];
+    if (L.grammar_broken && update.finish == FinishReason::kNone) {
+      drop_ahead(r, L);
+      finish(r, FinishReason::kError, update.text, "", "constrained decoding: the sampled token does not fit the grammar", &res);
+      continue;
+    }
     if (update.finish != FinishReason::kNone) {
       drop_ahead(r, L);
       finish(r, update.finish, update.text, update.stop_reason, "", &res);

@@ -230,6 +230,19 @@ void OpenAiApp::generate(http::Exchange& ex, const ojson& body, bool chat, const
                                              "not_supported", "tool_choice"),
                        route);
   }
+  if (p.tools_forced) {
+    // Calls are not hoped for but written: the grammar of the server's tool-call format.
+    if (!opt_.tool_call_parser) {
+      return reply_error(ex,
+                         ApiError::bad_request("tool_choice 'required' or a named function needs the server started with --tool-call-parser.",
+                                               "not_supported", "tool_choice"),
+                         route);
+    }
+    auto g = tool_call_grammar(*opt_.tool_call_parser, p.chat_request.tools, p.forced_tool, p.parallel_tool_calls);
+    if (!g) return reply_error(ex, ApiError::bad_request("Invalid tools: " + g.error().message() + ".", "invalid_value", "tools"), route);
+    p.params.grammar = std::move(*g);
+    p.tools_auto = true;  // and the calls are read from the output as with "auto"
+  }
   std::vector<std::int32_t> prompt;
   if (chat) {
     auto ids = render_chat(p);

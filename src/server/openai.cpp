@@ -6,6 +6,8 @@
 #include <string_view>
 
 #include "common/build_info.h"
+#include "text/grammar.h"
+#include "text/json_schema.h"
 
 namespace lmserve::server {
 
@@ -66,6 +68,33 @@ struct Reader {
   do {                                             \
     if (auto lmserve_err_ = (expr)) return *lmserve_err_; \
   } while (false)
+
+// The grammar of a structured output: `kind` json (a JSON Schema, or a string of one), regex
+// (a string) or choice (a list of strings). A schema or pattern the grammars cannot follow is
+// a 400 naming what.
+std::optional<Err> structured_grammar(const ojson& v, const std::string& kind, const std::string& param, ParsedRequest& p) {
+  Result<std::shared_ptr<const text::Grammar>> g = error(StatusCode::kInvalidArgument, "");
+  if (kind == "json") {
+    ojson schema = v;
+    if (v.is_string()) {
+      schema = ojson::parse(v.get<std::string>(), nullptr, false);
+      if (schema.is_discarded()) return type_error(param, "a JSON Schema (an object, or a string of one)");
+    }
+    if (!schema.is_object() && !schema.is_boolean()) return type_error(param, "a JSON Schema (an object, or a string of one)");
+    g = text::compile_json_schema(schema);
+  } else if (kind == "regex") {
+    if (!v.is_string()) return type_error(param, "a string");
+    g = text::Grammar::regex(v.get<std::string>());
+  } else {
+    if (!v.is_array() || v.empty() || !std::all_of(v.begin(), v.end(), [](const ojson& x) { return x.is_string(); })) {
+      return type_error(param, "a non-empty list of strings");
+    }
+    g = text::Grammar::choice(v.get<std::vector<std::string>>());
+  }
+  if (!g.has_value()) return Err(ApiError::bad_request("Invalid " + param + ": " + g.error().message() + ".", "invalid_value", param));
+  p.params.grammar = std::move(*g);
+  return std::nullopt;
+}
 
 std::optional<Err> parse_common(const Reader& r, ParsedRequest& p) {
   auto& s = p.params;
@@ -214,18 +243,47 @@ Expected<ParsedRequest, ApiError> parse_request(const ojson& body, bool chat) {
       if (!body["tools"].empty()) p.chat_request.tools = body["tools"];
     }
     p.tools_auto = !p.chat_request.tools.is_null();
+    if (auto e = r.boolean("parallel_tool_calls", &p.parallel_tool_calls)) return *e;
     if (r.has("tool_choice")) {
       const ojson& tc = body["tool_choice"];
-      if (!(tc.is_string() && (tc == "none" || tc == "auto"))) {
-        return Err(ApiError::bad_request("Only tool_choice 'none' and 'auto' are supported.", "not_supported", "tool_choice"));
+      if (tc.is_string() && (tc == "none" || tc == "auto" || tc == "required")) {
+        if (tc == "none") p.tools_auto = false;  // the template still sees the tools (as vLLM's does); no calls are read
+        if (tc == "required") p.tools_forced = true;
+      } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") && tc["function"].is_object() &&
+                 tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+        p.tools_forced = true;
+        p.forced_tool = tc["function"]["name"].get<std::string>();
+      } else {
+        return Err(ApiError::bad_request("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}.",
+                                         "invalid_value", "tool_choice"));
       }
-      if (tc == "none") p.tools_auto = false;  // the template still sees the tools (as vLLM's does); no calls are read
+      if (p.tools_forced) {
+        if (p.chat_request.tools.is_null()) {
+          return Err(ApiError::bad_request("tool_choice 'required' or a named function needs 'tools'.", "invalid_value", "tool_choice"));
+        }
+        if (!p.forced_tool.empty()) {
+          const bool known = std::any_of(p.chat_request.tools.begin(), p.chat_request.tools.end(),
+                                         [&](const ojson& t) { return t["function"]["name"] == p.forced_tool; });
+          if (!known) return Err(ApiError::bad_request("tool_choice names a function that is not in 'tools'.", "invalid_value", "tool_choice"));
+        }
+        p.tools_auto = false;
+      }
     }
     if (r.has("response_format")) {
       const ojson& rf = body["response_format"];
-      if (!rf.is_object() || rf.value("type", "") != "text") {
-        return Err(ApiError::bad_request("Only response_format type 'text' is supported.", "not_supported", "response_format"));
+      const std::string type = rf.is_object() ? rf.value("type", "") : "";
+      if (type == "json_object") {
+        p.params.grammar = text::Grammar::json_object();
+      } else if (type == "json_schema") {
+        if (!rf.contains("json_schema") || !rf["json_schema"].is_object() || !rf["json_schema"].contains("schema")) {
+          return type_error("response_format.json_schema", "an object with a 'schema'");
+        }
+        if (auto e = structured_grammar(rf["json_schema"]["schema"], "json", "response_format", p)) return *e;
+      } else if (type != "text") {
+        return Err(ApiError::bad_request("response_format type must be 'text', 'json_object' or 'json_schema'.", "invalid_value",
+                                         "response_format"));
       }
+      p.structured = p.params.grammar != nullptr;
     }
     bool lp = false;
     if (auto e = r.boolean("logprobs", &lp)) return *e;
@@ -277,6 +335,36 @@ Expected<ParsedRequest, ApiError> parse_request(const ojson& body, bool chat) {
       std::int32_t b = 1;
       if (auto e = r.integer("best_of", &b, 1, 1)) return *e;
     }
+  }
+  // vLLM's extras: guided_json / guided_regex / guided_choice, or structured_outputs {json, regex, choice}.
+  ojson guided = ojson::object();
+  for (const char* k : {"json", "regex", "choice", "grammar"}) {
+    if (const std::string name = std::string("guided_") + k; r.has(name.c_str())) guided[k] = body[name];
+  }
+  if (r.has("structured_outputs")) {
+    if (!body["structured_outputs"].is_object()) return type_error("structured_outputs", "an object");
+    for (const auto& [k, v] : body["structured_outputs"].items()) {
+      if (k == "json" || k == "regex" || k == "choice" || k == "grammar") guided[k] = v;
+    }
+  }
+  if (!guided.empty()) {
+    if (guided.size() > 1 || p.params.grammar) {
+      return Err(ApiError::bad_request("Only one of response_format (json), guided_json, guided_regex and guided_choice may be given.",
+                                       "invalid_value", "guided_json"));
+    }
+    const auto first = guided.begin();
+    const std::string kind = first.key();
+    const ojson& v = first.value();
+    if (kind == "grammar") {
+      return Err(ApiError::bad_request("guided_grammar is not supported; use guided_json, guided_regex or guided_choice.", "not_supported",
+                                       "guided_grammar"));
+    }
+    if (auto e = structured_grammar(v, kind, "guided_" + kind, p)) return *e;
+    p.structured = true;
+  }
+  if (p.structured && p.tools_forced) {
+    return Err(ApiError::bad_request("response_format or guided decoding cannot be combined with tool_choice 'required' or a named function.",
+                                     "invalid_value", "tool_choice"));
   }
   return p;
 }

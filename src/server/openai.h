@@ -31,6 +31,14 @@ struct ParsedRequest {
   // chat
   text::ChatRequest chat_request;
   bool tools_auto = false;  // tools given and tool_choice "auto" (stated or by default): calls are read from the output
+  // tool_choice "required" (forced_tool empty) or a named function: the output is held to
+  // tool calls by a grammar (made where the server's tool-call format is known), and read.
+  bool tools_forced = false;
+  std::string forced_tool;
+  bool parallel_tool_calls = true;
+  // response_format json_object / json_schema, or vLLM's guided_json / guided_regex /
+  // guided_choice (or structured_outputs): params.grammar is set.
+  bool structured = false;
   // completions
   std::optional<std::string> prompt_text;
   std::vector<std::int32_t> prompt_ids;

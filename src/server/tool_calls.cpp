@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "text/json_schema.h"
+
 namespace lmserve::server {
 
 namespace {
@@ -384,6 +386,50 @@ ParsedToolOutput parse_tool_calls(ToolParser parser, std::string_view text) {
   if (!stream.well_formed()) return {.content = std::string(text), .calls = {}};
   if (!out.calls.empty() && skip_space(out.content) == out.content.size()) out.content.clear();
   return out;
+}
+
+Result<std::shared_ptr<const text::Grammar>> tool_call_grammar(ToolParser parser, const nlohmann::ordered_json& tools,
+                                                               const std::string& only, bool parallel) {
+  using text::GrammarNode;
+  using Kind = GrammarNode::Kind;
+  auto g = std::make_shared<text::Grammar>();
+  auto literal = [&](std::string s) { return g->add(GrammarNode{.kind = Kind::kLiterals, .literals = {std::move(s)}}); };
+  // One call's JSON object per function: its name, then its arguments.
+  GrammarNode calls{.kind = Kind::kAlt};
+  const std::string args_key = parser == ToolParser::kLlama3Json ? "parameters" : "arguments";
+  for (const auto& t : tools) {
+    const auto& f = t["function"];
+    const std::string name = f["name"].get<std::string>();
+    if (!only.empty() && name != only) continue;
+    const nlohmann::ordered_json params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"]
+                                                                                                  : nlohmann::ordered_json{{"type", "object"}};
+    auto args = text::add_json_schema(*g, params, params);
+    if (!args.has_value()) return error(StatusCode::kInvalidArgument, "function " + name + ": " + args.error().message());
+    GrammarNode call{.kind = Kind::kObject};
+    call.properties.push_back({nlohmann::ordered_json("name").dump(), literal(nlohmann::ordered_json(name).dump()), true});
+    call.properties.push_back({nlohmann::ordered_json(args_key).dump(), *args, true});
+    calls.children.push_back(g->add(std::move(call)));
+  }
+  if (calls.children.empty()) return error(StatusCode::kInvalidArgument, "no function to call");
+  const std::int32_t call = g->add(std::move(calls));
+  const std::uint32_t most = parallel && only.empty() ? UINT32_MAX : 1;
+  switch (parser) {
+    case ToolParser::kHermes: {
+      const std::int32_t one = g->add(GrammarNode{.kind = Kind::kSeq, .children = {literal("<tool_call>\n"), call, literal("\n</tool_call>")}});
+      g->root = g->add(GrammarNode{.kind = Kind::kRepeat, .item = one, .separator = literal("\n"), .min = 1, .max = most});
+      break;
+    }
+    case ToolParser::kLlama3Json:
+      g->root = call;
+      break;
+    case ToolParser::kMistral: {
+      const std::int32_t list = g->add(GrammarNode{.kind = Kind::kArray, .item = call, .min = 1, .max = most});
+      g->root = g->add(GrammarNode{.kind = Kind::kSeq, .children = {literal("[TOOL_CALLS]"), list}});
+      break;
+    }
+  }
+  g->finish();
+  return std::shared_ptr<const text::Grammar>(std::move(g));
 }
 
 }  // namespace lmserve::server

@@ -17,6 +17,11 @@
 // do not parse is all content, as it came.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "text/grammar.h"
+
 #include <optional>
 #include <string>
 #include <string_view>
@@ -97,5 +102,15 @@ struct ParsedToolOutput {
 };
 // A whole output: its content and calls (ids made by make_tool_call_id).
 ParsedToolOutput parse_tool_calls(ToolParser parser, std::string_view text);
+
+// tool_choice "required" or a named function, held by constrained decoding: the output is one
+// or more calls in the parser's format (Hermes: <tool_call>\n{"name": ..., "arguments": ...}\n
+// </tool_call>, one per line; Llama 3 JSON: one {"name": ..., "parameters": ...}; Mistral:
+// [TOOL_CALLS][{"name": ..., "arguments": ...}, ...]), each naming a function of `tools` (only
+// `only` when not empty) with arguments that validate against its `parameters` schema. One
+// call at most when `parallel` is false. InvalidArgument for a schema the grammars cannot
+// follow (json_schema's message).
+Result<std::shared_ptr<const text::Grammar>> tool_call_grammar(ToolParser parser, const nlohmann::ordered_json& tools,
+                                                               const std::string& only, bool parallel);
 
 }  // namespace lmserve::server

@@ -1,6 +1,8 @@
 #include "text/byte_dfa.h"
 
 #include <algorithm>
+#include <cctype>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -585,6 +587,39 @@ Result<ByteDfa> ByteDfa::compile(std::string_view pattern, Options options) {
     for (std::size_t b = 0; b < 256; ++b) {
       const auto t = dfa.next_[s * 256 + b];
       out.next_[r * 256 + b] = t == kDead ? kDead : renumber[static_cast<std::size_t>(t)];
+    }
+  }
+  // Characters to an accepting state: a 0-1 search backwards from them, where a byte that
+  // begins a character costs one and a continuation byte nothing.
+  const auto kept_n = static_cast<std::size_t>(kept);
+  std::vector<std::vector<std::pair<std::int32_t, int>>> back(kept_n);
+  for (std::size_t s = 0; s < kept_n; ++s) {
+    for (std::size_t b = 0; b < 256; ++b) {
+      const auto t = out.next_[s * 256 + b];
+      if (t != kDead) back[static_cast<std::size_t>(t)].emplace_back(static_cast<std::int32_t>(s), (b & 0xC0) == 0x80 ? 0 : 1);
+    }
+  }
+  out.to_accept_.assign(kept_n, UINT32_MAX);
+  std::deque<std::int32_t> todo;
+  for (std::size_t s = 0; s < kept_n; ++s) {
+    if (out.accept_[s]) {
+      out.to_accept_[s] = 0;
+      todo.push_back(static_cast<std::int32_t>(s));
+    }
+  }
+  while (!todo.empty()) {
+    const auto t = static_cast<std::size_t>(todo.front());
+    todo.pop_front();
+    for (auto [s, w] : back[t]) {
+      const std::uint32_t d = out.to_accept_[t] + static_cast<std::uint32_t>(w);
+      if (d < out.to_accept_[static_cast<std::size_t>(s)]) {
+        out.to_accept_[static_cast<std::size_t>(s)] = d;
+        if (w == 0) {
+          todo.push_front(s);
+        } else {
+          todo.push_back(s);
+        }
+      }
     }
   }
   return out;

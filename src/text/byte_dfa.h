@@ -43,12 +43,16 @@ class ByteDfa {
   std::int32_t next(std::int32_t state, unsigned char b) const { return next_[static_cast<std::size_t>(state) * 256 + b]; }
   bool accepting(std::int32_t state) const { return accept_[static_cast<std::size_t>(state)] != 0; }
   std::size_t states() const { return accept_.size(); }
+  // The fewest characters (UTF-8 sequences) that lead from `state` to an accepting state: a
+  // string with a length limit takes a character only if the pattern can still end in time.
+  std::uint32_t chars_to_accept(std::int32_t state) const { return to_accept_[static_cast<std::size_t>(state)]; }
   // Whole text matched (from the start state).
   bool matches(std::string_view text) const;
 
  private:
   std::vector<std::int32_t> next_;  // states x 256
   std::vector<char> accept_;
+  std::vector<std::uint32_t> to_accept_;
 };
 
 }  // namespace lmserve::text

@@ -545,11 +545,13 @@ void GrammarState::feed(Frame* st, int n, unsigned char b, Out& out) const {
           f.a = static_cast<std::uint32_t>(t);
           return true;
         };
+        // One more character, if the length allows it and (with a pattern) the pattern can
+        // still end within the length left.
         auto one_more = [&] {
           if (!counted) return true;
           if (f.b >= node.max) return false;
           ++f.b;
-          return true;
+          return !dfa || node.max == UINT32_MAX || dfa->chars_to_accept(static_cast<std::int32_t>(f.a)) <= node.max - f.b;
         };
         switch (f.phase) {
           case kStrOpen:
@@ -573,7 +575,8 @@ void GrammarState::feed(Frame* st, int n, unsigned char b, Out& out) const {
               if (dfa) {  // only when some escape's character may come next: no dead end
                 bool any = false;
                 for (unsigned char x : {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'}) {
-                  any |= dfa->next(static_cast<std::int32_t>(f.a), x) != ByteDfa::kDead;
+                  const std::int32_t t = dfa->next(static_cast<std::int32_t>(f.a), x);
+                  any |= t != ByteDfa::kDead && (!counted || node.max == UINT32_MAX || dfa->chars_to_accept(t) <= node.max - f.b - 1);
                 }
                 if (!any) return;
               }
@@ -595,7 +598,7 @@ void GrammarState::feed(Frame* st, int n, unsigned char b, Out& out) const {
             } else {
               return;
             }
-            if (!one_more() || !feed_dfa(b)) return;
+            if (!feed_dfa(b) || !one_more()) return;
             f.d = static_cast<std::uint8_t>(more | code << 2);
             return take();
           }
@@ -619,7 +622,7 @@ void GrammarState::feed(Frame* st, int n, unsigned char b, Out& out) const {
               default:
                 return;
             }
-            if (!one_more() || !feed_dfa(decoded)) return;
+            if (!feed_dfa(decoded) || !one_more()) return;
             f.phase = kStrIn;
             return take();
           }

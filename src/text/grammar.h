@@ -62,7 +62,7 @@ class Grammar {
  public:
   struct Limits {
     int max_depth = 24;       // frames per thread (nested values)
-    int max_space_run = 16;   // whitespace bytes in a row between JSON tokens
+    int max_space_run = 6;    // whitespace bytes in a row between JSON tokens (a model that pads wastes little)
   };
   std::vector<GrammarNode> nodes;
   std::vector<ByteDfa> dfas;

@@ -21,7 +21,7 @@ for _ in $(seq 1 200); do
 done
 [[ -n $port ]] || { echo "e2e: server did not start"; cat "$log"; exit 1; }
 
-LMSERVE_URL="http://127.0.0.1:$port" node --test "$here"/*.test.mjs
+LMSERVE_URL="http://127.0.0.1:$port" LMSERVE_BIN="$bin" LMSERVE_ROOT="$root" node --test "$here"/*.test.mjs
 rc=$?
 kill -TERM $pid
 wait $pid

@@ -183,7 +183,7 @@ std::string walk(const std::shared_ptr<const Grammar>& g, std::mt19937_64& rng) 
 
 const std::vector<std::string>& schemas() {
   static const std::vector<std::string> s = {
-      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"age":{"type":"integer","minimum":0,"maximum":130},"email":{"type":"string","format":"email"}},"required":["name","age"]})",
+      R"({"type":"object","properties":{"name":{"type":"string","maxLength":12},"age":{"type":"integer","minimum":0,"maximum":130},"email":{"type":"string","format":"email","maxLength":12}},"required":["name","age"]})",
       R"({"type":"array","items":{"type":"number","exclusiveMinimum":-2.5,"maximum":1000},"minItems":2,"maxItems":5})",
       R"({"type":"object","properties":{"kind":{"enum":["cat","dog",3,null,{"a":[1]}]},"tags":{"type":"array","items":{"type":"string","pattern":"^[a-z]{2,5}$"},"maxItems":3},"when":{"type":"string","format":"date-time"}},"required":["kind","tags","when"],"additionalProperties":false})",
       R"({"anyOf":[{"type":"string","minLength":3},{"type":"null"},{"type":"object","properties":{"x":{"const":"fixed"}},"required":["x"]}]})",

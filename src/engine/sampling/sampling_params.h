@@ -3,12 +3,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/status.h"
+
+namespace lmserve::text {
+class Grammar;
+}
 
 namespace lmserve::engine {
 
@@ -31,6 +36,10 @@ struct SamplingParams {
   std::int32_t n = 1;
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
+  // Constrained decoding (text/grammar.h): every token is drawn among those that keep the
+  // output a prefix of a text of the grammar, and an end token only once it is a whole one.
+  // Shared by every choice of the request (each keeps its own state).
+  std::shared_ptr<const text::Grammar> grammar;
 
   // InvalidArgument naming the first bad field (NaN anywhere, negative temperature, top_p
   // outside (0, 1], top_k < -1, n outside [1, max_n], logprobs outside [0, max_logprobs],
