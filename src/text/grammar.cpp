@@ -798,13 +798,38 @@ bool GrammarState::finished() const {
   return true;
 }
 
-std::string GrammarState::key() const {
+std::string GrammarState::key(std::size_t longest) const {
   std::string k;
   k.resize(1 + threads_ + sizeof(Frame) * used_);
   k[0] = static_cast<char>(threads_);
   std::memcpy(k.data() + 1, end_.data(), threads_);
-  std::memcpy(k.data() + 1 + threads_, frames_.data(), sizeof(Frame) * used_);
+  const auto L = static_cast<std::uint32_t>(std::min<std::size_t>(longest, 65535));
+  for (std::size_t i = 0; i < used_; ++i) {
+    Frame f = frames_[i];
+    const GrammarNode& n = raw_->nodes[f.node];
+    if (n.kind == Kind::kString && (n.min > 0 || n.max != UINT32_MAX)) {
+      // What is left of the limits, as far as a token can reach.
+      const std::uint32_t to_min = n.min > f.b ? n.min - f.b : 0, to_max = n.max - f.b;
+      f.b = std::min(to_min, L) << 16 | std::min(to_max, L);
+    }
+    std::memcpy(k.data() + 1 + threads_ + i * sizeof(Frame), &f, sizeof(Frame));
+  }
   return k;
+}
+
+int GrammarState::plain_string(std::uint32_t* room) const {
+  if (threads_ != 1 || used_ == 0) return -1;
+  const Frame& f = frames_[used_ - 1u];
+  const GrammarNode& n = raw_->nodes[f.node];
+  if (n.kind != Kind::kString || f.phase != kStrIn || n.dfa >= 0) return -1;
+  *room = n.max == UINT32_MAX ? UINT32_MAX : n.max - f.b;
+  const int left = f.d & 3, code = f.d >> 2;
+  switch (left) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return code == 1 ? 4 : code == 2 ? 5 : 2;
+    default: return code == 3 ? 6 : code == 4 ? 7 : 3;
+  }
 }
 
 }  // namespace lmserve::text

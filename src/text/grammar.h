@@ -104,8 +104,14 @@ class GrammarState {
   bool complete() const;
   // Nothing may follow (complete, and no byte is taken).
   bool finished() const;
-  // Everything the future depends on, as bytes: equal keys take the same texts.
-  std::string key() const;
+  // Everything the future depends on, as bytes: equal keys take the same texts of up to
+  // `longest` bytes (a string's length so far counts only where its limits are that near).
+  std::string key(std::size_t longest = 65535) const;
+  // Inside a JSON string without a pattern, the only thread: its UTF-8 position
+  // (TokenTrie::kUtf8Positions), and in *room the characters its maximum length leaves
+  // (UINT32_MAX: none); else -1. Text without a quote, backslash or control byte is then taken
+  // or refused by its UTF-8 and its length alone.
+  int plain_string(std::uint32_t* room) const;
   const Grammar& grammar() const { return *g_; }
 
   struct Frame {

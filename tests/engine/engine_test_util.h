@@ -180,6 +180,32 @@ class Asynchronous final : public Wrapping {
   }
   int launches() const { return launches_; }
 
+  // Masked rows (constrained decoding): the step is waited for here, then each masked greedy
+  // row gets the argmax of its logits among the tokens of its mask.
+  bool supports_masks() const override { return true; }
+  Status supply_masks(std::span<const std::uint64_t> masks) override {
+    join();
+    const std::size_t vocab = static_cast<std::size_t>(config().vocab_size), words = backend::mask_words(config().vocab_size);
+    std::size_t k = 0;
+    for (std::size_t r = 0; r < batch_.sample_rows.size(); ++r) {
+      const auto& rs = batch_.sample_rows[r];
+      if (!rs.masked || rs.mode == backend::RowSampling::Mode::kHost) continue;
+      if ((k + 1) * words > masks.size()) return Status(StatusCode::kInvalidArgument, "async test backend: too few masks");
+      const float* row = logits_.data() + r * vocab;
+      const std::uint64_t* m = masks.data() + k * words;
+      std::int32_t best = -1;
+      for (std::size_t t = 0; t < vocab; ++t) {
+        if (((m[t >> 6] >> (t & 63)) & 1) && (best < 0 || row[t] > row[static_cast<std::size_t>(best)])) best = static_cast<std::int32_t>(t);
+      }
+      batch_.sampled_tokens[r] = best;
+      ++k;
+    }
+    if (k * words != masks.size()) return Status(StatusCode::kInvalidArgument, "async test backend: masks for rows that are not masked");
+    ++masked_steps_;
+    return Status::ok();
+  }
+  int masked_steps() const { return masked_steps_; }
+
  private:
   void join() {
     if (worker_.joinable()) worker_.join();
@@ -201,15 +227,18 @@ class Asynchronous final : public Wrapping {
   std::span<float> logits_;
   std::thread worker_;
   Status status_;
-  int launches_ = 0;
+  int launches_ = 0, masked_steps_ = 0;
 };
 
-// make_engine over the backend under test made Asynchronous.
-inline std::unique_ptr<Engine> make_async_engine(const Loaded& m, std::int64_t blocks, EngineOptions o = {}, int block_size = 16) {
+// make_engine over the backend under test made Asynchronous (`out`: the wrapper, for counts).
+inline std::unique_ptr<Engine> make_async_engine(const Loaded& m, std::int64_t blocks, EngineOptions o = {}, int block_size = 16,
+                                                 const Asynchronous** out = nullptr) {
   if (o.scheduler.max_model_len == 2048) o.scheduler.max_model_len = 1024;
   auto b = make_backend(m, blocks, o.scheduler, block_size, backend::KvDtype::kFloat32);
   EXPECT_TRUE(b) << b.error().to_string();
-  auto e = Engine::create(std::make_unique<Asynchronous>(std::move(*b)), m.tokenizer, o);
+  auto wrapper = std::make_unique<Asynchronous>(std::move(*b));
+  if (out) *out = wrapper.get();
+  auto e = Engine::create(std::move(wrapper), m.tokenizer, o);
   EXPECT_TRUE(e) << e.error().to_string();
   return std::move(*e);
 }

@@ -74,6 +74,15 @@ class CudaBackend final : public Backend {
   // With device sampling every row of a mode other than kHost gets its token, and launch()
   // returns once the step is enqueued.
   bool asynchronous() const override { return limits_.device_sampling; }
+  bool supports_masks() const override { return limits_.device_sampling; }
+
+  Status supply_masks(std::span<const std::uint64_t> masks) override {
+    const std::size_t words = mask_words(config().vocab_size);
+    if (masks.size() % words != 0) return Status(StatusCode::kInvalidArgument, "supply_masks: not a whole number of masks");
+    std::string e = model_->supply_masks(masks.data(), static_cast<int>(masks.size() / words));
+    if (!e.empty()) return Status(StatusCode::kInvalidArgument, "cuda: " + e);
+    return Status::ok();
+  }
 
   // The step's arrays live in this backend's vectors until wait(): prepare() may overwrite them
   // for the next step only after launch() (the device model staged them at prepare()).
@@ -178,6 +187,7 @@ class CudaBackend final : public Backend {
     s.key_lo = static_cast<std::uint32_t>(r.key);
     s.key_hi = static_cast<std::uint32_t>(r.key >> 32);
     s.counter = r.counter;
+    s.masked = r.masked ? 1 : 0;
     return s;
   }
 

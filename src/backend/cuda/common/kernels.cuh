@@ -147,7 +147,11 @@ void launch_silu_mul(const void* gu, Act gu_act, int T, int I, void* out, Act ac
 
 // tokens[r] for r < R as specs[r] says (device_model.h, SampleSpec): -1 for mode 0, the
 // argmax of logits[r, 0..V) for mode 1, a draw for mode 2.
-void launch_sample(const float* logits, int R, int V, const SampleSpec* specs, std::int32_t* tokens, cudaStream_t s);
+// With `rows`: R rows of those indices (logits, specs and tokens at rows[k]).
+void launch_sample(const float* logits, int R, int V, const SampleSpec* specs, std::int32_t* tokens, cudaStream_t s,
+                   const std::int32_t* rows = nullptr);
+// logits[rows[k], t] = -infinity for every t whose bit in masks[k] ((V + 63) / 64 words) is clear.
+void launch_mask_rows(float* logits, int V, const std::int32_t* rows, int R, const std::uint64_t* masks, int words, cudaStream_t s);
 
 void launch_float_to_act(const float* in, void* out, Act act, std::int64_t n, cudaStream_t s);
 void launch_act_to_float(const void* in, Act act, float* out, std::int64_t n, cudaStream_t s);

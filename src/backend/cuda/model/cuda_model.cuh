@@ -50,6 +50,7 @@ class CudaModel final : public DeviceModel {
   std::string prepare(const StepInput& in) override;
   std::string launch(const std::int32_t* patch_index, const std::int32_t* patch_token, int patches) override;
   std::string finish(StepTimes* times) override;
+  std::string supply_masks(const std::uint64_t* masks, int n) override;
 
  private:
   // A step between prepare() and finish(): its input (the caller's arrays stay valid until
@@ -61,6 +62,7 @@ class CudaModel final : public DeviceModel {
     bool report = false;
     int fetch_r0 = 0, fetch_rows = 0;  // the rows copied back and not yet handed over
     bool fetch_tokens = false, fetch_logits = false;
+    int masked = 0;  // rows waiting for supply_masks (their fetch and the done event wait too)
     double stage_seconds = 0, launch_seconds = 0, device_seconds = 0;
   };
 
@@ -112,6 +114,11 @@ class CudaModel final : public DeviceModel {
   std::vector<LayerBuffers> layers_;
   DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
   DeviceBuffer tmp_kv_, kv_arena_, sampled_, swap_meta_, fold_ss_;
+  // Constrained decoding: the masked rows' indices, then their masks (supply_masks), staged in
+  // pinned memory and copied in one piece.
+  DeviceBuffer masks_;
+  void* mask_stage_ = nullptr;
+  std::size_t mask_words_ = 0, mask_rows_off_ = 0;
   std::vector<char> swap_stage_;
   Gemm gemm_;
   void* stage_ = nullptr;

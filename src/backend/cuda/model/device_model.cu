@@ -31,6 +31,7 @@ CudaModel::~CudaModel() {
   if (stage_) cudaFreeHost(stage_);
   if (host_logits_) cudaFreeHost(host_logits_);
   if (host_tokens_) cudaFreeHost(host_tokens_);
+  if (mask_stage_) cudaFreeHost(mask_stage_);
   if (staged_event_) cudaEventDestroy(staged_event_);
   if (done_event_) cudaEventDestroy(done_event_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -207,6 +208,11 @@ std::string CudaModel::launch(const std::int32_t* patch_index, const std::int32_
       o_.profile_step > 0 && (o_.profile_step_kind == 0 || o_.profile_step_kind == kind) && ++steps_ == o_.profile_step;
   if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStart());
   s.report = o_.step_report && !calibrating_;
+  s.masked = 0;
+  if (sampling_on(in)) {
+    for (int r = 0; r < in.num_rows; ++r) s.masked += in.sample[r].masked != 0 && in.sample[r].mode > 0 ? 1 : 0;
+  }
+  if (s.masked > 0 && in.num_rows > max_seqs_) return "masked rows in a step of more rows than the head holds";
   if (s.report) LMSERVE_TRY(report_.mark(0, stream_));
   LMSERVE_CUDA_TRY(cudaMemcpyAsync(meta_.p, stage_, staged_bytes_, cudaMemcpyHostToDevice, stream_));
   LMSERVE_CUDA_TRY(cudaEventRecord(staged_event_, stream_));
@@ -215,7 +221,7 @@ std::string CudaModel::launch(const std::int32_t* patch_index, const std::int32_
   if (s.decode) {
     LMSERVE_CUDA_TRY(cudaGraphLaunch(graphs_.at(s.bucket), stream_));
     if (s.report) LMSERVE_TRY(report_.mark(1, stream_));
-    LMSERVE_TRY(enqueue_fetch(s, 0, in.num_rows));
+    if (s.masked == 0) LMSERVE_TRY(enqueue_fetch(s, 0, in.num_rows));
   } else {
     LMSERVE_TRY(enqueue_layers(in.num_tokens, meta_.as<char>() + off_item_tok_, num_items_, num_single_));
     if (s.report) LMSERVE_TRY(report_.mark(1, stream_));
@@ -226,10 +232,10 @@ std::string CudaModel::launch(const std::int32_t* patch_index, const std::int32_
       const int R = std::min(max_seqs_, in.num_rows - r0);
       LMSERVE_TRY(enqueue_head(reinterpret_cast<const std::int32_t*>(meta_.as<char>() + off_rows_) + r0, R,
                                reinterpret_cast<const SampleSpec*>(meta_.as<char>() + off_sample_) + r0));
-      LMSERVE_TRY(enqueue_fetch(s, r0, R));
+      if (s.masked == 0) LMSERVE_TRY(enqueue_fetch(s, r0, R));
     }
   }
-  LMSERVE_CUDA_TRY(cudaEventRecord(done_event_, stream_));
+  if (s.masked == 0) LMSERVE_CUDA_TRY(cudaEventRecord(done_event_, stream_));
   LMSERVE_CUDA_TRY(cudaGetLastError());
   if (profiled) LMSERVE_CUDA_TRY(cudaProfilerStop());
   s.launch_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - s.device_seconds;
@@ -238,8 +244,38 @@ std::string CudaModel::launch(const std::int32_t* patch_index, const std::int32_
   return {};
 }
 
+std::string CudaModel::supply_masks(const std::uint64_t* masks, int n) {
+  if (!launched_ || inflight_.masked == 0) return "supply_masks without a launched step with masked rows";
+  Step& s = inflight_;
+  if (n != s.masked) return "supply_masks: " + std::to_string(n) + " masks for " + std::to_string(s.masked) + " masked rows";
+  // After the step's head (stream order): the masks' copy, the masking, the masked rows
+  // sampled again, the results' copies, the step's end.
+  auto* rows = static_cast<std::int32_t*>(mask_stage_);
+  int k = 0;
+  for (int r = 0; r < s.in.num_rows; ++r) {
+    if (s.in.sample[r].masked != 0 && s.in.sample[r].mode > 0) rows[k++] = r;
+  }
+  std::memcpy(static_cast<char*>(mask_stage_) + mask_rows_off_, masks, static_cast<std::size_t>(n) * mask_words_ * 8);
+  LMSERVE_CUDA_TRY(cudaSetDevice(device_));
+  LMSERVE_CUDA_TRY(cudaMemcpyAsync(masks_.p, mask_stage_, mask_rows_off_ + static_cast<std::size_t>(n) * mask_words_ * 8, cudaMemcpyHostToDevice, stream_));
+  const auto* dev_rows = masks_.as<std::int32_t>();
+  const auto* dev_masks = reinterpret_cast<const std::uint64_t*>(masks_.as<char>() + mask_rows_off_);
+  launch_mask_rows(logits_.as<float>(), static_cast<int>(d_.vocab), dev_rows, n, dev_masks, static_cast<int>(mask_words_), stream_);
+  launch_sample(logits_.as<float>(), n, static_cast<int>(d_.vocab), reinterpret_cast<const SampleSpec*>(meta_.as<char>() + off_sample_),
+                sampled_.as<std::int32_t>(), stream_, dev_rows);
+  s.masked = 0;
+  LMSERVE_TRY(enqueue_fetch(s, 0, s.in.num_rows));
+  LMSERVE_CUDA_TRY(cudaEventRecord(done_event_, stream_));
+  LMSERVE_CUDA_TRY(cudaGetLastError());
+  return {};
+}
+
 std::string CudaModel::finish(StepTimes* times) {
   if (!launched_) return "finish without a launched step";
+  if (inflight_.masked > 0) {
+    launched_ = false;
+    return "finish before supply_masks gave the step's masks";
+  }
   launched_ = false;
   Step& s = inflight_;
   const auto t0 = std::chrono::steady_clock::now();
@@ -315,6 +351,11 @@ std::string CudaModel::allocate_activations() {
   LMSERVE_TRY(hrows_.alloc(R * H * a));
   LMSERVE_TRY(logits_.alloc(R * static_cast<std::size_t>(d_.vocab) * 4));
   LMSERVE_TRY(sampled_.alloc(R * 4));
+  if (o_.device_sampling) {
+    mask_words_ = (static_cast<std::size_t>(d_.vocab) + 63) / 64;
+    mask_rows_off_ = align_up(R * 4);
+    LMSERVE_TRY(masks_.alloc(mask_rows_off_ + R * mask_words_ * 8));
+  }
   // Split-context partials: at most 4 x SMs + one wave of (item, head) blocks use splits.
   std::size_t split_blocks = 0;
   for (int n = 1; n <= max_seqs_; ++n) split_blocks = std::max(split_blocks, static_cast<std::size_t>(n * d_.kv_heads * splits_for(n)));
@@ -349,6 +390,7 @@ std::string CudaModel::allocate_activations() {
   LMSERVE_CUDA_TRY(cudaHostAlloc(&stage_, off, cudaHostAllocDefault));
   LMSERVE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_logits_), R * static_cast<std::size_t>(d_.vocab) * 4, cudaHostAllocDefault));
   LMSERVE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_tokens_), R * 4, cudaHostAllocDefault));
+  if (o_.device_sampling) LMSERVE_CUDA_TRY(cudaHostAlloc(&mask_stage_, mask_rows_off_ + R * mask_words_ * 8, cudaHostAllocDefault));
   // Decode graphs use identity items and rows: item i = token i of sequence i.
   LMSERVE_TRY(decode_items_.alloc(4 * R * 4));
   std::vector<std::int32_t> ids(4 * R);

@@ -24,6 +24,9 @@ struct SampleSpec {
   std::int32_t top_k = 0;  // <= 0: off
   std::uint32_t key_lo = 0, key_hi = 0, counter = 0;
   std::int32_t mode = 0;
+  // Constrained decoding (backend.h, RowSampling::masked): the row is decided again, under its
+  // mask, once DeviceModel::supply_masks gives it.
+  std::int32_t masked = 0;
 };
 
 struct ModelDims {
@@ -100,6 +103,11 @@ class DeviceModel {
   virtual std::string prepare(const StepInput& in) = 0;
   virtual std::string launch(const std::int32_t* patch_index, const std::int32_t* patch_token, int patches) = 0;
   virtual std::string finish(StepTimes* times) = 0;
+  // The masks of the launched step's masked rows (SampleSpec::masked with mode > 0), in row
+  // order, (vocab + 63) / 64 words each: the rows' logits outside their masks become -infinity
+  // and the rows are sampled again, after the step's own work and before its results come
+  // back. A step with masked rows needs this call between launch and finish.
+  virtual std::string supply_masks(const std::uint64_t* masks, int n) = 0;
   // One step start to end, with no patches.
   std::string forward(const StepInput& in, StepTimes* times) {
     if (std::string e = prepare(in); !e.empty()) return e;

@@ -138,18 +138,20 @@ __device__ std::uint32_t radix_select(const float* row, int V, std::uint32_t flo
   return prefix;
 }
 
-__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const float* logits, int V, const SampleSpec* specs, std::int32_t* tokens) {
+__global__ void __launch_bounds__(kSampleThreads) sample_kernel(const float* logits, int V, const SampleSpec* specs, std::int32_t* tokens,
+                                                                const std::int32_t* rows) {
   __shared__ float s_v[kSampleWarps];
   __shared__ int s_i[kSampleWarps];
   __shared__ unsigned long long s_u[kSampleWarps];
   __shared__ SelectShared sh;
   pdl_wait();
   pdl_release();
-  const SampleSpec sp = specs[blockIdx.x];
-  const float* row = logits + static_cast<std::int64_t>(blockIdx.x) * V;
+  const int r = rows ? rows[blockIdx.x] : static_cast<int>(blockIdx.x);
+  const SampleSpec sp = specs[r];
+  const float* row = logits + static_cast<std::int64_t>(r) * V;
   const int tid = threadIdx.x;
   if (sp.mode <= 0) {
-    if (tid == 0) tokens[blockIdx.x] = -1;
+    if (tid == 0) tokens[r] = -1;
     return;
   }
   float bv = -INFINITY;
@@ -162,12 +164,12 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const float* log
   const float mx = bv;
   const int top = bi < V ? bi : 0;
   if (sp.mode == 1 || !(sp.temperature > 0.0f) || !(mx > -INFINITY)) {
-    if (tid == 0) tokens[blockIdx.x] = top;
+    if (tid == 0) tokens[r] = top;
     return;
   }
   const float inv_t = 1.0f / sp.temperature;
   if (isinf(inv_t)) {  // a temperature too small to divide by: the argmax, as its limit
-    if (tid == 0) tokens[blockIdx.x] = top;
+    if (tid == 0) tokens[r] = top;
     return;
   }
   std::uint32_t floor = 0;  // kept: order_key(x) >= floor
@@ -197,14 +199,31 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const float* log
     if (score > best || (score == best && i < pick)) best = score, pick = i;
   }
   block_argmax(&best, &pick, s_v, s_i);
-  if (tid == 0) tokens[blockIdx.x] = pick < V ? pick : top;
+  if (tid == 0) tokens[r] = pick < V ? pick : top;
+}
+
+// Constrained decoding: a row's logits outside its mask become -infinity (launch_mask_rows).
+__global__ void mask_kernel(float* logits, int V, const std::int32_t* rows, const std::uint64_t* masks, int words) {
+  const int k = blockIdx.y;
+  float* row = logits + static_cast<std::int64_t>(rows[k]) * V;
+  const std::uint64_t* m = masks + static_cast<std::int64_t>(k) * words;
+  for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < V; t += gridDim.x * blockDim.x) {
+    if (!((m[t >> 6] >> (t & 63)) & 1ull)) row[t] = -INFINITY;
+  }
 }
 
 }  // namespace
 
-void launch_sample(const float* logits, int R, int V, const SampleSpec* specs, std::int32_t* tokens, cudaStream_t s) {
+void launch_sample(const float* logits, int R, int V, const SampleSpec* specs, std::int32_t* tokens, cudaStream_t s, const std::int32_t* rows) {
   if (R == 0) return;
-  launch_pdl(sample_kernel, dim3(R), dim3(kSampleThreads), 0, s, logits, V, specs, tokens);
+  launch_pdl(sample_kernel, dim3(R), dim3(kSampleThreads), 0, s, logits, V, specs, tokens, rows);
+}
+
+void launch_mask_rows(float* logits, int V, const std::int32_t* rows, int R, const std::uint64_t* masks, int words, cudaStream_t s) {
+  if (R == 0) return;
+  constexpr int kThreads = 256, kPerThread = 4;
+  const dim3 grid((V + kThreads * kPerThread - 1) / (kThreads * kPerThread), R);
+  mask_kernel<<<grid, kThreads, 0, s>>>(logits, V, rows, masks, words);
 }
 
 }  // namespace lmserve::cuda
