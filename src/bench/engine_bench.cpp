@@ -191,6 +191,7 @@ Result<ThroughputResult> run_throughput(engine::Engine& e, std::int64_t V, const
     g.params.temperature = 0;
     g.params.ignore_eos = true;
     g.params.max_tokens = out;
+    g.params.grammar = o.grammar;
     r.prompt_tokens += in;
     reqs.push_back(std::move(g));
   }

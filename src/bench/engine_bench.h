@@ -52,6 +52,8 @@ struct ThroughputOptions {
   // Per-request lengths (a length mix); when set they replace input_len/output_len.
   std::vector<std::int64_t> input_lens, output_lens;
   std::uint64_t seed = 0;
+  // Constrained decoding: every request's output held to this grammar (null: none).
+  std::shared_ptr<const text::Grammar> grammar;
 };
 
 struct ThroughputResult {

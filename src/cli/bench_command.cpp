@@ -13,6 +13,8 @@
 #include "bench/load.h"
 #include "cli/commands.h"
 #include "cli/model_options.h"
+#include "common/file.h"
+#include "text/json_schema.h"
 
 namespace lmserve::cli {
 namespace {
@@ -113,6 +115,7 @@ Command add_bench_command(CLI::App& app) {
     double swap_space_gib = kDefaultSwapSpaceGib;
     bool async_scheduling = true;
     double sustain_seconds = 6.0;  // throughput on a GPU: the sustained matrix rate's measurement
+    std::string json_schema;       // throughput: a file; every output held to it
   };
   auto lat = std::make_shared<Opts>();
   auto thr = std::make_shared<Opts>();
@@ -145,6 +148,9 @@ Command add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"random", "mixed"}))
       ->capture_default_str();
   add_mixed_length_options(*throughput, thr->mix);
+  throughput->add_option("--json-schema", thr->json_schema,
+                         "hold every request's output to the JSON Schema in this file (constrained decoding, as response_format json_schema)")
+      ->check(CLI::ExistingFile);
   throughput->add_flag("--compare-uniform", thr->compare_uniform, "mixed: also run uniform lengths with the same means and compare");
   throughput->add_option("--sustained-rate-seconds", thr->sustain_seconds,
                          "GPU: after the run, time bf16 products this long for the matrix rate the power limit sustains (0: skip)")
@@ -189,7 +195,17 @@ Command add_bench_command(CLI::App& app) {
     }
     auto& o = *thr;
     // Per-request lengths of a mixed run, and the uniform run with the same means.
-    bench::ThroughputOptions to{o.num_prompts, o.input_len, o.output_len, {}, {}, o.seed};
+    bench::ThroughputOptions to{o.num_prompts, o.input_len, o.output_len, {}, {}, o.seed, nullptr};
+    if (!o.json_schema.empty()) {
+      auto text = read_file(o.json_schema);
+      if (!text) return fail("throughput", text.error());
+      auto schema = nlohmann::ordered_json::parse(*text, nullptr, false);
+      if (schema.is_discarded()) return fail("throughput", Status(StatusCode::kInvalidArgument, o.json_schema + ": not JSON"));
+      auto g = text::compile_json_schema(schema);
+      if (!g) return fail("throughput", g.error());
+      to.grammar = *g;
+      std::printf("constrained decoding: every output held to %s\n", o.json_schema.c_str());
+    }
     std::int64_t longest = o.input_len + o.output_len;
     std::optional<bench::ThroughputOptions> uniform;
     if (o.dataset == "mixed") {

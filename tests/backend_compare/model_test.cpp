@@ -250,6 +250,105 @@ TEST(CudaBackend, DeviceSampledGreedyTokensAreTheCpuArgmax) {
   }
 }
 
+// Constrained decoding: masked rows (RowSampling::masked) are decided again once their masks
+// arrive (supply_masks between launch and wait): a greedy row gets the CPU's argmax among its
+// allowed tokens, a random row a token of its mask, a row of one allowed token that token; the
+// other rows are untouched — through graphs and eagerly.
+TEST(CudaBackend, MaskedRowsDrawOnlyAllowedTokens) {
+  LMSERVE_REQUIRE_GPU();
+  auto w = model::ModelWeights::load(lmserve::testing::source_dir() / "models/demo", {.dtype = "float32"});
+  ASSERT_TRUE(w);
+  const std::int64_t V = (*w)->config().vocab_size;
+  const std::size_t words = backend::mask_words(V);
+  for (bool eager : {false, true}) {
+    SCOPED_TRACE(eager ? "eager" : "graphs");
+    backend::CudaBackendOptions o;
+    o.kv_dtype = KvDtype::kFloat32;
+    o.num_blocks = 64;
+    o.max_num_seqs = 8;
+    o.max_num_batched_tokens = 512;
+    o.max_model_len = 1024;
+    o.enforce_eager = eager;
+    o.device_sampling = true;
+    auto gpu = backend::make_cuda_backend(*w, o);
+    ASSERT_TRUE(gpu) << gpu.error().to_string();
+    ASSERT_TRUE((*gpu)->supports_masks());
+    auto cpu = backend::make_cpu_backend(*w, {.kv = {KvDtype::kFloat32, 16, 64}, .threads = 2});
+    ASSERT_TRUE(cpu);
+    std::vector<std::vector<std::int32_t>> tables(5);
+    for (int s = 0; s < 5; ++s) {
+      for (int b = 0; b < 4; ++b) tables[static_cast<std::size_t>(s)].push_back(s * 4 + b);
+    }
+    std::vector<std::int32_t> next = {11, 222, 3333, 444, 55};
+    for (int step = 0; step < 5; ++step) {
+      std::vector<std::int32_t> positions(5, step), rows = {0, 1, 2, 3, 4};
+      std::vector<std::int64_t> slots;
+      std::vector<backend::SeqBatch> seqs;
+      for (int s = 0; s < 5; ++s) {
+        slots.push_back(static_cast<std::int64_t>(tables[static_cast<std::size_t>(s)][0]) * 16 + step);
+        seqs.push_back({s, 1, step + 1, tables[static_cast<std::size_t>(s)]});
+      }
+      std::vector<float> cl(5 * static_cast<std::size_t>(V)), gl(cl.size());
+      ASSERT_TRUE((*cpu)->forward({next, positions, slots, seqs, rows}, cl).is_ok());
+      using Mode = backend::RowSampling::Mode;
+      // Rows 0, 1 greedy and masked; row 2 random and masked; row 3 greedy, not masked; row 4
+      // masked to a single token.
+      std::vector<backend::RowSampling> modes(5, {.mode = Mode::kGreedy});
+      modes[2] = {.mode = Mode::kRandom, .temperature = 1.0f, .top_p = 0.9f, .key = 5, .counter = static_cast<std::uint32_t>(step)};
+      for (int r : {0, 1, 2, 4}) modes[static_cast<std::size_t>(r)].masked = true;
+      auto allowed = [&](int r, std::int64_t t) {
+        if (r == 4) return t == 100 + step;
+        return (t * 7 + r * 13 + step) % (r == 1 ? 97 : 5) == 0;
+      };
+      std::vector<std::uint64_t> masks;
+      for (int r : {0, 1, 2, 4}) {
+        std::vector<std::uint64_t> m(words, 0);
+        for (std::int64_t t = 0; t < V; ++t) {
+          if (allowed(r, t)) m[static_cast<std::size_t>(t) >> 6] |= std::uint64_t{1} << (t & 63);
+        }
+        masks.insert(masks.end(), m.begin(), m.end());
+      }
+      std::vector<std::int32_t> picked(5, -1);
+      backend::Batch batch{next, positions, slots, seqs, rows, modes, picked};
+      ASSERT_TRUE((*gpu)->prepare(batch, gl).is_ok());
+      ASSERT_TRUE((*gpu)->launch({}).is_ok());
+      Status st = (*gpu)->supply_masks(masks);
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      st = (*gpu)->wait();
+      ASSERT_TRUE(st.is_ok()) << st.to_string();
+      for (int r = 0; r < 5; ++r) {
+        const float* row = &cl[static_cast<std::size_t>(r) * static_cast<std::size_t>(V)];
+        std::int32_t want = -1;
+        for (std::int64_t t = 0; t < V; ++t) {
+          if ((r == 3 || allowed(r, t)) && (want < 0 || row[t] > row[want])) want = static_cast<std::int32_t>(t);
+        }
+        const std::int32_t got = picked[static_cast<std::size_t>(r)];
+        if (r == 2) {
+          EXPECT_TRUE(got >= 0 && allowed(2, got)) << "step " << step << ": random row drew " << got;
+        } else {
+          EXPECT_EQ(got, want) << "step " << step << " row " << r;
+        }
+      }
+      next = {picked[0], picked[1], picked[2], picked[3], picked[4]};
+    }
+    // A step with masked rows needs its masks: the count must match.
+    std::vector<std::int32_t> positions(1, 5), rows = {0}, one = {7};
+    std::vector<std::int64_t> slots = {static_cast<std::int64_t>(tables[0][0]) * 16 + 5};
+    std::vector<backend::SeqBatch> seqs = {{0, 1, 6, tables[0]}};
+    std::vector<backend::RowSampling> modes = {{.mode = backend::RowSampling::Mode::kGreedy, .masked = true}};
+    std::vector<std::int32_t> picked(1, -1);
+    std::vector<float> gl(static_cast<std::size_t>(V));
+    ASSERT_TRUE((*gpu)->prepare({one, positions, slots, seqs, rows, modes, picked}, gl).is_ok());
+    ASSERT_TRUE((*gpu)->launch({}).is_ok());
+    std::vector<std::uint64_t> two(2 * words, ~std::uint64_t{0});
+    EXPECT_EQ((*gpu)->supply_masks(two).code(), StatusCode::kInvalidArgument);
+    std::vector<std::uint64_t> all(words, ~std::uint64_t{0});
+    EXPECT_TRUE((*gpu)->supply_masks(all).is_ok());
+    EXPECT_TRUE((*gpu)->wait().is_ok());
+    EXPECT_GE(picked[0], 0);
+  }
+}
+
 TEST(CudaBackend, RejectsWhatItWasNotPlannedFor) {
   LMSERVE_REQUIRE_GPU();
   auto w = model::ModelWeights::load(lmserve::testing::source_dir() / "tests/fixtures/models/tiny-mistral", {});

@@ -211,10 +211,18 @@ class Asynchronous final : public Wrapping {
     if (worker_.joinable()) worker_.join();
   }
   Status run(const backend::Batch& b, std::span<float> logits) {
-    LMSERVE_RETURN_IF_ERROR(inner_->forward(b, logits));
+    // Masked rows are decided in supply_masks, from their logits: the inner backend leaves
+    // them to the host (and so returns the logits, a device backend too).
+    std::vector<backend::RowSampling> rows(b.sample_rows.begin(), b.sample_rows.end());
+    for (auto& r : rows) {
+      if (r.masked) r = backend::RowSampling{};
+    }
+    backend::Batch plain = b;
+    plain.sample_rows = rows;
+    LMSERVE_RETURN_IF_ERROR(inner_->forward(plain, logits));
     const std::size_t vocab = static_cast<std::size_t>(config().vocab_size);
     for (std::size_t k = 0; k < b.sample_rows.size() && k < b.sampled_tokens.size(); ++k) {
-      if (b.sample_rows[k].mode == backend::RowSampling::Mode::kHost || b.sampled_tokens[k] >= 0) continue;
+      if (b.sample_rows[k].mode == backend::RowSampling::Mode::kHost || b.sample_rows[k].masked || b.sampled_tokens[k] >= 0) continue;
       if (b.sample_rows[k].mode == backend::RowSampling::Mode::kRandom) {
         return Status(StatusCode::kInternal, "async test backend: random rows are not sampled here");
       }

@@ -548,7 +548,7 @@ std::string CudaModel::capture_graphs() {
     cudaGraph_t graph = nullptr;
     LMSERVE_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     std::string e = enqueue_layers(b, decode_items_.as<char>(), b, b);
-    if (e.empty()) e = enqueue_head(decode_items_.as<std::int32_t>() + 3 * max_seqs_, b, meta_.as<SampleSpec>() + off_sample_ / sizeof(SampleSpec));
+    if (e.empty()) e = enqueue_head(decode_items_.as<std::int32_t>() + 3 * max_seqs_, b, reinterpret_cast<const SampleSpec*>(meta_.as<char>() + off_sample_));
     cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (!e.empty()) return e;
     if (end != cudaSuccess) return std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);

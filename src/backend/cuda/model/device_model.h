@@ -23,11 +23,12 @@ struct SampleSpec {
   float temperature = 1.0f, top_p = 1.0f, min_p = 0.0f;
   std::int32_t top_k = 0;  // <= 0: off
   std::uint32_t key_lo = 0, key_hi = 0, counter = 0;
-  std::int32_t mode = 0;
+  std::int16_t mode = 0;
   // Constrained decoding (backend.h, RowSampling::masked): the row is decided again, under its
   // mask, once DeviceModel::supply_masks gives it.
-  std::int32_t masked = 0;
+  std::int16_t masked = 0;
 };
+static_assert(sizeof(SampleSpec) == 32, "SampleSpec: 32 bytes, as the staging layout and the kernels read it");
 
 struct ModelDims {
   std::int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
