@@ -11,7 +11,9 @@ Result<KvDtype> parse_kv_dtype(std::string_view n, model::DType model_dtype) {
     switch (model_dtype) {
       case model::DType::kF32: return KvDtype::kFloat32;
       case model::DType::kF16: return KvDtype::kFloat16;
-      case model::DType::kBF16: return KvDtype::kBFloat16;
+      case model::DType::kBF16:
+      case model::DType::kF8E4M3:  // never an activation dtype; bf16 as an FP8 checkpoint's activations
+        return KvDtype::kBFloat16;
     }
   }
   if (n == "float32" || n == "fp32") return KvDtype::kFloat32;

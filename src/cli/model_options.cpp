@@ -12,6 +12,11 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_option("--model", model, "model folder (config.json, safetensors, tokenizer)")->required();
   app.add_option("--tokenizer", tokenizer, "tokenizer folder (default: the model folder)");
   app.add_option("--dtype", dtype, "weight dtype: auto, float32, bfloat16, float16")->capture_default_str();
+  app.add_option("--quantization", quantization,
+                 "none, or fp8: the linear projections' weights as e4m3 with a scale per output channel, quantized at load "
+                 "(an FP8 checkpoint is FP8 either way); --dtype stays the activations' dtype")
+      ->check(CLI::IsMember({"none", "fp8"}))
+      ->capture_default_str();
   app.add_option("--load-format", load_format, "auto, safetensors, or dummy (random weights, config.json only)")
       ->capture_default_str();
   app.add_option("--kv-cache-dtype", kv_cache_dtype, "auto, float32, bfloat16, float16, fp8_e5m2, fp8_e4m3")->capture_default_str();
@@ -79,6 +84,7 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
   if (block_size < 1 || block_size > 1024) return error(StatusCode::kInvalidArgument, "--block-size must be in [1, 1024]");
   model::LoadOptions lo;
   lo.dtype = dtype;
+  lo.quantization = quantization;
   if (load_format == "dummy") {
     lo.format = model::LoadOptions::Format::kDummy;
   } else if (load_format != "auto" && load_format != "safetensors") {

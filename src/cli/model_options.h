@@ -33,6 +33,7 @@ struct ModelOptions {
   std::string model;
   std::string tokenizer;  // empty: the model folder
   std::string dtype = "auto";
+  std::string quantization = "none";  // none | fp8 (the linear projections' weights)
   std::string load_format = "auto";
   std::string kv_cache_dtype = "auto";
   std::string device = "auto";

@@ -14,6 +14,7 @@ std::string_view dtype_name(DType d) {
     case DType::kF32: return "float32";
     case DType::kF16: return "float16";
     case DType::kBF16: return "bfloat16";
+    case DType::kF8E4M3: return "float8_e4m3fn";
   }
   return "?";
 }
@@ -23,11 +24,12 @@ std::string_view safetensors_dtype(DType d) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kF8E4M3: return "F8_E4M3";
   }
   return "?";
 }
 
-int dtype_bytes(DType d) { return d == DType::kF32 ? 4 : 2; }
+int dtype_bytes(DType d) { return d == DType::kF32 ? 4 : d == DType::kF8E4M3 ? 1 : 2; }
 
 Result<DType> parse_dtype(std::string_view n) {
   if (n == "float32" || n == "fp32" || n == "float") return DType::kF32;
@@ -44,6 +46,16 @@ std::int64_t ModelConfig::num_parameters() const {
   if (qk_norm) per_layer += 2 * head_dim;
   std::int64_t embed = vocab_size * hidden_size;
   return embed * (tie_word_embeddings ? 1 : 2) + num_layers * per_layer + hidden_size;
+}
+
+std::int64_t ModelConfig::num_projection_parameters() const {
+  const std::int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
+  return num_layers * (hidden_size * (q + 2 * kv) + q * hidden_size + 3 * hidden_size * intermediate_size);
+}
+
+std::int64_t ModelConfig::num_projection_rows() const {
+  const std::int64_t q = num_heads * head_dim, kv = num_kv_heads * head_dim;
+  return num_layers * (q + 2 * kv + hidden_size + 2 * intermediate_size + hidden_size);
 }
 
 namespace {
@@ -179,6 +191,35 @@ Result<ModelConfig> parse_config(std::string_view config_json, std::string_view 
     auto d = parse_dtype(dt);
     if (!d) return error(field_error("torch_dtype", "'" + dt + "' is not supported"));
     c.dtype = *d;
+    if (j.contains("quantization_config") && j["quantization_config"].is_object()) {
+      // FP8 checkpoints as llm-compressor writes them: compressed-tensors, float-quantized,
+      // 8-bit float weights per channel or per tensor, activations quantized per token at run time.
+      const json& q = j["quantization_config"];
+      const std::string method = q.value("quant_method", std::string());
+      if (method != "compressed-tensors") {
+        return error(field_error("quantization_config", "quant_method '" + method + "' is not supported (compressed-tensors FP8)"));
+      }
+      const std::string format = q.value("format", std::string());
+      if (format != "float-quantized" && format != "naive-quantized") {
+        return error(field_error("quantization_config", "format '" + format + "' is not supported (float-quantized)"));
+      }
+      if (!q.contains("config_groups") || !q["config_groups"].is_object() || q["config_groups"].empty()) {
+        return error(field_error("quantization_config", "needs config_groups"));
+      }
+      for (const auto& [name, group] : q["config_groups"].items()) {
+        const json w = group.value("weights", json());
+        const std::string strategy = w.is_object() ? w.value("strategy", std::string()) : "";
+        if (!w.is_object() || w.value("num_bits", 0) != 8 || w.value("type", std::string()) != "float" ||
+            (strategy != "channel" && strategy != "tensor")) {
+          return error(field_error("quantization_config", "group " + name + ": only 8-bit float weights per channel or per tensor are supported"));
+        }
+        const json a = group.value("input_activations", json());
+        if (!a.is_null() && (!a.is_object() || !a.value("dynamic", false) || a.value("num_bits", 0) != 8 || a.value("type", std::string()) != "float")) {
+          return error(field_error("quantization_config", "group " + name + ": only dynamic 8-bit float activations are supported"));
+        }
+      }
+      c.fp8_checkpoint = true;
+    }
     if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<std::int32_t>();
     if (j.contains("eos_token_id")) add_ids(j["eos_token_id"], c.eos_token_ids);
   } catch (const json::exception& e) {

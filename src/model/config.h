@@ -16,10 +16,12 @@
 namespace lmserve::model {
 
 enum class Architecture { kLlama, kMistral, kQwen2, kQwen3 };
-enum class DType { kF32, kF16, kBF16 };
+// kF8E4M3: FP8 weights only (a linear projection quantized with per-channel or per-tensor
+// scales, Tensor::scales); never an activation dtype.
+enum class DType { kF32, kF16, kBF16, kF8E4M3 };
 
-std::string_view dtype_name(DType d);          // "float32", "float16", "bfloat16"
-std::string_view safetensors_dtype(DType d);   // "F32", "F16", "BF16"
+std::string_view dtype_name(DType d);          // "float32", "float16", "bfloat16", "float8_e4m3fn"
+std::string_view safetensors_dtype(DType d);   // "F32", "F16", "BF16", "F8_E4M3"
 int dtype_bytes(DType d);
 // "auto" | "float32" | "bfloat16" | "float16" (also "fp32", "bf16", "fp16", "half", "float").
 Result<DType> parse_dtype(std::string_view name);
@@ -52,10 +54,17 @@ struct ModelConfig {
   bool qk_norm = false;   // Qwen3
   DType dtype = DType::kBF16;  // torch_dtype / dtype
   std::vector<std::int32_t> eos_token_ids;  // config + generation_config, deduplicated
+  // The checkpoint's linear projections are FP8 (config.json's quantization_config:
+  // compressed-tensors float-quantized, 8-bit float weights, dynamic per-token activations).
+  bool fp8_checkpoint = false;
   std::int32_t bos_token_id = -1;
 
   // Elements of each weight tensor, for the capacity planner and the memory plan.
   std::int64_t num_parameters() const;
+  // Of them, the linear projections' (q, k, v, o, gate, up, down: what FP8 quantizes), and their
+  // output channels (one FP8 scale each).
+  std::int64_t num_projection_parameters() const;
+  std::int64_t num_projection_rows() const;
 };
 
 // InvalidArgument naming the field for anything missing, inconsistent (heads not dividing

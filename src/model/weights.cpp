@@ -2,6 +2,8 @@
 
 #include <thread>
 
+#include <atomic>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -17,11 +19,22 @@ std::int64_t Tensor::numel() const {
   return n;
 }
 
+std::uint64_t Tensor::bytes() const {
+  return static_cast<std::uint64_t>(numel() * dtype_bytes(dtype) + num_scales * static_cast<std::int64_t>(sizeof(float)));
+}
+
+namespace {
+float fp8_scale(const Tensor& t, std::int64_t i) {
+  return t.num_scales == 1 ? t.scales[0] : t.scales[i / t.shape.back()];
+}
+}  // namespace
+
 float Tensor::at(std::int64_t i) const {
   switch (dtype) {
     case DType::kF32: return static_cast<const float*>(data)[i];
     case DType::kF16: return f16_to_float(static_cast<const std::uint16_t*>(data)[i]);
     case DType::kBF16: return bf16_to_float(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kF8E4M3: return fp8_e4m3_to_float(static_cast<const std::uint8_t*>(data)[i]) * fp8_scale(*this, i);
   }
   return 0.0f;
 }
@@ -39,6 +52,11 @@ void Tensor::to_float(std::int64_t offset, std::int64_t count, float* out) const
       for (std::int64_t i = 0; i < count; ++i) out[i] = bf16_to_float(p[i]);
       return;
     }
+    case DType::kF8E4M3: {
+      const auto* p = static_cast<const std::uint8_t*>(data) + offset;
+      for (std::int64_t i = 0; i < count; ++i) out[i] = fp8_e4m3_to_float(p[i]) * fp8_scale(*this, offset + i);
+      return;
+    }
   }
 }
 
@@ -48,7 +66,8 @@ Result<DType> dtype_of(const std::string& s) {
   if (s == "F32") return DType::kF32;
   if (s == "F16") return DType::kF16;
   if (s == "BF16") return DType::kBF16;
-  return error(StatusCode::kInvalidArgument, "dtype " + s + " is not supported for weights (F32, F16, BF16)");
+  if (s == "F8_E4M3") return DType::kF8E4M3;
+  return error(StatusCode::kInvalidArgument, "dtype " + s + " is not supported for weights (F32, F16, BF16, F8_E4M3)");
 }
 
 std::string shape_str(const std::vector<std::int64_t>& s) {
@@ -62,8 +81,11 @@ void store(DType d, float v, std::byte* out, std::int64_t i) {
     case DType::kF32: reinterpret_cast<float*>(out)[i] = v; break;
     case DType::kF16: reinterpret_cast<std::uint16_t*>(out)[i] = float_to_f16(v); break;
     case DType::kBF16: reinterpret_cast<std::uint16_t*>(out)[i] = float_to_bf16(v); break;
+    case DType::kF8E4M3: reinterpret_cast<std::uint8_t*>(out)[i] = float_to_fp8_e4m3(v); break;
   }
 }
+
+bool is_projection(const std::string& name) { return name.ends_with("_proj.weight"); }
 
 }  // namespace
 
@@ -74,7 +96,7 @@ Status ModelWeights::bind(const std::function<Result<Tensor>(const std::string&,
     auto t = get(name, std::move(shape));
     if (!t) return t.error();
     dst = std::move(*t);
-    bytes_ += static_cast<std::uint64_t>(dst.numel() * dtype_bytes(dst.dtype));
+    bytes_ += dst.bytes();
     return Status::ok();
   };
   LMSERVE_RETURN_IF_ERROR(take(embed_, "model.embed_tokens.weight", {c.vocab_size, H}));
@@ -107,7 +129,8 @@ Status ModelWeights::bind(const std::function<Result<Tensor>(const std::string&,
   return Status::ok();
 }
 
-Result<std::shared_ptr<const ModelWeights>> ModelWeights::from_files(ModelConfig config, WeightFiles files, const std::string& dtype) {
+Result<std::shared_ptr<const ModelWeights>> ModelWeights::from_files(ModelConfig config, WeightFiles files, const std::string& dtype,
+                                                                    const std::string& quantization) {
   auto w = std::shared_ptr<ModelWeights>(new ModelWeights());
   w->config_ = std::move(config);
   w->files_ = std::move(files);
@@ -129,6 +152,32 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::from_files(ModelConfig
     if (!d) return error(d.error().with_context("weights: tensor '" + name + "'"));
     used.insert(name);
     Tensor t{*d, std::move(shape), v->data, name};
+    if (*d == DType::kF8E4M3) {
+      // An FP8 projection and its scales: [rows, 1] or [rows] per channel, [] or [1] per tensor.
+      if (!is_projection(name)) return error(StatusCode::kInvalidArgument, "weights: tensor '" + name + "': FP8 is supported for the linear projections only");
+      const std::string scale_name = name.substr(0, name.size() - std::string_view("weight").size()) + "weight_scale";
+      const TensorView* s = w->files_.find(scale_name);
+      if (s == nullptr) return error(StatusCode::kInvalidArgument, "weights: FP8 tensor '" + name + "' has no '" + scale_name + "'");
+      std::int64_t n = 1;
+      for (auto x : s->shape) n *= x;
+      const bool per_channel = n == t.shape[0] && (s->shape.size() == 1 || (s->shape.size() == 2 && s->shape[1] == 1));
+      if (!(per_channel || n == 1)) {
+        return error(StatusCode::kInvalidArgument, "weights: '" + scale_name + "' has shape " + shape_str(s->shape) + ", not one scale per tensor or per output channel");
+      }
+      auto sd = dtype_of(s->dtype);
+      if (!sd || *sd == DType::kF8E4M3) return error(StatusCode::kInvalidArgument, "weights: '" + scale_name + "' must be F32, F16 or BF16");
+      auto scales = std::make_shared<std::vector<float>>(static_cast<std::size_t>(n));
+      Tensor(Tensor{*sd, s->shape, s->data, scale_name}).to_float(0, n, scales->data());
+      for (float x : *scales) {
+        if (!(x > 0.0f) || !std::isfinite(x)) return error(StatusCode::kInvalidArgument, "weights: '" + scale_name + "' holds a scale that is not a positive number");
+      }
+      used.insert(scale_name);
+      w->scales_.push_back(scales);
+      t.scales = scales->data();
+      t.num_scales = n;
+      w->fp8_ = true;
+      return t;
+    }
     if (target && *target != *d) {  // --dtype: convert once at load
       auto buf = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(t.numel() * dtype_bytes(*target)));
       for (std::int64_t i = 0; i < t.numel(); ++i) store(*target, t.at(i), buf->data(), i);
@@ -147,10 +196,12 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::from_files(ModelConfig
     }
   }
   w->dtype_ = target ? *target : w->embed_.dtype;
+  LMSERVE_RETURN_IF_ERROR(w->quantize(quantization));
   return std::shared_ptr<const ModelWeights>(std::move(w));
 }
 
-Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig config, const std::string& dtype, std::uint64_t seed) {
+Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig config, const std::string& dtype, std::uint64_t seed,
+                                                               const std::string& quantization) {
   auto w = std::shared_ptr<ModelWeights>(new ModelWeights());
   w->config_ = std::move(config);
   DType d = w->config_.dtype;
@@ -190,16 +241,70 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig conf
     return t;
   });
   if (!st.is_ok()) return error(st);
+  LMSERVE_RETURN_IF_ERROR(w->quantize(quantization));
   return std::shared_ptr<const ModelWeights>(std::move(w));
+}
+
+Status ModelWeights::quantize(const std::string& quantization) {
+  if (quantization == "none" || quantization.empty()) return Status::ok();
+  if (quantization != "fp8") return Status(StatusCode::kInvalidArgument, "quantization '" + quantization + "' is not supported (none, fp8)");
+  std::vector<Tensor*> todo;
+  for (auto& L : layers_) {
+    for (Tensor* t : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) {
+      if (t->dtype != DType::kF8E4M3) todo.push_back(t);
+    }
+  }
+  // One output channel at a time: scale = max|row| / 448 (1 for a row of zeros), each element
+  // e4m3(w / scale). Tensors are spread over the host's threads.
+  std::vector<std::shared_ptr<std::vector<std::byte>>> bufs(todo.size());
+  std::vector<std::shared_ptr<std::vector<float>>> scales(todo.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    std::vector<float> row;
+    for (std::size_t k; (k = next++) < todo.size();) {
+      const Tensor& t = *todo[k];
+      const std::int64_t rows = t.shape[0], cols = t.shape[1];
+      bufs[k] = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(rows * cols));
+      scales[k] = std::make_shared<std::vector<float>>(static_cast<std::size_t>(rows));
+      row.resize(static_cast<std::size_t>(cols));
+      auto* q = reinterpret_cast<std::uint8_t*>(bufs[k]->data());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        t.to_float(r * cols, cols, row.data());
+        float amax = 0.0f;
+        for (float x : row) amax = std::max(amax, std::fabs(x));
+        const float s = amax > 0.0f && std::isfinite(amax) ? amax / 448.0f : 1.0f;
+        (*scales[k])[static_cast<std::size_t>(r)] = s;
+        for (std::int64_t c = 0; c < cols; ++c) q[r * cols + c] = float_to_fp8_e4m3(row[static_cast<std::size_t>(c)] / s);
+      }
+    }
+  };
+  const unsigned threads = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), static_cast<unsigned>(todo.size())));
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < threads; ++i) pool.emplace_back(work);
+  work();
+  for (auto& th : pool) th.join();
+  for (std::size_t k = 0; k < todo.size(); ++k) {
+    Tensor& t = *todo[k];
+    bytes_ -= t.bytes();
+    t.dtype = DType::kF8E4M3;
+    t.data = bufs[k]->data();
+    t.scales = scales[k]->data();
+    t.num_scales = static_cast<std::int64_t>(scales[k]->size());
+    bytes_ += t.bytes();
+    owned_.push_back(bufs[k]);
+    scales_.push_back(scales[k]);
+  }
+  fp8_ = true;
+  return Status::ok();
 }
 
 Result<std::shared_ptr<const ModelWeights>> ModelWeights::load(const std::filesystem::path& dir, const LoadOptions& options) {
   auto config = load_config(dir);
   if (!config) return error(config.error());
-  if (options.format == LoadOptions::Format::kDummy) return dummy(std::move(*config), options.dtype, options.dummy_seed);
+  if (options.format == LoadOptions::Format::kDummy) return dummy(std::move(*config), options.dtype, options.dummy_seed, options.quantization);
   auto files = WeightFiles::open(dir);
   if (!files) return error(files.error());
-  return from_files(std::move(*config), std::move(*files), options.dtype);
+  return from_files(std::move(*config), std::move(*files), options.dtype, options.quantization);
 }
 
 }  // namespace lmserve::model

@@ -130,6 +130,14 @@ Result<PlanResult> make_plan(const PlanInput& in) {
   const double params = static_cast<double>(c.num_parameters());
   r.weight_bytes_per_param = bytes_per_param(in.weight_dtype, in.quantization);
   r.weights_bytes = static_cast<std::uint64_t>(params * r.weight_bytes_per_param);
+  if (in.quantization == "fp8") {
+    // As serve loads it (model/weights.h): the projections one byte an element and a float32
+    // scale per output channel, the embedding, LM head and norms in the checkpoint's dtype.
+    const double proj = static_cast<double>(c.num_projection_parameters());
+    r.weights_bytes = static_cast<std::uint64_t>(proj + 4.0 * static_cast<double>(c.num_projection_rows()) +
+                                                 (params - proj) * bytes_per_param(in.weight_dtype, "none"));
+    r.weight_bytes_per_param = static_cast<double>(r.weights_bytes) / params;
+  }
   r.weights_per_gpu = r.weights_bytes / static_cast<std::uint64_t>(tp);
   r.kv_bytes_per_token = backend::kv_block_bytes(c, in.kv_dtype, 1);
   // The batch limits `serve` would run with on this GPU, unless given.

@@ -240,6 +240,14 @@ TEST(Plan, WeightsPoolAndGpusByLittlesLaw) {
   auto r = make_plan(in);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->weights_bytes, static_cast<std::uint64_t>(in.model.num_parameters()) * 2);
+  // FP8 (issue #34): 6.98e9 projection parameters of one byte and 0.5 MB of scales; the
+  // embedding and LM head (2 x 128,256 x 4,096) and the norms stay two bytes.
+  PlanInput f = in;
+  f.quantization = "fp8";
+  const auto& c = in.model;
+  EXPECT_EQ(c.num_projection_parameters(), 6979321856);
+  EXPECT_EQ(make_plan(f)->weights_bytes,
+            static_cast<std::uint64_t>(c.num_projection_parameters() + 4 * c.num_projection_rows() + 2 * (c.num_parameters() - c.num_projection_parameters())));
   // KV pool = 0.9 x 141 GiB - weights - activation reserve, in 128 KiB tokens.
   const double pool = 0.9 * 141 * 1073741824.0 - static_cast<double>(r->weights_per_gpu) - static_cast<double>(r->activation_reserve_per_gpu);
   EXPECT_NEAR(static_cast<double>(r->kv_pool_bytes), pool, 1.0);

@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -8,8 +9,59 @@
 
 namespace lmserve::backend::cpu {
 
+namespace {
+
+// FP8 weights (issue #34): each row of x quantized to e4m3 with its own scale max|x| / 448 (1 for
+// a row of zeros), products of the e4m3 values summed in float32, then scaled by the row's and
+// the output channel's scales — the arithmetic of an FP8 GEMM with per-token activation scales
+// and per-channel (or per-tensor) weight scales.
+void matmul_fp8(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t in, const model::Tensor& w, const model::Tensor* bias,
+                float* y, std::int64_t out) {
+  static const auto lut = [] {
+    std::array<float, 256> t{};
+    for (int v = 0; v < 256; ++v) t[static_cast<std::size_t>(v)] = fp8_e4m3_to_float(static_cast<std::uint8_t>(v));
+    return t;
+  }();
+  std::vector<float> xq(static_cast<std::size_t>(rows * in)), xs(static_cast<std::size_t>(rows));
+  quantize_rows_fp8(x, rows, in, xq.data(), xs.data());
+  const auto* wq = static_cast<const std::uint8_t*>(w.data);
+  pool.parallel_for(static_cast<std::size_t>(out), [&](std::size_t b, std::size_t e) {
+    std::vector<float> row(static_cast<std::size_t>(in));
+    for (std::size_t o = b; o < e; ++o) {
+      for (std::int64_t i = 0; i < in; ++i) row[static_cast<std::size_t>(i)] = lut[wq[static_cast<std::int64_t>(o) * in + i]];
+      const float ws = w.num_scales == 1 ? w.scales[0] : w.scales[o];
+      const float bo = bias && bias->data ? bias->at(static_cast<std::int64_t>(o)) : 0.0f;
+      for (std::int64_t t = 0; t < rows; ++t) {
+        const float* xr = xq.data() + t * in;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        std::int64_t i = 0;
+        for (; i + 8 <= in; i += 8) {
+          for (int k = 0; k < 8; ++k) acc[k] += xr[i + k] * row[static_cast<std::size_t>(i + k)];
+        }
+        float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (; i < in; ++i) s += xr[i] * row[static_cast<std::size_t>(i)];
+        y[t * out + static_cast<std::int64_t>(o)] = s * xs[static_cast<std::size_t>(t)] * ws + bo;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void quantize_rows_fp8(const float* x, std::int64_t rows, std::int64_t in, float* xq, float* scales) {
+  for (std::int64_t t = 0; t < rows; ++t) {
+    const float* xr = x + t * in;
+    float amax = 0.0f;
+    for (std::int64_t i = 0; i < in; ++i) amax = std::max(amax, std::fabs(xr[i]));
+    const float s = amax > 0.0f && std::isfinite(amax) ? amax / 448.0f : 1.0f;
+    scales[t] = s;
+    for (std::int64_t i = 0; i < in; ++i) xq[t * in + i] = fp8_e4m3_to_float(float_to_fp8_e4m3(xr[i] / s));
+  }
+}
+
 void matmul(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t in, const model::Tensor& w, const model::Tensor* bias,
             float* y, std::int64_t out) {
+  if (w.dtype == model::DType::kF8E4M3) return matmul_fp8(pool, x, rows, in, w, bias, y, out);
   pool.parallel_for(static_cast<std::size_t>(out), [&](std::size_t b, std::size_t e) {
     std::vector<float> row(static_cast<std::size_t>(in));
     for (std::size_t o = b; o < e; ++o) {

@@ -17,9 +17,15 @@
 namespace lmserve::backend::cpu {
 
 // y[t, o] = sum_i x[t, i] * W[o, i] (+ bias[o]) for t < rows; W row-major [out, in] in its
-// stored dtype. `bias` may be null or empty.
+// stored dtype. `bias` may be null or empty. FP8 weights (model::DType::kF8E4M3): x's rows are
+// quantized first (quantize_rows_fp8), y[t, o] = (sum_i xq[t, i] * e4m3(W[o, i])) x scale_x[t] x
+// scale_w[o], summed in float32.
 void matmul(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t in, const model::Tensor& w,
             const model::Tensor* bias, float* y, std::int64_t out);
+
+// Per-token FP8 activations: row t's scale max|x[t]| / 448 (1 for a row of zeros) in scales[t],
+// xq[t, i] = the e4m3 value of x[t, i] / scales[t] (round to nearest even, saturated) as float.
+void quantize_rows_fp8(const float* x, std::int64_t rows, std::int64_t in, float* xq, float* scales);
 
 // out = w * x / sqrt(mean(x^2) + eps) over n elements (in place allowed).
 void rms_norm(const float* x, const model::Tensor& w, float eps, std::int64_t n, float* out);

@@ -43,6 +43,8 @@ std::vector<std::byte> as_act(const model::Tensor& t, std::int64_t offset, std::
         std::memcpy(&out[i * 2], &v, 2);
         break;
       }
+      case model::DType::kF8E4M3:  // never an act dtype (FP8 projections arrive dequantized here)
+        break;
     }
   }
   return out;
