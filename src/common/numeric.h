@@ -94,13 +94,23 @@ inline float fp8_e5m2_to_float(std::uint8_t v) {
 
 // FP8 E4M3 (the "FN" variant): bias 7, 3 mantissa bits, no infinities, 0x7f/0xff are NaN;
 // largest finite 448.
+// On the float's bits (a model's weights are quantized a few billion at a time): normals round
+// their 23 mantissa bits to 3 by adding half an ulp (less one, plus the kept lsb: ties to even);
+// below 2^-6 the value is a multiple of 2^-9; 448 and above (infinity too) saturate.
 inline std::uint8_t float_to_fp8_e4m3(float f) {
-  if (std::isnan(f)) return 0x7f;
-  bool neg = std::signbit(f);
-  float a = std::fabs(f);
-  float r = std::isinf(a) ? 448.0f : detail::round_to_format(a, 3, -6);
-  if (r > 448.0f) r = 448.0f;
-  return detail::encode_fp8(neg, r, 3, 7);
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;                            // NaN
+  if (a >= 0x43e00000u) return static_cast<std::uint8_t>(sign | 0x7e);  // >= 448: 448
+  if (a < 0x3c800000u) {                                       // below 2^-6: 0..8 x 2^-9
+    const auto q = static_cast<std::uint32_t>(std::nearbyint(std::bit_cast<float>(a) * 512.0f));
+    return static_cast<std::uint8_t>(sign | q);
+  }
+  const std::uint32_t r = (a + 0x7ffffu + ((a >> 20) & 1u)) & ~0xfffffu;
+  const std::uint32_t e = (r >> 23) - 120, m = (r >> 20) & 7u;  // e4m3's exponent (bias 7)
+  if (e > 15 || (e == 15 && m == 7)) return static_cast<std::uint8_t>(sign | 0x7e);
+  return static_cast<std::uint8_t>(sign | (e << 3) | m);
 }
 
 inline float fp8_e4m3_to_float(std::uint8_t v) {

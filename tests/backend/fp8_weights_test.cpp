@@ -69,6 +69,12 @@ TEST(Fp8Weights, QuantizedAtLoadPerOutputChannel) {
       }
     }
   }
+  // to_float across rows (each its own scale) gives the elements one by one.
+  const Tensor& t = *b[0];
+  const std::int64_t cols = t.shape[1], from = cols / 2, n = 3 * cols;
+  std::vector<float> span(static_cast<std::size_t>(n));
+  t.to_float(from, n, span.data());
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(span[static_cast<std::size_t>(i)], t.at(from + i)) << i;
   // One byte an element and a float a row, against two bytes an element.
   EXPECT_LT((*q)->bytes(), (*plain)->bytes());
 }

@@ -65,6 +65,27 @@ TEST(Numeric, Fp8RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(fp8_e4m3_to_float(float_to_fp8_e4m3(1.1875f)), 1.25f);
 }
 
+// The bit-level e4m3 encoder against the general rounding (round_to_format, then encode_fp8)
+// over every 251st float bit pattern, both signs, NaN and infinities among them.
+TEST(Numeric, Fp8E4m3BitsMatchTheGeneralRounding) {
+  std::uint64_t checked = 0;
+  for (std::uint64_t bits = 0; bits <= 0xffffffffull; bits += 251) {
+    const float f = std::bit_cast<float>(static_cast<std::uint32_t>(bits));
+    std::uint8_t want;
+    if (std::isnan(f)) {
+      want = 0x7f;
+    } else {
+      const float a = std::fabs(f);
+      float r = std::isinf(a) ? 448.0f : detail::round_to_format(a, 3, -6);
+      if (r > 448.0f) r = 448.0f;
+      want = detail::encode_fp8(std::signbit(f), r, 3, 7);
+    }
+    ASSERT_EQ(float_to_fp8_e4m3(f), want) << std::hex << bits << " " << f;
+    ++checked;
+  }
+  EXPECT_GT(checked, 17000000u);
+}
+
 TEST(Numeric, HalfFormatsRoundToNearestEven) {
   EXPECT_EQ(bf16_to_float(float_to_bf16(1.0f)), 1.0f);
   EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie -> even
