@@ -428,7 +428,7 @@ Result<std::shared_ptr<const text::Grammar>> tool_call_grammar(ToolParser parser
       break;
     }
   }
-  g->finish();
+  LMSERVE_RETURN_IF_ERROR(g->finish());
   return std::shared_ptr<const text::Grammar>(std::move(g));
 }
 

@@ -16,7 +16,7 @@ using Frame = GrammarState::Frame;
 
 }  // namespace
 
-void Grammar::finish() {
+Status Grammar::finish() {
   // The nodes behind kAny: a free object, an array of anything, a string, a number, the literals.
   // A free object's keys are any strings: it needs them too.
   bool has_any = false;
@@ -72,13 +72,24 @@ void Grammar::finish() {
       }
     }
   }
+  // A frame names its node in 16 bits and counts a literal's or key's bytes in 16.
+  if (nodes.size() > 65535) return Status(StatusCode::kInvalidArgument, "the grammar is too large (more than 65,535 nodes)");
+  for (const auto& n : nodes) {
+    for (const auto& l : n.literals) {
+      if (l.size() > 65535) return Status(StatusCode::kInvalidArgument, "a literal of more than 65,535 bytes");
+    }
+    for (const auto& p : n.properties) {
+      if (p.key.size() > 65535) return Status(StatusCode::kInvalidArgument, "a property name of more than 65,535 bytes");
+    }
+  }
+  return Status::ok();
 }
 
 std::shared_ptr<const Grammar> Grammar::json_object() {
   static const std::shared_ptr<const Grammar> g = [] {
     auto m = std::make_shared<Grammar>();
     m->root = m->add(GrammarNode{.kind = Kind::kAny, .object_only = true});
-    m->finish();
+    (void)m->finish();  // two nodes and three short literals
     return m;
   }();
   return g;
@@ -90,7 +101,7 @@ Result<std::shared_ptr<const Grammar>> Grammar::regex(std::string_view pattern) 
   auto m = std::make_shared<Grammar>();
   m->dfas.push_back(std::move(*dfa));
   m->root = m->add(GrammarNode{.kind = Kind::kRegex, .dfa = 0});
-  m->finish();
+  LMSERVE_RETURN_IF_ERROR(m->finish());
   return std::shared_ptr<const Grammar>(std::move(m));
 }
 
@@ -101,7 +112,7 @@ Result<std::shared_ptr<const Grammar>> Grammar::choice(const std::vector<std::st
   }
   auto m = std::make_shared<Grammar>();
   m->root = m->add(GrammarNode{.kind = Kind::kLiterals, .literals = choices});
-  m->finish();
+  if (Status st = m->finish(); !st.is_ok()) return error(StatusCode::kInvalidArgument, "guided_choice: " + st.message());
   return std::shared_ptr<const Grammar>(std::move(m));
 }
 

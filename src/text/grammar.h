@@ -76,7 +76,9 @@ class Grammar {
     return static_cast<std::int32_t>(nodes.size()) - 1;
   }
   // Computes the derived fields (next_required, nullable); call once the nodes are all added.
-  void finish();
+  // InvalidArgument when the grammar is larger than its states can address (65,535 nodes;
+  // literals and keys of 65,535 bytes).
+  Status finish();
 
   // Ready-made grammars.
   static std::shared_ptr<const Grammar> json_object();

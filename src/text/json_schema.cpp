@@ -322,7 +322,7 @@ Result<std::shared_ptr<const Grammar>> compile_json_schema(const ojson& schema) 
   auto root = add_json_schema(*g, schema, schema);
   if (!root.has_value()) return error(root.error());
   g->root = *root;
-  g->finish();
+  if (Status st = g->finish(); !st.is_ok()) return error(StatusCode::kInvalidArgument, "json_schema: " + st.message());
   return std::shared_ptr<const Grammar>(std::move(g));
 }
 

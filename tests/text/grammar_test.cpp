@@ -108,7 +108,7 @@ TEST(Grammar, JsonObjectTakesWhatJsonPrefixTakes) {
   auto g = std::make_shared<Grammar>();
   g->root = g->add(GrammarNode{.kind = GrammarNode::Kind::kAny, .object_only = true});
   g->limits = {.max_depth = 64, .max_space_run = 8};
-  g->finish();
+  ASSERT_TRUE(g->finish().is_ok());
   std::mt19937_64 rng(7);
   for (int walk = 0; walk < 300; ++walk) {
     GrammarState s(g);
@@ -302,6 +302,7 @@ TEST(Grammar, ChoicesAndRegexes) {
   EXPECT_TRUE(s.advance(std::string_view("t sure")));
   EXPECT_TRUE(s.finished());
   EXPECT_FALSE(Grammar::choice({}).has_value());
+  EXPECT_FALSE(Grammar::choice({std::string(70000, 'x')}).has_value()) << "a literal longer than a frame can count";
   EXPECT_FALSE(Grammar::choice({"a", ""}).has_value());
 
   auto r = Grammar::regex("[A-Z]{2}-\\d+");
