@@ -13,7 +13,10 @@ namespace {
 
 using Ranges = std::vector<std::pair<std::uint32_t, std::uint32_t>>;  // code points, inclusive
 constexpr std::uint32_t kMaxCode = 0x10FFFF;
-constexpr int kMaxNfaStates = 200000;
+constexpr int kMaxNfaStates = 50000;
+// The subset construction's work (NFA states visited over all DFA states and bytes): a pattern a
+// request sends must not hold a thread for seconds.
+constexpr std::uint64_t kMaxWork = 20'000'000;
 constexpr int kUnbounded = -1;
 
 // Sorted, merged, without the surrogates (no UTF-8 text holds them).
@@ -529,7 +532,10 @@ Result<ByteDfa> ByteDfa::compile(std::string_view pattern, Options options) {
     return it->second;
   };
   intern({start});
+  std::uint64_t work = 0;
   for (std::size_t d = 0; d < sets.size(); ++d) {
+    work += sets[d].size() * 8;
+    if (work > kMaxWork) return error(StatusCode::kInvalidArgument, "pattern: too complex (its automaton takes too long to build)");
     if (static_cast<int>(sets.size()) > options.max_states) {
       return error(StatusCode::kInvalidArgument, "pattern: too complex (more than " + std::to_string(options.max_states) + " states)");
     }
@@ -539,6 +545,7 @@ Result<ByteDfa> ByteDfa::compile(std::string_view pattern, Options options) {
     for (int s : sets[d]) {
       for (const auto& e : nfa.states[static_cast<std::size_t>(s)].edges) {
         for (int b = e.lo; b <= e.hi; ++b) by_byte[static_cast<std::size_t>(b)].push_back(e.to);
+        work += static_cast<std::uint64_t>(e.hi - e.lo + 1);
       }
     }
     std::map<std::vector<int>, std::int32_t> memo;

@@ -84,6 +84,14 @@ TEST(ByteDfa, EveryStateCanStillMatch) {
   }
 }
 
+TEST(ByteDfa, PatternsTooLargeToBuildAreRefused) {
+  for (const char* p : {"(?:[a-z]{1000}){1000}", "(?:(?:a|b)*c{0,999}){40}"}) {
+    auto dfa = ByteDfa::compile(p);
+    ASSERT_FALSE(dfa.has_value()) << p;
+    EXPECT_NE(dfa.error().message().find("too complex"), std::string::npos) << dfa.error().message();
+  }
+}
+
 TEST(ByteDfa, RefusesWhatItCannotFollow) {
   for (const char* p : {"(?=a)b", "a\\1", "\\bword", "a{2,1}", "(ab", "ab)", "[z-a]", "a^b", "a$b", "*a", "a**+", "[ab"}) {
     auto dfa = ByteDfa::compile(p);
