@@ -72,6 +72,53 @@ Status Grammar::finish() {
       }
     }
   }
+  // A node that can come back to itself before any byte is read would never end (a $ref cycle
+  // through anyOf with nothing written between, a repetition of what may be empty): refused.
+  // The start edges: an alternative's children, a sequence's children up to the first one that
+  // must read a byte, a repetition's item; every other kind reads its first byte itself.
+  std::vector<std::uint8_t> color(nodes.size(), 0);  // 0 unseen, 1 on the path, 2 done
+  std::vector<std::pair<std::int32_t, std::size_t>> stack;
+  auto starts = [&](std::int32_t id, std::size_t k) -> std::int32_t {
+    const GrammarNode& n = nodes[static_cast<std::size_t>(id)];
+    if (n.kind == Kind::kAlt) return k < n.children.size() ? n.children[k] : -1;
+    if (n.kind == Kind::kSeq) {
+      if (k >= n.children.size()) return -1;
+      for (std::size_t i = 0; i < k; ++i) {
+        if (!nodes[static_cast<std::size_t>(n.children[i])].nullable) return -1;
+      }
+      return n.children[k];
+    }
+    if (n.kind == Kind::kRepeat) return k == 0 ? n.item : -1;
+    return -1;
+  };
+  for (std::size_t s = 0; s < nodes.size(); ++s) {
+    if (color[s] != 0) continue;
+    stack.emplace_back(static_cast<std::int32_t>(s), 0);
+    color[s] = 1;
+    while (!stack.empty()) {
+      auto& [id, k] = stack.back();
+      const std::int32_t next = starts(id, k++);
+      if (next < 0) {
+        if (k > nodes[static_cast<std::size_t>(id)].children.size() + 1) {
+          color[static_cast<std::size_t>(id)] = 2;
+          stack.pop_back();
+        }
+        continue;
+      }
+      if (color[static_cast<std::size_t>(next)] == 1) {
+        return Status(StatusCode::kInvalidArgument, "the grammar can come back to the same place without writing anything (a $ref cycle)");
+      }
+      if (color[static_cast<std::size_t>(next)] == 0) {
+        color[static_cast<std::size_t>(next)] = 1;
+        stack.emplace_back(next, 0);
+      }
+    }
+  }
+  for (const auto& n : nodes) {
+    if (n.kind == Kind::kRepeat && n.item >= 0 && nodes[static_cast<std::size_t>(n.item)].nullable && n.max == UINT32_MAX) {
+      return Status(StatusCode::kInvalidArgument, "a repetition of something that may be empty");
+    }
+  }
   // A frame names its node in 16 bits and counts a literal's or key's bytes in 16.
   if (nodes.size() > 65535) return Status(StatusCode::kInvalidArgument, "the grammar is too large (more than 65,535 nodes)");
   for (const auto& n : nodes) {

@@ -290,6 +290,8 @@ TEST(JsonSchema, UnsupportedKeywordsAreNamed) {
       {R"x({"type":"string","pattern":"(?=x)"})x", "lookaround"},
       {R"({"type":"integer","minimum":5,"maximum":4})", "no number"},
       {R"(false)", "matches nothing"},
+      {R"({"$ref":"#"})", "$ref cycle"},
+      {R"({"$defs":{"a":{"anyOf":[{"$ref":"#/$defs/a"},{"type":"null"}]}},"$ref":"#/$defs/a"})", "$ref cycle"},
   };
   for (const auto& [schema, want] : cases) {
     auto g = compile_json_schema(ojson::parse(schema));
