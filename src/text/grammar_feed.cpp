@@ -172,6 +172,14 @@ void GrammarState::feed(Frame* st, int n, unsigned char b, Out& out) const {
     int m = n;
     if (change(copy, m)) feed(copy, m, b, out);
   };
+  // The top frame may end here as well as go on: a copy pops it and gives `b` to its parent.
+  auto end_here_too = [&] {
+    fork([&](Frame* c, int& m) {
+      if (--m == 0) return false;
+      child_done(c[m - 1]);
+      return true;
+    });
+  };
   auto space = [&](Frame& f) {
     if (!is_space(b) || f.ws >= g.limits.max_space_run) return false;
     ++f.ws;
@@ -242,16 +250,7 @@ void GrammarState::feed(Frame* st, int n, unsigned char b, Out& out) const {
       case Kind::kRepeat: {
         const bool may_end = can_end(f);
         if (f.phase == kRepStart || f.phase == kRepAfter || f.phase == kRepNeedItem) {
-          if (may_end) {
-            // The end as another way: the copy pops and gives `b` to the parent.
-            Frame copy[kMaxFrames];
-            std::memcpy(copy, st, sizeof(Frame) * static_cast<std::size_t>(n));
-            int m = n - 1;
-            if (m > 0) {
-              child_done(copy[m - 1]);
-              feed(copy, m, b, out);
-            }
-          }
+          if (may_end) end_here_too();
           if (f.a >= node.max) return;
           if (f.phase == kRepAfter && node.separator >= 0) {
             f.phase = kRepInSep;
@@ -279,13 +278,7 @@ void GrammarState::feed(Frame* st, int n, unsigned char b, Out& out) const {
           pop();
           continue;
         }
-        if (can_end(f) && n > 1) {  // a whole literal that a longer one extends: it may end here too
-          Frame copy[kMaxFrames];
-          std::memcpy(copy, st, sizeof(Frame) * static_cast<std::size_t>(n));
-          int m = n - 1;
-          child_done(copy[m - 1]);
-          feed(copy, m, b, out);
-        }
+        if (can_end(f)) end_here_too();  // a whole literal that a longer one extends
         f.a = static_cast<std::uint32_t>(found);
         ++f.c;
         const bool longer = found + 1 < lits.size() && lits[found + 1].size() > f.c && lits[found + 1].compare(0, f.c, lits[found], 0, f.c) == 0;
@@ -299,13 +292,7 @@ void GrammarState::feed(Frame* st, int n, unsigned char b, Out& out) const {
       case Kind::kRegex: {
         const ByteDfa& dfa = g.dfas[static_cast<std::size_t>(node.dfa)];
         const std::int32_t t = dfa.next(static_cast<std::int32_t>(f.a), b);
-        if (dfa.accepting(static_cast<std::int32_t>(f.a)) && n > 1) {
-          Frame copy[kMaxFrames];
-          std::memcpy(copy, st, sizeof(Frame) * static_cast<std::size_t>(n));
-          int m = n - 1;
-          child_done(copy[m - 1]);
-          feed(copy, m, b, out);
-        }
+        if (dfa.accepting(static_cast<std::int32_t>(f.a))) end_here_too();
         if (t == ByteDfa::kDead) return;
         f.a = static_cast<std::uint32_t>(t);
         take();

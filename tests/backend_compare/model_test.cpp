@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
@@ -193,6 +194,43 @@ TEST(CudaBackend, SwappedBlocksComeBackExactly) {
   }
 }
 
+// The demo model on the GPU with device sampling and small limits, through graphs or eagerly.
+Result<std::unique_ptr<Backend>> demo_sampling_gpu(const std::shared_ptr<const model::ModelWeights>& w, bool eager) {
+  backend::CudaBackendOptions o;
+  o.kv_dtype = KvDtype::kFloat32;
+  o.num_blocks = 64;
+  o.max_num_seqs = 8;
+  o.max_num_batched_tokens = 512;
+  o.max_model_len = 1024;
+  o.enforce_eager = eager;
+  o.device_sampling = true;
+  return backend::make_cuda_backend(w, o);
+}
+
+// Five sequences of one prompt token each (blocks 0, 4, 8, ... of 16 slots), then one token a
+// step: the flattened batch of step `step` (at()).
+struct FiveDecodes {
+  std::vector<std::vector<std::int32_t>> tables;
+  std::vector<std::int32_t> positions, rows = {0, 1, 2, 3, 4};
+  std::vector<std::int64_t> slots;
+  std::vector<backend::SeqBatch> seqs;
+  FiveDecodes() : tables(5) {
+    for (int s = 0; s < 5; ++s) {
+      for (int b = 0; b < 4; ++b) tables[static_cast<std::size_t>(s)].push_back(s * 4 + b);
+    }
+  }
+  void at(int step) {
+    positions.assign(5, step);
+    slots.clear();
+    seqs.clear();
+    for (int s = 0; s < 5; ++s) {
+      slots.push_back(static_cast<std::int64_t>(tables[static_cast<std::size_t>(s)][0]) * 16 + step);
+      seqs.push_back({s, 1, step + 1, tables[static_cast<std::size_t>(s)]});
+    }
+  }
+  auto batch() const { return std::tie(positions, rows, slots, seqs); }
+};
+
 // Device sampling: greedy rows (and random rows with top_k 1) get the CPU's argmax; a step
 // whose rows are all decided returns no logits, a step with a host row returns every row's
 // logits and leaves that row's token -1 — through graphs and eagerly.
@@ -203,32 +241,15 @@ TEST(CudaBackend, DeviceSampledGreedyTokensAreTheCpuArgmax) {
   const std::int64_t V = (*w)->config().vocab_size;
   for (bool eager : {false, true}) {
     SCOPED_TRACE(eager ? "eager" : "graphs");
-    backend::CudaBackendOptions o;
-    o.kv_dtype = KvDtype::kFloat32;
-    o.num_blocks = 64;
-    o.max_num_seqs = 8;
-    o.max_num_batched_tokens = 512;
-    o.max_model_len = 1024;
-    o.enforce_eager = eager;
-    o.device_sampling = true;
-    auto gpu = backend::make_cuda_backend(*w, o);
+    auto gpu = demo_sampling_gpu(*w, eager);
     ASSERT_TRUE(gpu) << gpu.error().to_string();
     auto cpu = backend::make_cpu_backend(*w, {.kv = {KvDtype::kFloat32, 16, 64}, .threads = 2});
     ASSERT_TRUE(cpu);
-    // Five sequences of one prompt token each (blocks 0, 4, 8, ...), then decode steps.
-    std::vector<std::vector<std::int32_t>> tables(5);
-    for (int s = 0; s < 5; ++s) {
-      for (int b = 0; b < 4; ++b) tables[static_cast<std::size_t>(s)].push_back(s * 4 + b);
-    }
+    FiveDecodes d;
     std::vector<std::int32_t> next = {11, 222, 3333, 444, 55};
     for (int step = 0; step < 6; ++step) {
-      std::vector<std::int32_t> positions(5, step), rows = {0, 1, 2, 3, 4};
-      std::vector<std::int64_t> slots;
-      std::vector<backend::SeqBatch> seqs;
-      for (int s = 0; s < 5; ++s) {
-        slots.push_back(static_cast<std::int64_t>(tables[static_cast<std::size_t>(s)][0]) * 16 + step);
-        seqs.push_back({s, 1, step + 1, tables[static_cast<std::size_t>(s)]});
-      }
+      d.at(step);
+      const auto& [positions, rows, slots, seqs] = d.batch();
       std::vector<float> cl(5 * static_cast<std::size_t>(V)), gl(cl.size(), 7.0f);
       ASSERT_TRUE((*cpu)->forward({next, positions, slots, seqs, rows}, cl).is_ok());
       using Mode = backend::RowSampling::Mode;
@@ -262,32 +283,16 @@ TEST(CudaBackend, MaskedRowsDrawOnlyAllowedTokens) {
   const std::size_t words = backend::mask_words(V);
   for (bool eager : {false, true}) {
     SCOPED_TRACE(eager ? "eager" : "graphs");
-    backend::CudaBackendOptions o;
-    o.kv_dtype = KvDtype::kFloat32;
-    o.num_blocks = 64;
-    o.max_num_seqs = 8;
-    o.max_num_batched_tokens = 512;
-    o.max_model_len = 1024;
-    o.enforce_eager = eager;
-    o.device_sampling = true;
-    auto gpu = backend::make_cuda_backend(*w, o);
+    auto gpu = demo_sampling_gpu(*w, eager);
     ASSERT_TRUE(gpu) << gpu.error().to_string();
     ASSERT_TRUE((*gpu)->supports_masks());
     auto cpu = backend::make_cpu_backend(*w, {.kv = {KvDtype::kFloat32, 16, 64}, .threads = 2});
     ASSERT_TRUE(cpu);
-    std::vector<std::vector<std::int32_t>> tables(5);
-    for (int s = 0; s < 5; ++s) {
-      for (int b = 0; b < 4; ++b) tables[static_cast<std::size_t>(s)].push_back(s * 4 + b);
-    }
+    FiveDecodes d;
     std::vector<std::int32_t> next = {11, 222, 3333, 444, 55};
     for (int step = 0; step < 5; ++step) {
-      std::vector<std::int32_t> positions(5, step), rows = {0, 1, 2, 3, 4};
-      std::vector<std::int64_t> slots;
-      std::vector<backend::SeqBatch> seqs;
-      for (int s = 0; s < 5; ++s) {
-        slots.push_back(static_cast<std::int64_t>(tables[static_cast<std::size_t>(s)][0]) * 16 + step);
-        seqs.push_back({s, 1, step + 1, tables[static_cast<std::size_t>(s)]});
-      }
+      d.at(step);
+      const auto& [positions, rows, slots, seqs] = d.batch();
       std::vector<float> cl(5 * static_cast<std::size_t>(V)), gl(cl.size());
       ASSERT_TRUE((*cpu)->forward({next, positions, slots, seqs, rows}, cl).is_ok());
       using Mode = backend::RowSampling::Mode;
@@ -333,8 +338,8 @@ TEST(CudaBackend, MaskedRowsDrawOnlyAllowedTokens) {
     }
     // A step with masked rows needs its masks: the count must match.
     std::vector<std::int32_t> positions(1, 5), rows = {0}, one = {7};
-    std::vector<std::int64_t> slots = {static_cast<std::int64_t>(tables[0][0]) * 16 + 5};
-    std::vector<backend::SeqBatch> seqs = {{0, 1, 6, tables[0]}};
+    std::vector<std::int64_t> slots = {static_cast<std::int64_t>(d.tables[0][0]) * 16 + 5};
+    std::vector<backend::SeqBatch> seqs = {{0, 1, 6, d.tables[0]}};
     std::vector<backend::RowSampling> modes = {{.mode = backend::RowSampling::Mode::kGreedy, .masked = true}};
     std::vector<std::int32_t> picked(1, -1);
     std::vector<float> gl(static_cast<std::size_t>(V));
