@@ -292,6 +292,9 @@ TEST(Plan, ActivationReserveIsTheBackendsStepBuffers) {
   EXPECT_EQ(per.gate_up, 2u * 14336 * 2);
   EXPECT_EQ(per.total(), 147456u);
   EXPECT_EQ(backend::step_buffer_bytes(4096, 32, 8, 128, 14336, 2, 4).total(), 225280u);
+  // FP8 weights: each product's input also quantized, one byte an element of the widest (the
+  // 14,336 of down_proj) and a float32 scale.
+  EXPECT_EQ(backend::step_buffer_bytes(4096, 32, 8, 128, 14336, 2, 2, true).total(), 147456u + 14336 + 4);
   PlanInput in;
   in.model = *model_preset("llama-3.1-8b");
   in.gpu = *gpu_preset("H200");
@@ -306,6 +309,9 @@ TEST(Plan, ActivationReserveIsTheBackendsStepBuffers) {
     return static_cast<std::uint64_t>(8192.0 * per_token + 1024.0 * 128256 * 4 * 2 + 32.0 * 1048576 + 0.5 * 1073741824.0);
   };
   EXPECT_EQ(r->activation_reserve_per_gpu, reserve(147456));
+  in.quantization = "fp8";
+  EXPECT_EQ(make_plan(in)->activation_reserve_per_gpu, reserve(147456 + 14336 + 4));
+  in.quantization = "none";
   // Under tensor parallelism a GPU holds its share of the heads and of the MLP.
   in.model = *model_preset("llama-3.1-70b");
   in.tensor_parallel_size = 4;

@@ -43,7 +43,7 @@ std::vector<std::byte> as_act(const model::Tensor& t, std::int64_t offset, std::
         std::memcpy(&out[i * 2], &v, 2);
         break;
       }
-      case model::DType::kF8E4M3:  // never an act dtype (FP8 projections arrive dequantized here)
+      case model::DType::kF8E4M3:  // never an act dtype (FP8 projections are uploaded as they are: upload())
         break;
     }
   }
@@ -237,17 +237,37 @@ Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType a
     }
     return Status::ok();
   };
+  // FP8 projections: their e4m3 bytes, and a float32 scale per output row (a per-tensor scale
+  // repeated) in the projection's scale slot, at its first row.
+  auto put_fp8 = [&](Slot slot, Slot scale_slot, std::int64_t layer, std::int64_t row, const model::Tensor& t) -> Status {
+    if (t.dtype != model::DType::kF8E4M3 || t.shape.size() != 2 || (t.num_scales != 1 && t.num_scales != t.shape[0])) {
+      return Status(StatusCode::kInvalidArgument, "cuda backend: " + t.name + " is not FP8 with per-tensor or per-channel scales, as the model's other projections");
+    }
+    const std::int64_t rows = t.shape[0], cols = t.shape[1];
+    if (std::string e = m.set_weight(slot, layer, row * cols, t.data, static_cast<std::size_t>(rows * cols)); !e.empty()) {
+      return Status(StatusCode::kInternal, "cuda: uploading " + t.name + ": " + e);
+    }
+    std::vector<float> scales(static_cast<std::size_t>(rows));
+    for (std::int64_t r = 0; r < rows; ++r) scales[static_cast<std::size_t>(r)] = t.scales[t.num_scales == 1 ? 0 : r];
+    if (std::string e = m.set_weight(scale_slot, layer, row, scales.data(), scales.size() * 4); !e.empty()) {
+      return Status(StatusCode::kInternal, "cuda: uploading " + t.name + "'s scales: " + e);
+    }
+    return Status::ok();
+  };
+  auto projection = [&](Slot slot, Slot scale_slot, std::int64_t layer, std::int64_t row, const model::Tensor& t) -> Status {
+    return w.fp8() ? put_fp8(slot, scale_slot, layer, row, t) : put(slot, layer, row * t.shape[1], t);
+  };
   LMSERVE_RETURN_IF_ERROR(put(Slot::kEmbed, -1, 0, w.embed_tokens()));
   LMSERVE_RETURN_IF_ERROR(put(Slot::kFinalNorm, -1, 0, w.final_norm()));
   if (!c.tie_word_embeddings) LMSERVE_RETURN_IF_ERROR(put(Slot::kLmHead, -1, 0, w.lm_head()));
-  const std::int64_t H = c.hidden_size, qrows = c.num_heads * c.head_dim, kvrows = c.num_kv_heads * c.head_dim;
+  const std::int64_t qrows = c.num_heads * c.head_dim, kvrows = c.num_kv_heads * c.head_dim;
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const auto& L = w.layers()[static_cast<std::size_t>(l)];
     LMSERVE_RETURN_IF_ERROR(put(Slot::kInputNorm, l, 0, L.input_norm));
     LMSERVE_RETURN_IF_ERROR(put(Slot::kPostNorm, l, 0, L.post_attention_norm));
-    LMSERVE_RETURN_IF_ERROR(put(Slot::kQkv, l, 0, L.q_proj));
-    LMSERVE_RETURN_IF_ERROR(put(Slot::kQkv, l, qrows * H, L.k_proj));
-    LMSERVE_RETURN_IF_ERROR(put(Slot::kQkv, l, (qrows + kvrows) * H, L.v_proj));
+    LMSERVE_RETURN_IF_ERROR(projection(Slot::kQkv, Slot::kQkvScale, l, 0, L.q_proj));
+    LMSERVE_RETURN_IF_ERROR(projection(Slot::kQkv, Slot::kQkvScale, l, qrows, L.k_proj));
+    LMSERVE_RETURN_IF_ERROR(projection(Slot::kQkv, Slot::kQkvScale, l, qrows + kvrows, L.v_proj));
     if (c.qkv_bias) {
       LMSERVE_RETURN_IF_ERROR(put(Slot::kQkvBias, l, 0, L.q_bias));
       LMSERVE_RETURN_IF_ERROR(put(Slot::kQkvBias, l, qrows, L.k_bias));
@@ -257,10 +277,10 @@ Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType a
       LMSERVE_RETURN_IF_ERROR(put(Slot::kQNorm, l, 0, L.q_norm));
       LMSERVE_RETURN_IF_ERROR(put(Slot::kKNorm, l, 0, L.k_norm));
     }
-    LMSERVE_RETURN_IF_ERROR(put(Slot::kO, l, 0, L.o_proj));
-    LMSERVE_RETURN_IF_ERROR(put(Slot::kGateUp, l, 0, L.gate_proj));
-    LMSERVE_RETURN_IF_ERROR(put(Slot::kGateUp, l, c.intermediate_size * H, L.up_proj));
-    LMSERVE_RETURN_IF_ERROR(put(Slot::kDown, l, 0, L.down_proj));
+    LMSERVE_RETURN_IF_ERROR(projection(Slot::kO, Slot::kOScale, l, 0, L.o_proj));
+    LMSERVE_RETURN_IF_ERROR(projection(Slot::kGateUp, Slot::kGateUpScale, l, 0, L.gate_proj));
+    LMSERVE_RETURN_IF_ERROR(projection(Slot::kGateUp, Slot::kGateUpScale, l, c.intermediate_size, L.up_proj));
+    LMSERVE_RETURN_IF_ERROR(projection(Slot::kDown, Slot::kDownScale, l, 0, L.down_proj));
   }
   return Status::ok();
 }
@@ -296,7 +316,11 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   d.qkv_bias = c.qkv_bias;
   d.qk_norm = c.qk_norm;
   d.tied = c.tie_word_embeddings;
+  d.fp8_weights = weights->fp8();
   d.inv_freq = rope_inv_freq(c);
+  if (d.fp8_weights && (c.hidden_size % 16 != 0 || (c.num_heads * c.head_dim) % 16 != 0 || c.intermediate_size % 16 != 0)) {
+    return error(StatusCode::kInvalidArgument, "cuda backend: FP8 weights need hidden_size, num_heads x head_dim and intermediate_size divisible by 16");
+  }
   std::string err;
   auto m = cuda::create_device_model(o.device, d, &err);
   if (!m) return error(StatusCode::kUnavailable, "cuda backend: " + err);

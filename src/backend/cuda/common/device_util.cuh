@@ -211,6 +211,18 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t sm
   cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
+// The current device's multiprocessors (asked once; the weight-streaming kernels size their
+// grids by it).
+inline int multiprocessors() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    return n > 0 ? n : 1;
+  }();
+  return sms;
+}
+
 inline int grid_for(std::int64_t n, int threads) {
   std::int64_t b = (n + threads - 1) / threads;
   return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));

@@ -236,16 +236,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const std::uint16_t*
   }
 }
 
-int multiprocessors() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-    return n > 0 ? n : 1;
-  }();
-  return sms;
-}
-
 // The two-buffer loop (gemv_kernel's kPipe) for two token rows, whose use of a buffer takes
 // twice the instructions, and for long rows (k >= kGemvPipeK), where a warp loops over many
 // buffers; one buffer of kGemvLoads otherwise, where the second buffer bought nothing
@@ -359,9 +349,10 @@ int n_bucket(int n) {
 
 }  // namespace
 
-std::string Gemm::make_plan(int m, int n, int k, Act act, Act out, const Operands* tune, int tune_n, Plan* p) {
+std::string Gemm::make_plan(int m, int n, int k, Act act, Act out, const Operands* tune, int tune_n, Plan* p, bool fp8, const float* w_scales,
+                            const float* x_scales) {
   const auto t0 = std::chrono::steady_clock::now();
-  const cudaDataType_t in = data_type(act);
+  const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : data_type(act);
   // Column-major view: C[m, n] = op(A)[m, k] * B[k, n] with A = W stored [k, m] (transposed),
   // B = X stored [k, n]; C is Y row-major [n, m].
   cublasStatus_t st = cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -369,6 +360,13 @@ std::string Gemm::make_plan(int m, int n, int k, Act act, Act out, const Operand
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
   cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+  if (fp8) {
+    // A per-row scale of W and one per token of X, applied to the float32 sums in the epilogue.
+    const std::int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode));
+    cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode));
+    set_scales(*p, tune ? tune->w_scales : w_scales, tune ? tune->x_scales : x_scales);
+  }
   cublasLtMatrixLayoutCreate(&p->a, in, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(m), k);
   cublasLtMatrixLayoutCreate(&p->b, in, static_cast<std::uint64_t>(k), static_cast<std::uint64_t>(n), k);
   cublasLtMatrixLayoutCreate(&p->c, data_type(out), static_cast<std::uint64_t>(m), static_cast<std::uint64_t>(n), m);
@@ -448,13 +446,17 @@ std::string Gemm::fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* 
   return error;
 }
 
-std::string Gemm::plan_for(int m, int n, int k, Act act, Act out, bool exact, Plan** plan) {
+// A plan's key: (m, bucket of n or -n if exact, k, inputs, out); inputs are act, or kFp8Key.
+constexpr int kFp8Key = 16;
+
+std::string Gemm::plan_for(int m, int n, int k, Act act, Act out, bool exact, Plan** plan, const float* w_scales, const float* x_scales) {
+  const bool fp8 = w_scales != nullptr;
   const int bucket = exact ? n : n_bucket(n);
-  auto key = std::make_tuple(m, exact ? -n : bucket, k, static_cast<int>(act), static_cast<int>(out));
+  auto key = std::make_tuple(m, exact ? -n : bucket, k, fp8 ? kFp8Key : static_cast<int>(act), static_cast<int>(out));
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     Plan p;
-    if (std::string e = make_plan(m, bucket, k, act, out, nullptr, 0, &p); !e.empty()) return e;
+    if (std::string e = make_plan(m, bucket, k, act, out, nullptr, 0, &p, fp8, w_scales, x_scales); !e.empty()) return e;
     it = plans_.emplace(key, p).first;
   }
   Plan& p = it->second;
@@ -468,12 +470,20 @@ std::string Gemm::plan_for(int m, int n, int k, Act act, Act out, bool exact, Pl
 }
 
 std::string Gemm::prepare(int m, int k, Act act, int max_n, const Operands* tune, Act out) {
+  return prepare_plans(m, k, act, max_n, tune, out, false);
+}
+
+std::string Gemm::prepare_fp8(int m, int k, int max_n, const Operands* tune, Act out) {
+  return prepare_plans(m, k, Act::kBF16, max_n, tune, out, true);
+}
+
+std::string Gemm::prepare_plans(int m, int k, Act act, int max_n, const Operands* tune, Act out, bool fp8) {
   for (int n = kGemvMaxN + 1; n <= max_n; n = n_bucket(n) + 1) {
     const int bucket = n_bucket(n);
-    auto key = std::make_tuple(m, bucket, k, static_cast<int>(act), static_cast<int>(out));
+    auto key = std::make_tuple(m, bucket, k, fp8 ? kFp8Key : static_cast<int>(act), static_cast<int>(out));
     if (plans_.count(key)) continue;
     Plan p;
-    if (std::string e = make_plan(m, bucket, k, act, out, tune, std::min(bucket, max_n), &p); !e.empty()) return e;
+    if (std::string e = make_plan(m, bucket, k, act, out, tune, std::min(bucket, max_n), &p, fp8); !e.empty()) return e;
     plans_.emplace(key, p);
   }
   return {};
@@ -560,13 +570,21 @@ std::string Gemm::run_gate_up_silu_folded(const void* w, const void* g, void* ou
   return {};
 }
 
-std::string Gemm::run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, float beta, cudaStream_t s) {
+void Gemm::set_scales(const Plan& p, const float* w_scales, const float* x_scales) {
+  cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scales, sizeof(w_scales));
+  cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scales, sizeof(x_scales));
+}
+
+std::string Gemm::run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, float beta, cudaStream_t s,
+                         const float* w_scales, const float* x_scales) {
   const float alpha = 1.0f;
+  const bool fp8 = w_scales != nullptr;
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   // The bucket's algorithm first; if cuBLASLt refuses it for this n, the heuristic's for n.
   for (bool exact : {false, true}) {
     Plan* p = nullptr;
-    if (std::string e = plan_for(m, n, k, act, out, exact, &p); !e.empty()) return e;
+    if (std::string e = plan_for(m, n, k, act, out, exact, &p, w_scales, x_scales); !e.empty()) return e;
+    if (fp8) set_scales(*p, w_scales, x_scales);  // plans are shared by the layers' products
     st = cublasLtMatmul(handle_, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo, workspace_, workspace_bytes_, s);
     if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE) break;
     if (exact) break;

@@ -21,6 +21,11 @@
 
 namespace lmserve::cuda {
 
+// Rows of x (act, [n, k], k % 4 == 0) quantized per token to e4m3 (Gemm's FP8 products): xs[t] =
+// max|x[t]| / 448 (1 for a row of zeros), xq[t, i] = e4m3(x[t, i] / xs[t]), round to nearest even,
+// saturated.
+void launch_quantize_rows_fp8(const void* x, Act act, int n, int k, void* xq, float* xs, cudaStream_t s);
+
 class Gemm {
  public:
   Gemm() = default;
@@ -51,6 +56,9 @@ class Gemm {
     void* y = nullptr;        // max_n rows of m, in the plan's output dtype
     cudaStream_t stream = nullptr;
     bool accumulate = false;  // time the products as run_add runs them (beta = 1; y's values change)
+    // FP8 products (prepare_fp8): w and x in e4m3, and their scales (per row of W, per row of X).
+    const float* w_scales = nullptr;
+    const float* x_scales = nullptr;
   };
   // Plans for every bucket of n up to max_n (start-up; run() makes any that is missing). With
   // `tune`, each bucket's algorithm is the fastest of the
@@ -87,6 +95,29 @@ class Gemm {
   std::string run_gate_up_silu_folded(const void* w, const void* g, void* out, int I, int n, int k, Act act, const NormFold& fold, cudaStream_t s);
   std::size_t workspace_bytes() const { return workspace_bytes_; }
 
+  // ---- FP8 weights (issue #34) ----
+  // W in e4m3 [m, k] with a float32 scale per row (per output channel). X, in act, is quantized
+  // per token into the scratch of set_fp8_scratch (launch_quantize_rows_fp8: scale max|x[t]| /
+  // 448, 1 for a row of zeros; e4m3(x / scale) rounded to nearest even, saturated), then
+  // y[t, o] = (sum_i xq[t, i] wq[o, i]) xs[t] ws[o]: cuBLASLt's FP8 tensor cores with both scales
+  // applied as outer vectors in the epilogue, or at one or two rows a weight-streaming kernel of
+  // our own (gemm_fp8.cu, float32 sums on the CUDA cores). The CPU backend's matmul is the
+  // reference: the streaming kernel agrees to ~1e-7, cuBLASLt to ~2e-4 (the tensor cores' FP8
+  // sums are narrower than float32). k must be a multiple of 16, the pointers 16-byte aligned.
+  struct Fp8Weight {
+    const void* w = nullptr;
+    const float* scales = nullptr;
+  };
+  // The quantized activations: xq of max_n x max_k bytes, xs of max_n floats.
+  void set_fp8_scratch(void* xq, float* xs) { xq_ = xq, xs_ = xs; }
+  std::string run_fp8(const Fp8Weight& w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s);
+  // y (float32) += the product, in the epilogue as run_add.
+  std::string run_add_fp8(const Fp8Weight& w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
+  // run_gate_up_silu with FP8 weights [2I, k]: scratch [n, 2I] in act where cuBLASLt runs.
+  std::string run_gate_up_silu_fp8(const Fp8Weight& w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
+  // prepare() for FP8 products: tune's w and x in e4m3 with their scales.
+  std::string prepare_fp8(int m, int k, int max_n, const Operands* tune = nullptr, Act out = Act::kF32);
+
  private:
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -95,10 +126,21 @@ class Gemm {
   };
   // The plan of n's bucket with its B and C layouts set to n columns; `exact`: the heuristic's
   // answer for n itself (when the bucket's algorithm refuses n).
-  std::string plan_for(int m, int n, int k, Act act, Act out, bool exact, Plan** plan);
-  std::string make_plan(int m, int n, int k, Act act, Act out, const Operands* tune, int tune_n, Plan* p);
-  // Y (in `out`) = X W^T + beta Y by cuBLASLt.
-  std::string run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, float beta, cudaStream_t s);
+  // With w_scales: W and X in e4m3 with outer-vector scales, act ignored (the heuristic has no
+  // algorithm for FP8 without the scales' pointers; tune's are used where it is given).
+  std::string plan_for(int m, int n, int k, Act act, Act out, bool exact, Plan** plan, const float* w_scales = nullptr, const float* x_scales = nullptr);
+  std::string make_plan(int m, int n, int k, Act act, Act out, const Operands* tune, int tune_n, Plan* p, bool fp8 = false,
+                        const float* w_scales = nullptr, const float* x_scales = nullptr);
+  // Y (in `out`) = X W^T + beta Y by cuBLASLt; with fp8_scales, W and X in e4m3 and the sums
+  // scaled by w_scales[o] x_scales[t].
+  std::string run_lt(const void* w, const void* x, void* y, Act out, int m, int n, int k, Act act, float beta, cudaStream_t s,
+                     const float* w_scales = nullptr, const float* x_scales = nullptr);
+  std::string prepare_plans(int m, int k, Act act, int max_n, const Operands* tune, Act out, bool fp8);
+  static void set_scales(const Plan& p, const float* w_scales, const float* x_scales);
+  // FP8: X quantized into the scratch; the weight-streaming kernel at up to kStreamRows rows.
+  std::string quantize(const void* x, int n, int k, Act act, cudaStream_t s);
+  void* xq_ = nullptr;
+  float* xs_ = nullptr;
   std::string fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* candidates, int count, const Operands& o, int* best);
   static bool thin(const void* w, const void* x, int n, int k, Act act);  // the weight-streaming kernel applies
 

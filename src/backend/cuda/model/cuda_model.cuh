@@ -33,6 +33,7 @@ namespace lmserve::cuda {
 
 struct LayerBuffers {
   DeviceBuffer input_norm, post_norm, qkv, qkv_bias, q_norm, k_norm, o, gate_up, down;
+  DeviceBuffer qkv_scale, o_scale, gate_up_scale, down_scale;  // fp8_weights: per output row
 };
 
 class CudaModel final : public DeviceModel {
@@ -114,6 +115,7 @@ class CudaModel final : public DeviceModel {
   std::vector<LayerBuffers> layers_;
   DeviceBuffer x_, h_, qkv_, q_, attn_, out_, gu_, mlp_in_, hrows_, logits_, partial_, kv_ptrs_, k_scale_, v_scale_, amax_, meta_, decode_items_;
   DeviceBuffer tmp_kv_, kv_arena_, sampled_, swap_meta_, fold_ss_;
+  DeviceBuffer fp8_xq_, fp8_xs_;  // fp8_weights: a product's input quantized per token (Gemm::set_fp8_scratch)
   // Constrained decoding: the masked rows' indices, then their masks (supply_masks), staged in
   // pinned memory and copied in one piece.
   DeviceBuffer masks_;

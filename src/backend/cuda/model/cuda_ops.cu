@@ -170,6 +170,59 @@ std::string gemm_series(backend::ActDtype act, const std::vector<float>& w, cons
   return finish(a);
 }
 
+std::string quantize_rows_fp8(backend::ActDtype act, const std::vector<float>& x, int n, int k, std::vector<std::uint8_t>* xq, std::vector<float>* xs) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  void* xd = a.upload_act(x, A);
+  void* qd = a.alloc(static_cast<std::size_t>(n) * k);
+  auto* sd = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * 4));
+  launch_quantize_rows_fp8(xd, A, n, k, qd, sd, nullptr);
+  xq->resize(static_cast<std::size_t>(n) * k);
+  xs->resize(static_cast<std::size_t>(n));
+  cudaMemcpy(xq->data(), qd, xq->size(), cudaMemcpyDeviceToHost);
+  cudaMemcpy(xs->data(), sd, xs->size() * 4, cudaMemcpyDeviceToHost);
+  return finish(a);
+}
+
+std::string gemm_fp8(backend::ActDtype act, const std::vector<std::uint8_t>& w, const std::vector<float>& w_scales, const std::vector<float>& x, int m, int n,
+                     int k, Fp8Product kind, bool prepare, std::vector<float>* y) {
+  if (auto e = need_gpu(); !e.empty()) return e;
+  if (w.size() != static_cast<std::size_t>(m) * k || w_scales.size() != static_cast<std::size_t>(m) || x.size() != static_cast<std::size_t>(n) * k) {
+    return "gemm_fp8: operand sizes";
+  }
+  const std::size_t ny = static_cast<std::size_t>(n) * (kind == Fp8Product::kGateUpSilu ? m / 2 : m);
+  if (kind == Fp8Product::kAdd && y->size() != ny) return "gemm_fp8: y is not n x m";
+  Arena a;
+  const Act A = static_cast<Act>(act);
+  const Gemm::Fp8Weight wd{a.upload(w), a.upload(w_scales)};
+  void* xd = a.upload_act(x, A);
+  void* xq = a.alloc(static_cast<std::size_t>(n) * k, false);
+  auto* xs = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * 4, false));
+  void* scratch = a.alloc(static_cast<std::size_t>(n) * m * 4);
+  const Act out = kind == Fp8Product::kF32 || kind == Fp8Product::kAdd ? Act::kF32 : A;
+  void* yd = kind == Fp8Product::kAdd ? static_cast<void*>(a.upload(*y)) : a.alloc(ny * static_cast<std::size_t>(act_bytes(out)));
+  Gemm g;
+  if (auto e = g.init(8u << 20); !e.empty()) return e;
+  g.set_fp8_scratch(xq, xs);
+  if (prepare) {
+    Gemm::Operands on{wd.w, xq, kind == Fp8Product::kGateUpSilu ? scratch : a.alloc(static_cast<std::size_t>(n) * m * 4), nullptr, kind == Fp8Product::kAdd};
+    on.w_scales = wd.scales;
+    on.x_scales = xs;
+    if (auto e = g.prepare_fp8(m, k, n, &on, kind == Fp8Product::kF32 || kind == Fp8Product::kAdd ? Act::kF32 : A); !e.empty()) return e;
+  }
+  std::string e;
+  switch (kind) {
+    case Fp8Product::kF32:
+    case Fp8Product::kAct: e = g.run_fp8(wd, xd, yd, out, m, n, k, A, nullptr); break;
+    case Fp8Product::kAdd: e = g.run_add_fp8(wd, xd, static_cast<float*>(yd), m, n, k, A, nullptr); break;
+    case Fp8Product::kGateUpSilu: e = g.run_gate_up_silu_fp8(wd, xd, scratch, yd, m / 2, n, k, A, nullptr); break;
+  }
+  if (!e.empty()) return e;
+  *y = a.download_act(yd, out, ny);
+  return finish(a);
+}
+
 std::string silu_mul(backend::ActDtype act, const std::vector<float>& gu, int T, int I, std::vector<float>* out) {
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;

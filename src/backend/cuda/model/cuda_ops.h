@@ -46,6 +46,18 @@ std::string norm_fold(backend::ActDtype act, std::vector<float>* x, const std::v
                       int k1, const std::vector<float>& w2, int m2, const std::vector<float>& wgu, int I, int n, int H, float eps,
                       std::vector<float>* y0, std::vector<float>* y1, std::vector<float>* gu);
 
+// FP8 weights (Gemm, "FP8 weights"): x's rows (uploaded in act) quantized per token, as
+// backend/cpu's quantize_rows_fp8: xq the e4m3 bytes, xs the scales.
+std::string quantize_rows_fp8(backend::ActDtype act, const std::vector<float>& x, int n, int k, std::vector<std::uint8_t>* xq, std::vector<float>* xs);
+
+// A product of FP8 weights w ([m, k] e4m3 bytes, a scale per row) and x ([n, k], act) as the
+// layers run it: kF32 y = x w^T in float32, kAct in act, kAdd y (float32, in and out) += x w^T,
+// kGateUpSilu y[n, m / 2] = silu(x w_gate^T) * (x w_up^T) in act. With `prepare` the plans are
+// made and timed first (Gemm::prepare_fp8), as the device model does.
+enum class Fp8Product { kF32, kAct, kAdd, kGateUpSilu };
+std::string gemm_fp8(backend::ActDtype act, const std::vector<std::uint8_t>& w, const std::vector<float>& w_scales, const std::vector<float>& x, int m, int n,
+                     int k, Fp8Product kind, bool prepare, std::vector<float>* y);
+
 // gu is uploaded in Gemm::gate_up_dtype(act) (rounded), as the gate / up GEMM leaves it.
 std::string silu_mul(backend::ActDtype act, const std::vector<float>& gu, int T, int I, std::vector<float>* out);
 

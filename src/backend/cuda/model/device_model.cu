@@ -55,6 +55,13 @@ std::string CudaModel::init() {
     weight_bytes_ += elems * a;
     return b.alloc(elems * a);
   };
+  // A projection of `rows` output rows: act, or e4m3 with a float32 scale per row.
+  auto add_projection = [&](DeviceBuffer& b, DeviceBuffer& scales, std::size_t rows, std::size_t cols) -> std::string {
+    if (!d_.fp8_weights) return add(b, rows * cols);
+    weight_bytes_ += rows * cols + rows * 4;
+    LMSERVE_TRY(b.alloc(rows * cols));
+    return scales.alloc(rows * 4);
+  };
   LMSERVE_TRY(add(embed_, d_.vocab * H));
   LMSERVE_TRY(add(final_norm_, H));
   if (!d_.tied) LMSERVE_TRY(add(lm_head_, d_.vocab * H));
@@ -62,15 +69,15 @@ std::string CudaModel::init() {
   for (auto& L : layers_) {
     LMSERVE_TRY(add(L.input_norm, H));
     LMSERVE_TRY(add(L.post_norm, H));
-    LMSERVE_TRY(add(L.qkv, qkvd * H));
+    LMSERVE_TRY(add_projection(L.qkv, L.qkv_scale, qkvd, H));
     if (d_.qkv_bias) LMSERVE_TRY(add(L.qkv_bias, qkvd));
     if (d_.qk_norm) {
       LMSERVE_TRY(add(L.q_norm, D));
       LMSERVE_TRY(add(L.k_norm, D));
     }
-    LMSERVE_TRY(add(L.o, H * d_.heads * D));
-    LMSERVE_TRY(add(L.gate_up, 2 * I * H));
-    LMSERVE_TRY(add(L.down, H * I));
+    LMSERVE_TRY(add_projection(L.o, L.o_scale, H, d_.heads * D));
+    LMSERVE_TRY(add_projection(L.gate_up, L.gate_up_scale, 2 * I, H));
+    LMSERVE_TRY(add_projection(L.down, L.down_scale, H, I));
   }
   LMSERVE_TRY(inv_freq_.alloc(d_.inv_freq.size() * sizeof(float)));
   LMSERVE_CUDA_TRY(cudaMemcpy(inv_freq_.p, d_.inv_freq.data(), d_.inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -93,8 +100,15 @@ std::string CudaModel::set_weight(Slot slot, std::int64_t layer, std::int64_t of
     case Slot::kO: b = L ? &L->o : nullptr; break;
     case Slot::kGateUp: b = L ? &L->gate_up : nullptr; break;
     case Slot::kDown: b = L ? &L->down : nullptr; break;
+    case Slot::kQkvScale: b = L ? &L->qkv_scale : nullptr; break;
+    case Slot::kOScale: b = L ? &L->o_scale : nullptr; break;
+    case Slot::kGateUpScale: b = L ? &L->gate_up_scale : nullptr; break;
+    case Slot::kDownScale: b = L ? &L->down_scale : nullptr; break;
   }
-  const std::size_t at = static_cast<std::size_t>(offset) * static_cast<std::size_t>(act_bytes(act_));
+  const bool projection = slot == Slot::kQkv || slot == Slot::kO || slot == Slot::kGateUp || slot == Slot::kDown;
+  const bool scale = slot == Slot::kQkvScale || slot == Slot::kOScale || slot == Slot::kGateUpScale || slot == Slot::kDownScale;
+  const std::size_t element = scale ? 4 : (projection && d_.fp8_weights ? 1 : static_cast<std::size_t>(act_bytes(act_)));
+  const std::size_t at = static_cast<std::size_t>(offset) * element;
   if (!b || !b->p || at + bytes > b->bytes) return "weight upload outside its buffer (slot " + std::to_string(static_cast<int>(slot)) + ")";
   LMSERVE_CUDA_TRY(cudaMemcpy(static_cast<char*>(b->p) + at, host, bytes, cudaMemcpyHostToDevice));
   return {};
@@ -338,8 +352,8 @@ std::string CudaModel::allocate_activations() {
   const std::size_t T = static_cast<std::size_t>(max_tokens_), R = static_cast<std::size_t>(max_seqs_);
   const std::size_t H = d_.hidden, D = d_.head_dim;
   const std::size_t a = static_cast<std::size_t>(act_bytes(act_));
-  const auto per = backend::step_buffer_bytes(d_.hidden, d_.heads, d_.kv_heads, D, d_.intermediate, act_bytes(act_),
-                                              act_bytes(act_));  // per token; `lmserve plan` counts the same
+  const auto per = backend::step_buffer_bytes(d_.hidden, d_.heads, d_.kv_heads, D, d_.intermediate, act_bytes(act_), act_bytes(act_),
+                                              d_.fp8_weights);  // per token; `lmserve plan` counts the same
   LMSERVE_TRY(x_.alloc(T * per.residual));
   LMSERVE_TRY(h_.alloc(T * per.normed));
   LMSERVE_TRY(qkv_.alloc(T * per.qkv));
@@ -348,6 +362,13 @@ std::string CudaModel::allocate_activations() {
   LMSERVE_TRY(out_.alloc(T * per.layer_out));
   LMSERVE_TRY(gu_.alloc(T * per.gate_up));
   LMSERVE_TRY(mlp_in_.alloc(T * per.mlp_in));
+  if (d_.fp8_weights) {
+    LMSERVE_TRY(fp8_xq_.alloc(T * (per.quantized - 4)));
+    LMSERVE_TRY(fp8_xs_.alloc(T * 4));
+    LMSERVE_CUDA_TRY(cudaMemset(fp8_xq_.p, 0, fp8_xq_.bytes));  // prepare_gemms times products on it
+    LMSERVE_CUDA_TRY(cudaMemset(fp8_xs_.p, 0, fp8_xs_.bytes));
+    gemm_.set_fp8_scratch(fp8_xq_.p, fp8_xs_.as<float>());
+  }
   LMSERVE_TRY(hrows_.alloc(R * H * a));
   LMSERVE_TRY(logits_.alloc(R * static_cast<std::size_t>(d_.vocab) * 4));
   LMSERVE_TRY(sampled_.alloc(R * 4));
@@ -496,7 +517,20 @@ std::string CudaModel::prepare_gemms() {
                               {H, qd, {L.o.p, attn_.p, x_.p, stream_, true}, Act::kF32},
                               {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, prod},
                               {H, I, {L.down.p, mlp_in_.p, x_.p, stream_, true}, Act::kF32}};
-  for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
+  if (d_.fp8_weights) {
+    // The same products on the quantized inputs (their scratch, any values) and FP8 weights.
+    const float* xs = fp8_xs_.as<float>();
+    const float* scales[] = {L.qkv_scale.as<float>(), L.o_scale.as<float>(), L.gate_up_scale.as<float>(), L.down_scale.as<float>()};
+    for (int i = 0; i < 4; ++i) {
+      Gemm::Operands on = products[i].on;
+      on.x = fp8_xq_.p;
+      on.w_scales = scales[i];
+      on.x_scales = xs;
+      LMSERVE_TRY(gemm_.prepare_fp8(products[i].m, products[i].k, max_tokens_, &on, products[i].out));
+    }
+  } else {
+    for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
+  }
   const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};
   return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head);
 }

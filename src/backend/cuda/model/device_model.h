@@ -35,11 +35,15 @@ struct ModelDims {
   float eps = 1e-6f;
   backend::ActDtype act = backend::ActDtype::kFloat32;  // weights and GEMM inputs
   bool qkv_bias = false, qk_norm = false, tied = false;
+  // The linear projections (kQkv, kO, kGateUp, kDown) in e4m3 with a float32 scale per output
+  // row (the k*Scale slots); the activations quantized per token before each (Gemm, "FP8 weights").
+  bool fp8_weights = false;
   std::vector<float> inv_freq;
 };
 
 // Where set_weight puts a tensor. Fused: kQkv = [q; k; v] rows, kGateUp = [gate; up] rows.
-enum class Slot { kEmbed, kFinalNorm, kLmHead, kInputNorm, kPostNorm, kQkv, kQkvBias, kQNorm, kKNorm, kO, kGateUp, kDown };
+enum class Slot { kEmbed, kFinalNorm, kLmHead, kInputNorm, kPostNorm, kQkv, kQkvBias, kQNorm, kKNorm, kO, kGateUp, kDown,
+                  kQkvScale, kOScale, kGateUpScale, kDownScale };
 
 struct PlanOptions {
   backend::KvDtype kv = backend::KvDtype::kFloat32;
@@ -94,7 +98,8 @@ struct StepTimes {
 class DeviceModel {
  public:
   virtual ~DeviceModel() = default;
-  // Copies `bytes` (already in the act dtype) to `slot` of `layer`, starting at element `offset`.
+  // Copies `bytes` to `slot` of `layer`, starting at element `offset`: in the act dtype, or with
+  // fp8_weights e4m3 bytes for the projections and float32 for their scales.
   virtual std::string set_weight(Slot slot, std::int64_t layer, std::int64_t offset, const void* host, std::size_t bytes) = 0;
   virtual std::string plan(const PlanOptions& options, MemoryPlan* out) = 0;
   // A step in three calls (backend.h, Backend::prepare / launch / wait): prepare stages `in`,

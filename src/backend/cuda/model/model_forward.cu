@@ -31,14 +31,20 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   // epilogue").
   const bool fused = T > Gemm::kStreamRows;
   float* x = x_.as<float>();
-  auto residual_product = [&](const void* w, const void* in, int m, int k) {
-    return fused ? gemm_.run_add(w, in, x, m, T, k, act_, stream_) : gemm_.run(w, in, out_.p, prod, m, T, k, act_, stream_);
+  // With FP8 weights every product quantizes its input per token first (Gemm, "FP8 weights").
+  const bool fp8 = d_.fp8_weights;
+  auto product = [&](const DeviceBuffer& w, const DeviceBuffer& scales, const void* in, void* y, int m, int k) {
+    return fp8 ? gemm_.run_fp8({w.p, scales.as<float>()}, in, y, prod, m, T, k, act_, stream_) : gemm_.run(w.p, in, y, prod, m, T, k, act_, stream_);
+  };
+  auto residual_product = [&](const DeviceBuffer& w, const DeviceBuffer& scales, const void* in, int m, int k) {
+    if (!fused) return product(w, scales, in, out_.p, m, k);
+    return fp8 ? gemm_.run_add_fp8({w.p, scales.as<float>()}, in, x, m, T, k, act_, stream_) : gemm_.run_add(w.p, in, x, m, T, k, act_, stream_);
   };
   // At one or two 16-bit rows the norms fold into the products around them (Gemm::NormFold):
   // o_proj and down add into x and leave g = x * w and partial sums of squares in h_ and
   // fold_ss_, and QKV and gate/up scale their sums by the norm's inverse RMS; no norm kernel
   // runs in a layer. The final norm (head) stays.
-  const bool fold = Gemm::can_fold(T, H, act_) && Gemm::can_fold(T, qd, act_) && Gemm::can_fold(T, I, act_);
+  const bool fold = !fp8 && Gemm::can_fold(T, H, act_) && Gemm::can_fold(T, qd, act_) && Gemm::can_fold(T, I, act_);
   const void* pending = fused || fold ? nullptr : out_.p;  // what the next norm adds to x_ first
   Gemm::NormFold nf;
   nf.H = H;
@@ -58,7 +64,7 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
     } else {
       // Unfused, x was last written by the norm before the product(s) that precede this norm.
       launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_, !fused && l > 0);
-      LMSERVE_TRY(gemm_.run(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, stream_));
+      LMSERVE_TRY(product(L.qkv, L.qkv_scale, h_.p, qkv_.p, qkvd, H));
     }
     QkvRopeArgs r;
     r.qkv = qkv_.p;
@@ -127,10 +133,14 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
       }
       continue;
     }
-    LMSERVE_TRY(residual_product(L.o.p, attn_.p, H, qd));
+    LMSERVE_TRY(residual_product(L.o, L.o_scale, attn_.p, H, qd));
     launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_, !fused);
-    LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
-    LMSERVE_TRY(residual_product(L.down.p, mlp_in_.p, H, I));
+    if (fp8) {
+      LMSERVE_TRY(gemm_.run_gate_up_silu_fp8({L.gate_up.p, L.gate_up_scale.as<float>()}, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
+    } else {
+      LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
+    }
+    LMSERVE_TRY(residual_product(L.down, L.down_scale, mlp_in_.p, H, I));
   }
   if (pending) launch_add(x, pending, prod, static_cast<std::int64_t>(T) * H, stream_);
   return {};
