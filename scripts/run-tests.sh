@@ -28,8 +28,8 @@ if ((skipped > 0)) && [[ -f $log ]]; then
   grep -A1 ": Skipped" "$log" | grep -v -e ": Skipped" -e '^--$' | sort | uniq -c | sed 's/^/  /'
 fi
 
-# Bounded fuzzing of the text layer (tokenizer, detokenizer, template parser/renderer).
-fuzz_seconds=${LMSERVE_FUZZ_SECONDS:-45}
+# Bounded fuzzing of every libFuzzer target (scripts/run-fuzz.sh), 30 s each by default.
+fuzz_seconds=${LMSERVE_FUZZ_SECONDS:-30}
 if ((fuzz_seconds > 0)); then
   fuzz_out=$(scripts/run-fuzz.sh "$fuzz_seconds")
   fuzz_rc=$?

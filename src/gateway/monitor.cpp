@@ -243,7 +243,9 @@ struct Monitor::Impl : std::enable_shared_from_this<Monitor::Impl> {
       resolving = false;
       return;
     }
-    const auto [host, port] = (*names)[i];
+    // Plain variables, not a structured binding: clang 14 (the fuzz build) cannot capture one.
+    const std::string host = (*names)[i].first;
+    const std::uint16_t port = (*names)[i].second;
     resolver.async_resolve(host, std::to_string(port), [self = shared_from_this(), names, i, host, port](beast::error_code ec, tcp::resolver::results_type rs) {
       if (!ec) {
         std::vector<net::ip::address> addrs;
