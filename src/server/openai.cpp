@@ -121,6 +121,9 @@ std::optional<Err> parse_common(const Reader& r, ParsedRequest& p) {
   LMSERVE_CHECK(r.integer("priority", &p.priority, -1000000, 1000000));
   LMSERVE_CHECK(r.string("cache_salt", &p.cache_salt, 1024));
   LMSERVE_CHECK(r.string("lane", &p.lane, 64));
+  // OpenAI's end-user id: a string (the gateway's affinity and canary stickiness read it too).
+  std::string user;
+  LMSERVE_CHECK(r.string("user", &user));
   if (r.has("stop")) {
     const ojson& st = r.j["stop"];
     if (st.is_string()) {

@@ -400,6 +400,55 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
   EXPECT_GE(cases.size() + 9, 100u);
 }
 
+// Every request field of a JSON type given a value of another type: 400, code invalid_type,
+// `param` naming the field, on /v1/chat/completions and (for the fields both share)
+// /v1/completions. (null is accepted for every optional field, as OpenAI's API does.)
+TEST_F(ServerTest, EveryFieldRefusesAValueOfTheWrongJsonType) {
+  start();
+  const std::string s = R"("s")", b = "true", list = "[1]", obj = R"({"a":1})", fl = "1.5";
+  struct Field {
+    const char* name;
+    std::vector<std::string> wrong;
+    bool completions;  // a field of /v1/completions too
+  };
+  const std::vector<std::string> not_int = {s, b, list, obj, fl}, not_number = {s, b, list, obj}, not_bool = {s, list, obj, fl},
+                                 not_string = {b, list, obj, fl}, not_object = {s, b, list, fl}, not_list = {s, b, obj, fl};
+  const std::vector<Field> fields = {
+      {"top_k", not_int, true},          {"max_tokens", not_int, true},     {"max_completion_tokens", not_int, false},
+      {"n", not_int, true},              {"seed", not_int, true},           {"top_logprobs", not_int, false},
+      {"min_tokens", not_int, true},     {"priority", not_int, true},       {"temperature", not_number, true},
+      {"top_p", not_number, true},       {"min_p", not_number, true},       {"presence_penalty", not_number, true},
+      {"frequency_penalty", not_number, true}, {"repetition_penalty", not_number, true}, {"stream", not_bool, true},
+      {"ignore_eos", not_bool, true},    {"logprobs", not_bool, false},     {"skip_special_tokens", not_bool, true},
+      {"include_stop_str_in_output", not_bool, true}, {"parallel_tool_calls", not_bool, false}, {"add_generation_prompt", not_bool, false},
+      {"lane", not_string, true},        {"cache_salt", not_string, true},  {"user", not_string, true},
+      {"stream_options", not_object, true}, {"chat_template_kwargs", not_object, false}, {"tools", not_list, false},
+      {"stop_token_ids", not_list, true}, {"stop", {b, obj, fl}, true},    {"logit_bias", {s, b, list, fl}, true},
+  };
+  int cases = 0;
+  for (const Field& f : fields) {
+    for (const std::string& v : f.wrong) {
+      for (bool chat : {true, false}) {
+        if (!chat && !f.completions) continue;
+        const std::string name = f.name;
+        const bool sized = name == "max_tokens" || name == "max_completion_tokens";
+        const std::string body = std::string(chat ? R"({"messages":[{"role":"user","content":"hi"}])" : R"({"prompt":"hi")") +
+                                 (sized ? "" : R"(,"max_tokens":1)") + ",\"" + name + "\":" + v + "}";
+        const Reply r = post(chat ? "/v1/chat/completions" : "/v1/completions", body);
+        ++cases;
+        SCOPED_TRACE(body);
+        EXPECT_EQ(r.status, 400) << r.body;
+        const auto j = ojson::parse(r.body, nullptr, false);
+        ASSERT_FALSE(j.is_discarded()) << r.body;
+        EXPECT_EQ(j["error"]["code"], "invalid_type") << r.body;
+        EXPECT_EQ(j["error"]["param"], f.name) << r.body;
+      }
+    }
+  }
+  EXPECT_GE(cases, 200);
+  EXPECT_TRUE(healthy());
+}
+
 // With a tool-call parser, a request with tools is answered (its calls read from the output),
 // streamed as whole, and a conversation carrying calls and their results goes through the
 // template. (Which calls the demo model makes is its own affair: exact calls need constrained
