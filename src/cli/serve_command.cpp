@@ -1,12 +1,16 @@
 // lmserve serve: flags as `vllm serve` names them where the meaning is the same.
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/device/device_memory.h"
+#include "backend/fault/fault_injection.h"
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "cli/yaml_config.h"
@@ -48,6 +52,8 @@ Command add_serve_command(CLI::App& app) {
     int shutdown_timeout = 30;
     std::string config;
     int request_timeout_s = 30, idle_timeout_s = 60;
+    double step_timeout_s = 600, failure_exit_s = 5;
+    std::string fault_injection;
   };
   auto o = std::make_shared<Opts>();
   o->model.model = "models/demo";
@@ -61,6 +67,14 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--block-size", o->model.block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--num-kv-blocks", o->model.num_kv_blocks, "KV blocks (0: from max-num-seqs x max-model-len, at most 65536)");
   app.add_option("--threads", o->model.threads, "CPU backend threads (0: all cores)")->capture_default_str();
+  app.add_option("--step-timeout", o->step_timeout_s,
+                 "seconds a step may run before the watchdog fails the engine (every request in flight ends with an error; 0: no watchdog)")
+      ->capture_default_str();
+  app.add_option("--failure-exit-s", o->failure_exit_s,
+                 "seconds after the engine fails (a failed or stalled step) before the process exits with status 3, for its supervisor to restart it")
+      ->capture_default_str();
+  app.add_option("--fault-injection", o->fault_injection,
+                 "debugging only: fail=STEP, oom=STEP, nan=STEP:ROW, stall=STEP:MILLISECONDS (comma-separated; steps from 1) injected into the backend");
   app.add_option("--served-model-name", o->server.served_model_name, "model name in the API")->capture_default_str();
   app.add_option("--host", o->server.host, "address to listen on")->capture_default_str();
   app.add_option("--port", o->server.port, "port (0: any free port)")->capture_default_str();
@@ -130,8 +144,14 @@ Command add_serve_command(CLI::App& app) {
     if (o->tensor_parallel_size != 1) {
       return fail(Status(StatusCode::kInvalidArgument, "--tensor-parallel-size must be 1: tensor parallelism is not available yet"));
     }
+    if (!(o->step_timeout_s >= 0) || !(o->failure_exit_s >= 0)) {
+      return fail(Status(StatusCode::kInvalidArgument, "--step-timeout and --failure-exit-s must be 0 or more"));
+    }
+    auto faults = backend::parse_fault_plan(o->fault_injection);
+    if (!faults) return fail(faults.error());
     engine::EngineOptions eo;
     eo.seed = o->seed;
+    eo.step_timeout_s = o->step_timeout_s;
     eo.enable_prefix_caching = o->enable_prefix_caching;
     eo.swap_space_bytes = swap_space_bytes(o->swap_space_gib);
     eo.async_scheduling = o->async_scheduling;
@@ -227,14 +247,34 @@ Command add_serve_command(CLI::App& app) {
                      g.used_bytes / 1073741824.0, g.total_bytes / 1073741824.0, g.source, limit * 100);
       }
     }
-    auto eng = engine::Engine::create(std::move(m->backend), m->tokenizer, eo);
+    if (faults->any()) spdlog::warn("lmserve serve: fault injection on ({}): for tests only", o->fault_injection);
+    auto eng = engine::Engine::create(backend::inject_faults(std::move(m->backend), *faults), m->tokenizer, eo);
     if (!eng) return fail(eng.error());
+    const engine::Engine* engine = eng->get();  // owned by the server below
     server::Server srv(o->server, std::move(*eng), m->tokenizer, std::move(tmpl));
     if (Status s = srv.start(); !s.is_ok()) return fail(s);
     spdlog::info("lmserve serve: {} on {}://{}:{}", o->server.served_model_name, o->server.ssl_certfile.empty() ? "http" : "https",
                  o->server.host, srv.port());
     std::fflush(stdout);
+    // A failed engine does not come back: once its requests have had their error events, the
+    // process exits non-zero so that systemd or Kubernetes starts a new one (/health answers
+    // 503 meanwhile). A stalled step's thread cannot be joined, hence _Exit.
+    std::atomic<bool> serving{true};
+    std::thread exit_on_failure([&] {
+      while (serving.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (engine->alive()) continue;
+        spdlog::error("lmserve serve: the engine failed; exiting with status 3 in {:g} s", o->failure_exit_s);
+        const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(o->failure_exit_s);
+        while (serving.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        spdlog::shutdown();
+        std::fflush(nullptr);
+        std::_Exit(3);
+      }
+    });
     srv.run(true);
+    serving = false;
+    exit_on_failure.join();
     spdlog::info("lmserve serve: stopped");
     return 0;
   };

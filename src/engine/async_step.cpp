@@ -42,6 +42,14 @@ Status EngineCore::take_tokens(StepBuffers& sb) {
           if (!((m[t >> 6] >> (t & 63)) & 1)) row[t] = -INFINITY;
         }
       }
+      // NaN or +infinity anywhere in the row (a fault of the model or the device): no token can
+      // be drawn from it; the request ends with an error (complete()).
+      bool broken = false;
+      for (const float v : row) broken |= !(v < INFINITY);
+      if (broken) {
+        sb.lives[i]->logits_broken = true;
+        continue;
+      }
       Request* r = sb.sampled[i];
       // A placeholder for this very token may end the output: the request's tokens before it.
       std::span<const std::int32_t> output(r->output.data(), r->output.size() - (sb.appended[i] ? 1 : 0));
@@ -101,11 +109,14 @@ Status EngineCore::step(bool settle, bool* progressed) {
     }
     planned = plan(next, &cur, &ahead);
   }
+  backend_since_ = Clock::now();
   mu_.unlock();
   const auto wait_start = Clock::now();
   Status st = backend_->wait();
   const auto wait_end = Clock::now();
   mu_.lock();
+  backend_since_ = {};
+  if (dead_) return Status(StatusCode::kUnavailable, "the engine was stopped by its watchdog");
   drain_outputs();  // the previous step's deferred rows went out while this one ran
   host_phases_.relock += seconds(wait_end, Clock::now());
   cur.launched = false;

@@ -15,7 +15,7 @@ namespace lmserve::engine {
 void EngineCore::advance_grammars(StepBuffers& sb) {
   for (std::size_t i = 0; i < sb.sampled.size(); ++i) {
     Live& L = *sb.lives[i];
-    if (sb.dead[i] || !L.grammar || L.grammar_broken) continue;
+    if (sb.dead[i] || !L.grammar || L.grammar_broken || L.logits_broken) continue;
     const std::int32_t token = sb.results[i].token;
     // An end token ends the request; the output processor decides (the mask allowed it only
     // where the text is whole).

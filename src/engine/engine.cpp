@@ -78,6 +78,29 @@ EngineCore::EngineCore(std::unique_ptr<backend::Backend> backend, std::shared_pt
   sampler_pool_ = std::make_unique<ThreadPool>(options_.sampler_threads > 0 ? static_cast<std::size_t>(options_.sampler_threads)
                                                                             : std::min<std::size_t>(8, cores));
   thread_ = std::thread([this] { loop(); });
+  if (options_.step_timeout_s > 0) watchdog_ = std::thread([this] { watch(); });
+}
+
+void EngineCore::fail_all(const std::string& why) {
+  drain_outputs();
+  dead_ = true;
+  std::vector<Request*> all;
+  for (auto& [id, L] : live_) all.push_back(L->req.get());
+  for (Request* r : all) finish(r, FinishReason::kError, live_.at(r->id)->out->flush(), "", why);
+  idle_cv_.notify_all();
+}
+
+void EngineCore::watch() {
+  std::unique_lock lock(mu_);
+  const auto limit = std::chrono::duration<double>(options_.step_timeout_s);
+  const auto tick = std::chrono::duration_cast<std::chrono::milliseconds>(std::min<std::chrono::duration<double>>(limit / 4, std::chrono::seconds(1)));
+  while (!stop_ && !dead_) {
+    watch_cv_.wait_for(lock, std::max(tick, std::chrono::milliseconds(1)));
+    if (stop_ || dead_ || backend_since_ == Clock::time_point{} || Clock::now() - backend_since_ <= limit) continue;
+    const std::string why = fmt::format("the engine stopped: a step ran longer than its {:g} s limit (--step-timeout)", options_.step_timeout_s);
+    spdlog::error("engine: {}; finishing all requests", why);
+    fail_all(why);
+  }
 }
 
 EngineCore::~EngineCore() { shutdown(std::chrono::milliseconds(0)); }
@@ -262,6 +285,7 @@ EngineStats EngineCore::stats() const {
     s.admission_limits.emplace_back(std::string(admission_block_name(static_cast<AdmissionBlock>(b))), limit_episodes_[b]);
   }
   s.requests_finished = finished_;
+  s.nonfinite_rows_total = nonfinite_rows_;
   s.alive = !dead_;
   return s;
 }
@@ -281,12 +305,9 @@ EngineStats::StepSizes& EngineStats::StepSizes::operator-=(const StepSizes& o) {
 void EngineCore::loop() {
   std::unique_lock lock(mu_);
   auto fail = [&](const Status& st) {
-    drain_outputs();
+    if (dead_) return;  // the watchdog ended everything already
     spdlog::error("engine: backend failed, finishing all requests: {}", st.to_string());
-    dead_ = true;
-    std::vector<Request*> all;
-    for (auto& [id, L] : live_) all.push_back(L->req.get());
-    for (Request* r : all) finish(r, FinishReason::kError, live_.at(r->id)->out->flush(), "", st.message());
+    fail_all(st.message());
   };
   auto in_flight = [&] { return step_[cur_].launched; };
   while (true) {
@@ -348,7 +369,9 @@ void EngineCore::shutdown(std::chrono::milliseconds grace) {
   stop_ = true;
   lock.unlock();
   work_cv_.notify_one();
+  watch_cv_.notify_all();
   thread_.join();
+  if (watchdog_.joinable()) watchdog_.join();
 }
 
 }  // namespace lmserve::engine

@@ -119,6 +119,11 @@ struct EngineOptions {
   // resume where they stopped instead of computing their tokens again; taken only as it is
   // used. 0: none (vLLM V1's rule: preemption recomputes). The CLI's --swap-space sets it.
   std::uint64_t swap_space_bytes = 0;
+  // The watchdog: a backend call (a step's launch or wait) still running after this many
+  // seconds fails the engine as a failed step does (every request in flight ends once with an
+  // error, alive() turns false, submit() refuses); the stuck call is left to the process's end.
+  // 0: no watchdog.
+  double step_timeout_s = 0;
 };
 
 struct GenerateRequest {
@@ -204,6 +209,8 @@ struct EngineStats {
   std::vector<std::pair<std::string, std::uint64_t>> tpot_unmet_steps;
   std::array<double, StepTimeModel::kTerms> step_time_model{};
   std::uint64_t requests_finished = 0;
+  // Rows whose logits held NaN or +infinity: each ended its request with an error.
+  std::uint64_t nonfinite_rows_total = 0;
   bool alive = true;
 };
 

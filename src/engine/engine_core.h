@@ -120,7 +120,10 @@ class EngineCore {
   RequestId next_id_ = 1;
   std::uint64_t arrivals_ = 0;
   bool accepting_ = true, stop_ = false, dead_ = false;
-  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0, computed_tokens_ = 0;
+  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0, steps_ = 0, finished_ = 0, computed_tokens_ = 0, nonfinite_rows_ = 0;
+  // The watchdog (EngineOptions::step_timeout_s): when the backend call under way began (zero:
+  // none), set and cleared by the loop with mu_ held around the calls it makes without it.
+  Clock::time_point backend_since_{};
   double forward_seconds_ = 0, host_seconds_ = 0, staging_seconds_ = 0;
   EngineStats::StepSizes step_sizes_;
   EngineStats::HostPhases host_phases_;
@@ -191,6 +194,12 @@ class EngineCore {
   std::vector<std::uint64_t> tpot_unmet_steps_;  // per lane: steps whose decodes alone miss its target
   std::vector<char> tpot_unmet_logged_;
   std::thread thread_;
+  // The watchdog's thread (step_timeout_s > 0) and its wake-up.
+  void watch();
+  std::condition_variable watch_cv_;
+  std::thread watchdog_;
+  // Ends every request in flight with an error saying `why` and marks the engine dead.
+  void fail_all(const std::string& why);
 };
 
 // SplitMix64's finaliser: a request seed spread over all 64 bits of a device random stream key.
@@ -219,6 +228,8 @@ struct EngineCore::Live {
   std::optional<text::GrammarState> grammar;
   std::unique_ptr<text::MaskCache<text::GrammarState, text::GrammarKeyHash>> mask_cache;
   bool grammar_broken = false;
+  // Its row's logits held NaN or +infinity (take_tokens): the request ends with an error.
+  bool logits_broken = false;
 };
 
 }  // namespace lmserve::engine

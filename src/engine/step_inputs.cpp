@@ -142,12 +142,15 @@ Status EngineCore::plan(StepBuffers& sb, const StepBuffers* before, bool* any) {
 Status EngineCore::launch(StepBuffers& sb) {
   // Called with mu_ held; the backend works without it (submit and abort stay responsive, and
   // a backend that is not asynchronous runs the whole step here).
+  backend_since_ = Clock::now();
   mu_.unlock();
   const auto t0 = Clock::now();
   sb.launched_at = t0;
   Status st = backend_->launch(sb.patches);
   const auto t1 = Clock::now();
   mu_.lock();
+  backend_since_ = {};
+  if (dead_) return Status(StatusCode::kUnavailable, "the engine was stopped by its watchdog");
   sb.backend_seconds = seconds(t0, t1);
   if (!st.is_ok()) return st;
   sb.launched = true;

@@ -116,6 +116,10 @@ void EngineCore::complete(StepBuffers& sb, StepBuffers* ahead) {
   for (std::size_t i = 0; i < sampled.size(); ++i) {
     if (dead[i]) continue;
     Request* r = sampled[i];
+    if (lives[i]->logits_broken) {  // no token: ends with an error below
+      sync_rows.push_back(i);
+      continue;
+    }
     if (!sb.appended[i]) r->output.push_back(results[i].token);
     if (!many || !options_.overlap_outputs || !r->params.stop.empty() || lives[i]->grammar_broken) {
       sync_rows.push_back(i);
@@ -136,6 +140,10 @@ void EngineCore::complete(StepBuffers& sb, StepBuffers* ahead) {
       const std::size_t i = sync_rows[k];
       Request* r = sampled[i];
       OutputProcessor::Update& u = updates[i];
+      if (lives[i]->logits_broken) {
+        u = {};
+        continue;
+      }
       u = lives[i]->out->add_token(results[i].token, static_cast<std::int64_t>(r->output.size()));
       // Not even max_model_len may be passed.
       if (u.finish == FinishReason::kNone && r->num_tokens() >= options_.scheduler.max_model_len) {
@@ -151,7 +159,7 @@ void EngineCore::complete(StepBuffers& sb, StepBuffers* ahead) {
   }
   const auto emitted = Clock::now();  // the time of every event of this step
   for (std::size_t i = 0; i < sampled.size(); ++i) {
-    if (dead[i]) continue;
+    if (dead[i] || lives[i]->logits_broken) continue;
     Request* r = sampled[i];
     Live& L = *lives[i];
     if (!L.prompt_counted) {
@@ -166,6 +174,12 @@ void EngineCore::complete(StepBuffers& sb, StepBuffers* ahead) {
     Live& L = *lives[i];
     SampleResult& res = results[i];
     OutputProcessor::Update& update = updates[i];
+    if (L.logits_broken) {
+      drop_ahead(r, L);
+      ++nonfinite_rows_;
+      finish(r, FinishReason::kError, L.out->flush(), "", "the model's logits for this request were not finite (NaN or infinity)", &res);
+      continue;
+    }
     if (L.grammar_broken && update.finish == FinishReason::kNone) {
       drop_ahead(r, L);
       finish(r, FinishReason::kError, update.text, "", "constrained decoding: the sampled token does not fit the grammar", &res);

@@ -88,6 +88,8 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   header(out, "lmserve:kv_swap_bytes_total", "counter", "Bytes of KV cache moved to host memory (out) and back (in).");
   for (const auto& [dir, n, bytes] : swaps) out += "lmserve:kv_swap_bytes_total{" + m + ",direction=\"" + dir + "\"} " + num(bytes) + "\n";
   counter("lmserve:engine_steps_total", "Engine steps run.", static_cast<double>(s.steps_total));
+  counter("lmserve:nonfinite_logits_rows_total", "Rows whose logits held NaN or infinity; each ended its request with an error.",
+          static_cast<double>(s.nonfinite_rows_total));
   counter("lmserve:engine_forward_seconds_total",
           "Time engine steps spent in the backend launching and waiting for the forward pass (less than the device's with asynchronous scheduling).",
           s.forward_seconds_total);

@@ -341,25 +341,37 @@ std::string post_request(const std::string& path, const std::string& body) {
          std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
-TEST(Cli, ServeDrainsOnSigtermAndExitsZero) {
-  std::string log = write_temp("serve.log", "");
+// `lmserve serve --model <demo> --port 0 --max-model-len 1024 <args>` in a child process, its
+// output in `log`; *port: the port it listens on once it says so (0 if it never does).
+pid_t spawn_serve(const std::string& log, const std::vector<std::string>& args, int* port) {
   pid_t pid = fork();
   if (pid == 0) {
     int fd = ::open(log.c_str(), O_WRONLY | O_TRUNC);
     dup2(fd, 2);
     dup2(fd, 1);
-    execl(lmserve::testing::lmserve_binary().c_str(), "lmserve", "serve", "--model", model_dir().c_str(), "--port", "0",
-          "--shutdown-timeout", "120", "--max-model-len", "1024", static_cast<char*>(nullptr));
+    std::vector<std::string> all = {"lmserve", "serve", "--model", model_dir(), "--port", "0", "--max-model-len", "1024"};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(lmserve::testing::lmserve_binary().c_str(), argv.data());
     _exit(127);
   }
-  int port = 0;
-  for (int i = 0; i < 200 && port == 0; ++i) {
+  *port = 0;
+  for (int i = 0; i < 200 && *port == 0; ++i) {
     std::ifstream in(log);
     std::string text((std::istreambuf_iterator<char>(in)), {});
     auto at = text.find("on http://127.0.0.1:");
-    if (at != std::string::npos) port = std::atoi(text.c_str() + at + 20);
-    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (at != std::string::npos) *port = std::atoi(text.c_str() + at + 20);
+    if (*port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  return pid;
+}
+
+TEST(Cli, ServeDrainsOnSigtermAndExitsZero) {
+  std::string log = write_temp("serve.log", "");
+  int port = 0;
+  const pid_t pid = spawn_serve(log, {"--shutdown-timeout", "120"}, &port);
   ASSERT_GT(port, 0) << "the server did not start";
   EXPECT_NE(http_exchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").find(" 200 "), std::string::npos);
   auto stream = std::async(std::launch::async, [port] {
@@ -379,6 +391,29 @@ TEST(Cli, ServeDrainsOnSigtermAndExitsZero) {
   waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// A failed step (injected: --fault-injection fail=3) fails the engine: the stream in flight
+// gets an error event and [DONE], /health answers 503, a new request 503, and the process exits
+// with status 3 after --failure-exit-s for its supervisor to restart it.
+TEST(Cli, ServeExitsWithStatusThreeAfterTheEngineFails) {
+  std::string log = write_temp("serve_fault.log", "");
+  int port = 0;
+  const pid_t pid = spawn_serve(log, {"--fault-injection", "fail=3", "--failure-exit-s", "2"}, &port);
+  ASSERT_GT(port, 0) << "the server did not start";
+  const std::string body = http_exchange(port, post_request("/v1/completions", R"({"prompt":"The hacker","max_tokens":50,"ignore_eos":true,"stream":true})"));
+  EXPECT_NE(body.find("\"error\""), std::string::npos) << body.substr(0, 400);
+  EXPECT_NE(body.find("data: [DONE]"), std::string::npos) << body.substr(0, 400);
+  EXPECT_NE(http_exchange(port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").find(" 503 "), std::string::npos);
+  EXPECT_NE(http_exchange(port, post_request("/v1/completions", R"({"prompt":"x","max_tokens":1})")).find(" 503 "), std::string::npos);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("fault injection: step 3 failed"), std::string::npos);
+  EXPECT_NE(text.find("exiting with status 3"), std::string::npos);
 }
 
 TEST(Cli, ServeReadsAYamlConfigAndTheCommandLineWins) {
