@@ -3,12 +3,14 @@
 // the requests is cut off by the client at a random moment (the server must free what they
 // held). Every answer is classified; a stream that was not cut must end with `data: [DONE]`; a
 // refused request (429 / 503) is retried after its Retry-After.
+// With RETRY_REFUSED (scripts/fault-drill.sh), a request whose connection is refused (the server
+// is restarting) is sent again after 200 ms and counted in `refused`.
 // Prints one JSON summary line. Node 20, no packages.
-// Usage: node soak_client.mjs URL DURATION_S CONCURRENCY ABORT_FRACTION
-const [url, durationS, concurrency, abortFraction] = process.argv.slice(2);
+// Usage: node soak_client.mjs URL DURATION_S CONCURRENCY ABORT_FRACTION [RETRY_REFUSED]
+const [url, durationS, concurrency, abortFraction, retryRefused] = process.argv.slice(2);
 const until = Date.now() + Number(durationS) * 1000;
 const words = ['kernel', 'bank', 'audit', 'memory', 'river', 'model', 'token', 'compliance', 'report', 'cache'];
-const counts = { ok: 0, cut: 0, status429: 0, status503: 0, otherStatus: 0, unfinished: 0, networkErrors: 0 };
+const counts = { ok: 0, errorEvents: 0, cut: 0, status429: 0, status503: 0, otherStatus: 0, unfinished: 0, networkErrors: 0, refused: 0 };
 const other = {};
 
 function prompt() {
@@ -43,11 +45,18 @@ async function one() {
       return;
     }
     const text = await res.text();
-    if (text.trimEnd().endsWith('data: [DONE]')) counts.ok++;
-    else counts.unfinished++;
+    if (!text.trimEnd().endsWith('data: [DONE]')) counts.unfinished++;
+    else if (text.includes('data: {"error"')) counts.errorEvents++;
+    else counts.ok++;
   } catch (e) {
-    if (e.name === 'AbortError') counts.cut++;
-    else counts.networkErrors++;
+    if (e.name === 'AbortError') {
+      counts.cut++;
+    } else if (retryRefused && e.cause && e.cause.code === 'ECONNREFUSED') {
+      counts.refused++;
+      await new Promise((r) => setTimeout(r, 200));
+    } else {
+      counts.networkErrors++;
+    }
   } finally {
     if (timer) clearTimeout(timer);
   }
