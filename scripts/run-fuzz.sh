@@ -12,7 +12,7 @@ cmake --build --preset fuzz -j "$(nproc)" > build/fuzz.build.log 2>&1 || { tail 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 rc=0
-for target in tokenizer template safetensors grammar openai_request tool_calls gateway_config answer; do
+for target in tokenizer template safetensors grammar openai_request tool_calls gateway_config answer guard; do
   mkdir -p "$work/$target" "$work/$target-artifacts"
   cp tests/fuzz/seeds/$target/* "$work/$target/"
   if build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \

@@ -89,6 +89,11 @@ TEST(Guard, KeywordsMatchThroughSpacingAndWidthAndAllowRulesCarveOutExceptions) 
   auto bad = Guard::build({.allow = {"[z-a]"}});
   ASSERT_FALSE(bad);
   EXPECT_NE(bad.error().message().find("allow[0]"), std::string::npos);
+  // A rule that is not UTF-8 is refused (PCRE2 read past such a pattern and crashed: guard_fuzz).
+  auto not_utf8 = Guard::build({.allow = {std::string("(?i)password reset policyok:system prompt\xff\xff\xff\xff\xff\xff\xff\xff@`")}});
+  ASSERT_FALSE(not_utf8);
+  EXPECT_NE(not_utf8.error().message().find("allow[0]"), std::string::npos);
+  EXPECT_FALSE(Guard::build({.deny = {std::string("ab\xff\xfe")}}));
 }
 
 // The share of `texts` the rules block, the texts that go the unexpected way printed.
