@@ -5,7 +5,7 @@
 # (tests/soak/soak_client.mjs), for DURATION seconds. Every INTERVAL seconds it samples the
 # server's RSS, threads and open file descriptors (/proc) and its running / waiting requests
 # and KV usage (/metrics) into $OUT/samples.csv. After the load: every request must have been
-# answered 200 (whole stream) or 429/503, none running or waiting, KV usage 0, and RSS, threads
+# answered 200 (a whole stream, no error event) or 429/503, none running or waiting, KV usage 0, and RSS, threads
 # and descriptors flat (the last quarter's mean within LEAK_PCT% of the second quarter's).
 # Prints a summary and exits non-zero if a check fails.
 # Usage: [DURATION=3600] [CONCURRENCY=128] [SEQS=64] [QUEUE=32] [ABORT=0.2] [INTERVAL=10]
@@ -54,6 +54,7 @@ running, waiting, kv = float(after[4]), float(after[5]), float(after[6])
 print(f"  after the load: running {running:.0f}, waiting {waiting:.0f}, KV usage {kv:.3f}")
 if running or waiting or kv: fails.append("requests or KV blocks left after the load")
 if client["otherStatus"] or client["unfinished"] or client["networkErrors"]: fails.append("answers other than 200/429/503 or unfinished streams")
+if client.get("errorEvents"): fails.append("streams that ended with an error event")
 if client["ok"] == 0: fails.append("no request completed")
 print("soak: " + ("FAILED: " + "; ".join(fails) if fails else "passed"))
 sys.exit(1 if fails else 0)
