@@ -9,6 +9,7 @@
 // C++17 and header-only: the CUDA sources include it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace lmserve::backend {
@@ -32,7 +33,7 @@ inline StepBufferBytes step_buffer_bytes(std::int64_t hidden, std::int64_t heads
   b.layer_out = H * p;
   b.gate_up = 2 * I * p;
   b.mlp_in = I * a;
-  if (fp8_weights) b.quantized = (H > qd ? (H > I ? H : I) : (qd > I ? qd : I)) + 4;
+  if (fp8_weights) b.quantized = std::max({H, qd, I}) + 4;
   return b;
 }
 

@@ -146,8 +146,8 @@ Result<PlanResult> make_plan(const PlanInput& in) {
   r.max_num_seqs = in.max_num_seqs > 0 ? in.max_num_seqs : served.max_num_seqs;
   r.max_num_batched_tokens = in.max_num_batched_tokens > 0 ? in.max_num_batched_tokens : served.max_num_batched_tokens;
   // The CUDA backend's step buffers for max(max_num_batched_tokens, max_num_seqs) tokens, as serve
-  // plans them (backend::step_buffer_bytes, for a 16-bit model, FP8 projections' inputs included), logits for max_num_seqs rows,
-  // cuBLASLt workspace, plus 0.5 GiB of context.
+  // plans them (backend::step_buffer_bytes, for a 16-bit model, FP8 projections' inputs
+  // included), logits for max_num_seqs rows, cuBLASLt workspace, plus 0.5 GiB of context.
   const double T = static_cast<double>(std::max(r.max_num_batched_tokens, r.max_num_seqs));
   const double per_token = static_cast<double>(
       backend::step_buffer_bytes(c.hidden_size, c.num_heads / tp, std::max<std::int64_t>(1, c.num_kv_heads / tp), c.head_dim, c.intermediate_size / tp, 2, 2,

@@ -75,9 +75,10 @@ class FaultInjectingBackend final : public Backend {
   Pending pending_;
 };
 
-bool read_int(std::string_view s, std::int64_t* out) {
+// A whole decimal number of at least `min`.
+bool read_int(std::string_view s, std::int64_t* out, std::int64_t min = 1) {
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && end == s.data() + s.size() && *out > 0;
+  return ec == std::errc() && end == s.data() + s.size() && *out >= min;
 }
 
 }  // namespace
@@ -99,17 +100,18 @@ Result<FaultPlan> parse_fault_plan(std::string_view spec) {
     const std::string_view first = value.substr(0, colon), second = colon == std::string_view::npos ? std::string_view() : value.substr(colon + 1);
     std::int64_t a = 0, b = 0;
     if (key == "fail" || key == "oom") {
-      if (colon != std::string_view::npos || !read_int(first, &a) || (key == "fail" ? p.fail_step : p.oom_step) != 0) return bad(part);
-      (key == "fail" ? p.fail_step : p.oom_step) = a;
+      std::int64_t& step = key == "fail" ? p.fail_step : p.oom_step;
+      if (colon != std::string_view::npos || !read_int(first, &a) || step != 0) return bad(part);
+      step = a;
     } else if (key == "nan" || key == "stall") {
-      // nan's row counts from 0 (read as row + 1 > 0).
-      const bool ok = read_int(first, &a) && !second.empty() &&
-                      (key == "nan" ? (second == "0" ? (b = 0, true) : read_int(second, &b)) : read_int(second, &b));
-      if (!ok || (key == "nan" ? p.nan_step : p.stall_step) != 0) return bad(part);
+      std::int64_t& step = key == "nan" ? p.nan_step : p.stall_step;
+      // nan's row counts from 0; stall's milliseconds from 1.
+      if (!read_int(first, &a) || colon == std::string_view::npos || !read_int(second, &b, key == "nan" ? 0 : 1) || step != 0) return bad(part);
+      step = a;
       if (key == "nan") {
-        p.nan_step = a, p.nan_row = b;
+        p.nan_row = b;
       } else {
-        p.stall_step = a, p.stall = std::chrono::milliseconds(b);
+        p.stall = std::chrono::milliseconds(b);
       }
     } else {
       return bad(part);

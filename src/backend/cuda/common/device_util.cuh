@@ -223,6 +223,14 @@ inline int multiprocessors() {
   return sms;
 }
 
+// An early return of a string error (empty: success) from a call that returns one.
+#define LMSERVE_TRY(expr)                                \
+  do {                                                   \
+    if (std::string e_ = (expr); !e_.empty()) return e_; \
+  } while (0)
+
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
 inline int grid_for(std::int64_t n, int threads) {
   std::int64_t b = (n + threads - 1) / threads;
   return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));

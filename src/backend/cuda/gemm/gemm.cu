@@ -303,8 +303,6 @@ int launch_gemv(const void* w, const void* x, void* y, int m, int n, int k, cuda
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 cudaDataType_t data_type(Act a) {
   switch (a) {
     case Act::kF32: return CUDA_R_32F;

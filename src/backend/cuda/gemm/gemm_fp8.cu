@@ -8,11 +8,6 @@
 #include "backend/cuda/common/device_util.cuh"
 #include "backend/cuda/gemm/gemm.cuh"
 
-#define LMSERVE_GEMM_TRY(expr)                           \
-  do {                                                   \
-    if (std::string e_ = (expr); !e_.empty()) return e_; \
-  } while (0)
-
 namespace lmserve::cuda {
 namespace {
 
@@ -202,8 +197,6 @@ void launch_gemv_fp8(const void* w, const float* ws, const void* xq, const float
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 // The weight-streaming kernel applies (after quantize(): k % 16 == 0, X's rows aligned).
 bool stream_fp8(const Gemm::Fp8Weight& w, int n) { return n <= Gemm::kStreamRows && aligned16(w.w); }
 
@@ -225,7 +218,7 @@ std::string Gemm::quantize(const void* x, int n, int k, Act act, cudaStream_t s)
 std::string Gemm::run_fp8(const Fp8Weight& w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
   if (out != Act::kF32 && out != act) return "gemm: output dtype neither float32 nor the inputs'";
-  LMSERVE_GEMM_TRY(quantize(x, n, k, act, s));
+  LMSERVE_TRY(quantize(x, n, k, act, s));
   if (stream_fp8(w, n)) {
     const Store store = out != Act::kF32 ? Store::kAct : Store::kF32;
     LMSERVE_WITH_ACT(act, A, (launch_gemv_fp8<A, false>(w.w, w.scales, xq_, xs_, y, m, n, k, store, s)));
@@ -236,7 +229,7 @@ std::string Gemm::run_fp8(const Fp8Weight& w, const void* x, void* y, Act out, i
 
 std::string Gemm::run_add_fp8(const Fp8Weight& w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
-  LMSERVE_GEMM_TRY(quantize(x, n, k, act, s));
+  LMSERVE_TRY(quantize(x, n, k, act, s));
   if (stream_fp8(w, n)) {
     LMSERVE_WITH_ACT(act, A, (launch_gemv_fp8<A, false>(w.w, w.scales, xq_, xs_, y, m, n, k, Store::kAddF32, s)));
     return {};
@@ -246,12 +239,12 @@ std::string Gemm::run_add_fp8(const Fp8Weight& w, const void* x, float* y, int m
 
 std::string Gemm::run_gate_up_silu_fp8(const Fp8Weight& w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
-  LMSERVE_GEMM_TRY(quantize(x, n, k, act, s));
+  LMSERVE_TRY(quantize(x, n, k, act, s));
   if (stream_fp8(w, n)) {
     LMSERVE_WITH_ACT(act, A, (launch_gemv_fp8<A, true>(w.w, w.scales, xq_, xs_, out, I, n, k, Store::kAct, s)));
     return {};
   }
-  LMSERVE_GEMM_TRY(run_lt(w.w, xq_, scratch, act, 2 * I, n, k, act, 0.0f, s, w.scales, xs_));
+  LMSERVE_TRY(run_lt(w.w, xq_, scratch, act, 2 * I, n, k, act, 0.0f, s, w.scales, xs_));
   launch_silu_mul(scratch, act, n, I, out, act, s);
   return {};
 }

@@ -14,19 +14,17 @@
 #include <vector>
 
 #include "backend/cuda/common/device_buffer.cuh"
+#include "backend/cuda/common/device_util.cuh"
 #include "backend/cuda/model/device_model.h"
 #include "backend/cuda/gemm/gemm.cuh"
 #include "backend/cuda/common/kernels.cuh"
 #include "backend/cuda/measure/step_report.cuh"
 
-// Early returns of a string error from a CUDA call, and from a call that returns one.
+// Early returns of a string error from a CUDA call (and, device_util.cuh's LMSERVE_TRY, from a
+// call that returns one).
 #define LMSERVE_CUDA_TRY(call)                                                                  \
   do {                                                                                          \
     if (cudaError_t e_ = (call); e_ != cudaSuccess) return std::string(#call) + ": " + cudaGetErrorString(e_); \
-  } while (0)
-#define LMSERVE_TRY(expr)                          \
-  do {                                             \
-    if (std::string e_ = (expr); !e_.empty()) return e_; \
   } while (0)
 
 namespace lmserve::cuda {
