@@ -65,6 +65,7 @@ void find_numbers(std::string_view t, std::vector<Find>& out) {
       continue;
     }
     if (i > 0 && (word_char(t[i - 1]) || t[i - 1] == '.')) {  // inside a word or a decimal
+      ++i;  // t[i] may be the '+' of "+86", which is not a word character
       while (i < t.size() && (digit(t[i]) || word_char(t[i]))) ++i;
       continue;
     }

@@ -157,6 +157,9 @@ TEST(Redact, SeveralFindsInOneTextKeepTheRest) {
   EXPECT_EQ(c.emails, 1);
   EXPECT_EQ(c.phones, 1);
   EXPECT_EQ(redact(""), "");
+  // "+86" right after a word is not a phone's prefix, and is stepped over (it once looped forever).
+  EXPECT_EQ(redact("x+8613800138000"), "x+8613800138000");
+  EXPECT_EQ(redact("ab+86+86 +8613800138000"), "ab+86+86 [PHONE]");
   // A run of groups that is nothing as a whole is looked at group by group.
   EXPECT_EQ(redact("in 2023 13800138000 items, 2026-12-02"), "in 2023 [PHONE] items, 2026-12-02");
   EXPECT_TRUE(luhn_valid("4111111111111111"));
