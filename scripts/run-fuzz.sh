@@ -1,24 +1,38 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (preset `fuzz`) and runs each for a bounded time
 # from the seeds in tests/fuzz/seeds (copied, so the repository is not modified).
-# Usage: scripts/run-fuzz.sh [SECONDS_PER_TARGET]   (default 45). Exits non-zero on a crash.
+# Usage: scripts/run-fuzz.sh [SECONDS_PER_TARGET [TARGET...]]   (default 45 s, every target).
+# FUZZ_WORK=DIR keeps the corpora, logs and crash inputs there (default: a temporary directory,
+# removed at the end); FUZZ_NO_BUILD=1 runs the binaries already in build/fuzz. Exits non-zero
+# on a crash.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-45}
+shift $(( $# > 0 ? 1 : 0 ))
+targets=("$@")
+(( ${#targets[@]} )) || targets=(tokenizer template safetensors grammar openai_request tool_calls gateway_config answer guard)
 command -v clang++ >/dev/null || { echo "run-fuzz: clang++ not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
-cmake --preset fuzz > build/fuzz.configure.log 2>&1 || { cat build/fuzz.configure.log; exit 1; }
-cmake --build --preset fuzz -j "$(nproc)" > build/fuzz.build.log 2>&1 || { tail -50 build/fuzz.build.log; exit 1; }
+if [[ -z ${FUZZ_NO_BUILD:-} ]]; then
+  cmake --preset fuzz > build/fuzz.configure.log 2>&1 || { cat build/fuzz.configure.log; exit 1; }
+  cmake --build --preset fuzz -j "$(nproc)" > build/fuzz.build.log 2>&1 || { tail -50 build/fuzz.build.log; exit 1; }
+fi
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+if [[ -n ${FUZZ_WORK:-} ]]; then
+  work=$FUZZ_WORK
+  mkdir -p "$work"
+else
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+fi
 rc=0
-for target in tokenizer template safetensors grammar openai_request tool_calls gateway_config answer guard; do
+for target in "${targets[@]}"; do
   mkdir -p "$work/$target" "$work/$target-artifacts"
   cp tests/fuzz/seeds/$target/* "$work/$target/"
   if build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
        -artifact_prefix="$work/$target-artifacts/" -print_final_stats=1 "$work/$target" > "$work/$target.log" 2>&1; then
     runs=$(sed -nE 's/.*stat::number_of_executed_units: *([0-9]+).*/\1/p' "$work/$target.log")
-    echo "fuzz ${target}_fuzz: ${runs:-?} inputs in ${seconds}s, no crash"
+    cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$work/$target.log" | tail -1)
+    echo "fuzz ${target}_fuzz: ${runs:-?} inputs in ${seconds}s, no crash (${cov:-cov ?})"
   else
     echo "fuzz ${target}_fuzz: FAILED"
     grep -E "^(==[0-9]+==|SUMMARY|    #[0-9] )" "$work/$target.log" | head -20

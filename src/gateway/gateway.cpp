@@ -8,6 +8,7 @@
 #include <functional>
 #include <thread>
 
+#include "common/json_depth.h"
 #include "common/json_line.h"
 #include "gateway/access_log.h"
 #include "gateway/digest.h"
@@ -64,15 +65,20 @@ std::string prompt_text(const nlohmann::json& j) {
 // every request's body was a measurable share of the gateway's CPU per request).
 class RouteFields : public nlohmann::json_sax<nlohmann::json> {
  public:
+  // Nesting beyond kMaxJsonDepth is refused (common/json_depth.h): serve refuses it too, and
+  // whatever reads the body after the gateway need not be trusted with it.
   bool object = false;
   std::optional<std::string> model;
   std::string user;
+  // Why the body is refused although it parses: "model" not a string, or given twice (two
+  // readers of one body could route by one and serve the other), or nested too deep.
+  const char* refusal = nullptr;
 
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool null() override { return scalar(); }
+  bool boolean(bool) override { return scalar(); }
+  bool number_integer(number_integer_t) override { return scalar(); }
+  bool number_unsigned(number_unsigned_t) override { return scalar(); }
+  bool number_float(number_float_t, const string_t&) override { return scalar(); }
   bool string(string_t& v) override {
     if (depth_ == 1) {
       if (key_ == "model") model = std::move(v);
@@ -83,11 +89,13 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
   bool binary(binary_t&) override { return true; }
   bool start_object(std::size_t) override {
     if (depth_ == 0) object = true;
-    ++depth_;
-    return true;
+    return nest();
   }
   bool key(string_t& k) override {
-    if (depth_ == 1) key_ = std::move(k);
+    if (depth_ != 1) return true;
+    if (k == "model" && seen_model_) return refuse("'model' is given twice");
+    seen_model_ = seen_model_ || k == "model";
+    key_ = std::move(k);
     return true;
   }
   bool end_object() override {
@@ -95,8 +103,8 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool start_array(std::size_t) override {
-    ++depth_;
-    return true;
+    if (depth_ == 1 && key_ == "model") return refuse("'model' must be a string");
+    return nest();
   }
   bool end_array() override {
     --depth_;
@@ -105,7 +113,18 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 
  private:
+  bool refuse(const char* why) {
+    refusal = why;
+    return false;
+  }
+  bool scalar() { return depth_ == 1 && key_ == "model" ? refuse("'model' must be a string") : true; }
+  bool nest() {
+    if (depth_ == 1 && key_ == "model") return refuse("'model' must be a string");
+    if (++depth_ > kMaxJsonDepth) return refuse("the request body is nested too deeply");
+    return true;
+  }
   int depth_ = 0;
+  bool seen_model_ = false;
   std::string key_;
 };
 
@@ -209,8 +228,11 @@ struct Gateway::Impl : http::Application {
       auto a = authenticate(req, "");
       if (a.refusal) return ex.reply(std::move(*a.refusal));
     }
-    if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return models(ex, *snap);
-    if (req.method != "POST") return ex.reply(error_response(404, "no such route", "not_found"));
+    if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
+      if (!readable(req)) return ex.reply(method_not_allowed("GET"));
+      return models(ex, *snap);
+    }
+    if (req.method != "POST") return ex.reply(path.starts_with("/v1/") ? method_not_allowed("POST") : error_response(404, "no such route", "not_found"));
     // Refused by the gateway itself: answered, and logged as a proxied request would be.
     std::string tenant;  // with a valid key
     auto refuse = [&](http::Response r, const std::string& model, const std::string& code) { refuse_now(ex, *snap, tenant, std::move(r), model, code); };
@@ -230,6 +252,7 @@ struct Gateway::Impl : http::Application {
     }
     RouteFields fields;
     const bool parsed = nlohmann::json::sax_parse(req.body, &fields);
+    if (fields.refusal) return refuse(error_response(400, fields.refusal, "invalid_request"), "", "invalid_json");
     if (!parsed || !fields.object) return refuse(error_response(400, "the request body must be a JSON object", "invalid_request"), "", "invalid_json");
     if (!fields.model) return refuse(error_response(400, "'model' is required", "invalid_request"), "", "no_model");
     const auto* model = snap->config.find_model(*fields.model);
@@ -362,10 +385,21 @@ struct Gateway::Impl : http::Application {
     return std::nullopt;
   }
 
+  static bool readable(const http::Request& req) { return req.method == "GET" || req.method == "HEAD"; }
+  static http::Response method_not_allowed(const char* allow) {
+    auto r = error_response(405, std::string("this route takes ") + allow, "method_not_allowed");
+    r.headers.emplace_back("Allow", allow == std::string_view("GET") ? "GET, HEAD" : allow);
+    return r;
+  }
+
   // The gateway's own routes: /health, /ready, /metrics, /admin/reload (on admin_listen when set).
   void own_route(http::Exchange& ex, const Snapshot& snap) {
     const auto& req = ex.request();
     const auto& path = req.path;
+    if (path != "/admin/reload" && !readable(req)) {
+      const bool known = path == "/health" || path == "/ready" || path == "/metrics" || path == "/dashboard" || path.starts_with("/dashboard/");
+      return ex.reply(known ? method_not_allowed("GET") : error_response(404, "no such route", "not_found"));
+    }
     if (path == "/health") return ex.reply({.status = 200, .content_type = "text/plain", .body = "ok\n"});
     if (path == "/ready") return ready(ex, snap);
     if (path == "/metrics") return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = render_metrics(snap)});
@@ -379,7 +413,7 @@ struct Gateway::Impl : http::Application {
       return ex.reply({.status = 200, .body = dashboard->data_json(since)});
     }
     if (path == "/admin/reload") {
-      if (req.method != "POST") return ex.reply(error_response(405, "use POST", "method_not_allowed"));
+      if (req.method != "POST") return ex.reply(method_not_allowed("POST"));
       // On the API's address only from this host; admin_listen is the operator's to protect.
       if (!admin && !loopback(req.remote_address)) return ex.reply(error_response(403, "the admin routes answer only on the loopback interface", "forbidden"));
       auto st = reload_config();

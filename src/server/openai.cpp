@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "common/build_info.h"
+#include "common/json_depth.h"
 #include "text/grammar.h"
 #include "text/json_schema.h"
 
@@ -77,6 +78,7 @@ std::optional<Err> structured_grammar(const ojson& v, const std::string& kind, c
   if (kind == "json") {
     ojson schema = v;
     if (v.is_string()) {
+      if (json_deeper_than(v.get<std::string>())) return type_error(param, "a JSON Schema (an object, or a string of one)");
       schema = ojson::parse(v.get<std::string>(), nullptr, false);
       if (schema.is_discarded()) return type_error(param, "a JSON Schema (an object, or a string of one)");
     }
@@ -211,7 +213,7 @@ Expected<ParsedRequest, ApiError> parse_request(const ojson& body, bool chat) {
           }
           auto& args = call["function"]["arguments"];
           if (args.is_string()) {
-            auto parsed = ojson::parse(args.get<std::string>(), nullptr, false);
+            auto parsed = json_deeper_than(args.get<std::string>()) ? ojson() : ojson::parse(args.get<std::string>(), nullptr, false);
             if (!parsed.is_object()) return type_error("messages.tool_calls.function.arguments", "a JSON object (as a string)");
             args = std::move(parsed);
           } else if (!args.is_object()) {

@@ -8,6 +8,7 @@
 #include <ctime>
 
 #include "common/build_info.h"
+#include "common/json_depth.h"
 #include "server/openai.h"
 #include "server/openai_app.h"
 
@@ -115,6 +116,10 @@ void OpenAiApp::handle(http::Exchange ex) {
   }
   if (route == "/tokenize" || route == "/detokenize" || route == "/v1/chat/completions" || route == "/v1/completions") {
     if (!needs("POST")) return;
+    if (json_deeper_than(req.body)) {
+      return reply_error(ex, ApiError::bad_request("The request body is nested too deeply (more than 128 levels of arrays and objects).", "invalid_json"),
+                         route);
+    }
     ojson body = ojson::parse(req.body, nullptr, false);
     if (body.is_discarded()) {
       return reply_error(ex, ApiError::bad_request("The request body is not valid JSON (or not valid UTF-8).", "invalid_json"), route);

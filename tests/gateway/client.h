@@ -46,7 +46,7 @@ class Client {
           stream_.emplace(io_);
           stream_->connect(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port_)));
         }
-        http::request<http::string_body> req(c.method == "GET" ? http::verb::get : http::verb::post, c.path, 11);
+        http::request<http::string_body> req(http::string_to_verb(c.method), c.path, 11);
         req.set(http::field::host, "gw");
         if (!c.body.empty()) req.set(http::field::content_type, "application/json");
         for (const auto& [k, v] : c.headers) req.set(k, v);
@@ -84,6 +84,26 @@ class Client {
   std::optional<boost::beast::tcp_stream> stream_;
   boost::beast::flat_buffer buf_;
 };
+
+// Sends `bytes` on a new connection to the loopback `port` and reads until the server closes it
+// (or 10 s pass): everything it wrote.
+inline std::string raw_until_closed(int port, const std::string& bytes) {
+  namespace net = boost::asio;
+  net::io_context io;
+  boost::beast::tcp_stream s(io);
+  s.connect(net::ip::tcp::endpoint(net::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)));
+  s.expires_after(std::chrono::seconds(10));
+  net::write(s.socket(), net::buffer(bytes));
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    boost::beast::error_code ec;
+    const std::size_t n = s.read_some(net::buffer(buf), ec);
+    got.append(buf, n);
+    if (ec) break;
+  }
+  return got;
+}
 
 // A loopback port nothing listens on (bound and released at once).
 inline int unused_loopback_port() {

@@ -8,6 +8,8 @@
 #include <regex>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "gateway_fixture.h"
 
 namespace lmserve::gateway {
@@ -374,6 +376,151 @@ TEST_F(GatewayTest, OwnRoutesAnswerAndBadRequestsGetOpenAiErrors) {
   auto r = c.send(post(completion()));
   EXPECT_EQ(r.status, 503);
   EXPECT_FALSE(r.header("retry-after").empty());
+}
+
+// The gateway's share of the bad-input suite (issue #35): what it reads of a request itself (the
+// framing, the route and method, the body's JSON and its "model") gets its exact status and
+// OpenAI error, and none of it reaches a replica. (What only a replica reads, such as
+// max_tokens's range, is the replica's to refuse: serve's suites.)
+TEST_F(GatewayTest, BadInputsGetTheirExactStatusAndErrorAndReachNoReplica) {
+  auto& a = fake("a");
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()));
+  struct Case {
+    std::string name, method, path, body;
+    int status;
+    std::string code, message;
+  };
+  const std::string chat = "/v1/chat/completions", comp = "/v1/completions";
+  const std::string not_object = "the request body must be a JSON object", required = "'model' is required",
+                    not_string = "'model' must be a string", no_model = "the model does not exist";
+  auto body = [&](const std::string& name, const std::string& b, int status, const std::string& code, const std::string& message) {
+    return Case{name, "POST", comp, b, status, code, message};
+  };
+  std::string deep_array = R"({"model":"m","prompt":"x","x":)" + std::string(129, '[') + std::string(129, ']') + "}";
+  std::string deep_object = R"({"model":"m","prompt":"x","x":)";
+  for (int i = 0; i < 200; ++i) deep_object += R"({"a":)";
+  deep_object += "1" + std::string(200, '}') + "}";
+  std::string ok_depth = R"({"model":"m","prompt":"x","x":)" + std::string(127, '[') + std::string(127, ']') + "}";
+  std::vector<Case> cases = {
+      body("not json", "not json", 400, "invalid_request", not_object),
+      body("truncated", R"({"model":"m",)", 400, "invalid_request", not_object),
+      body("an array", R"([{"model":"m"}])", 400, "invalid_request", not_object),
+      body("a string", R"("m")", 400, "invalid_request", not_object),
+      body("null", "null", 400, "invalid_request", not_object),
+      body("a number", "42", 400, "invalid_request", not_object),
+      body("true", "true", 400, "invalid_request", not_object),
+      body("empty", "", 400, "invalid_request", not_object),
+      body("only whitespace", " \r\n\t ", 400, "invalid_request", not_object),
+      body("invalid UTF-8 in a string", "{\"model\":\"m\",\"prompt\":\"\xff\xfe\"}", 400, "invalid_request", not_object),
+      body("invalid UTF-8 in the model", "{\"model\":\"m\xc3\"}", 400, "invalid_request", not_object),
+      body("overlong UTF-8", "{\"model\":\"m\",\"prompt\":\"\xc0\xaf\"}", 400, "invalid_request", not_object),
+      body("a lone surrogate", R"({"model":"m","prompt":"\ud800"})", 400, "invalid_request", not_object),
+      body("NaN", R"({"model":"m","temperature":NaN})", 400, "invalid_request", not_object),
+      body("Infinity", R"({"model":"m","temperature":Infinity})", 400, "invalid_request", not_object),
+      body("a number past double", R"({"model":"m","temperature":1e999})", 400, "invalid_request", not_object),
+      body("trailing bytes", R"({"model":"m","prompt":"x"} x)", 400, "invalid_request", not_object),
+      body("two objects", R"({"model":"m"}{"model":"m"})", 400, "invalid_request", not_object),
+      body("a comment", R"({"model":"m" /* c */})", 400, "invalid_request", not_object),
+      body("single quotes", R"({'model':'m'})", 400, "invalid_request", not_object),
+      body("an unquoted key", R"({model:"m"})", 400, "invalid_request", not_object),
+      body("a trailing comma", R"({"model":"m",})", 400, "invalid_request", not_object),
+      body("a control character in a string", "{\"model\":\"m\",\"prompt\":\"a\x01\"}", 400, "invalid_request", not_object),
+      body("a bad escape", R"({"model":"m","prompt":"\q"})", 400, "invalid_request", not_object),
+      body("nested too deep (arrays)", deep_array, 400, "invalid_request", "the request body is nested too deeply"),
+      body("nested too deep (objects)", deep_object, 400, "invalid_request", "the request body is nested too deeply"),
+      body("no model", R"({"prompt":"x"})", 400, "invalid_request", required),
+      body("an empty object", "{}", 400, "invalid_request", required),
+      body("model only inside", R"({"x":{"model":"m"},"prompt":"x"})", 400, "invalid_request", required),
+      body("Model in capitals", R"({"Model":"m","prompt":"x"})", 400, "invalid_request", required),
+      body("model a number", R"({"model":5,"prompt":"x"})", 400, "invalid_request", not_string),
+      body("model null", R"({"model":null,"prompt":"x"})", 400, "invalid_request", not_string),
+      body("model true", R"({"model":true,"prompt":"x"})", 400, "invalid_request", not_string),
+      body("model a float", R"({"model":1.5,"prompt":"x"})", 400, "invalid_request", not_string),
+      body("model negative", R"({"model":-1,"prompt":"x"})", 400, "invalid_request", not_string),
+      body("model a list", R"({"model":["m"],"prompt":"x"})", 400, "invalid_request", not_string),
+      body("model an object", R"({"model":{"id":"m"},"prompt":"x"})", 400, "invalid_request", not_string),
+      body("model twice", R"({"model":"m","prompt":"x","model":"m"})", 400, "invalid_request", "'model' is given twice"),
+      body("model twice, escaped", R"({"model":"m","prompt":"x","\u006dodel":"other"})", 400, "invalid_request", "'model' is given twice"),
+      body("an unknown model", R"({"model":"gpt-9","prompt":"x"})", 404, "model_not_found", no_model),
+      body("an empty model", R"({"model":"","prompt":"x"})", 404, "model_not_found", no_model),
+      body("a model with NUL", R"({"model":"m\u0000","prompt":"x"})", 404, "model_not_found", no_model),
+      body("a model in other case", R"({"model":"M","prompt":"x"})", 404, "model_not_found", no_model),
+      body("a model with spaces", R"({"model":" m ","prompt":"x"})", 404, "model_not_found", no_model),
+      body("a model with a path", R"({"model":"../m","prompt":"x"})", 404, "model_not_found", no_model),
+      body("a huge model name", R"({"model":")" + std::string(100000, 'm') + R"(","prompt":"x"})", 404, "model_not_found", no_model),
+      {"chat: not json", "POST", chat, "{", 400, "invalid_request", not_object},
+      {"chat: no model", "POST", chat, R"({"messages":[{"role":"user","content":"x"}]})", 400, "invalid_request", required},
+      {"chat: model a list", "POST", chat, R"({"model":[],"messages":[]})", 400, "invalid_request", not_string},
+      {"GET a completion", "GET", comp, "", 405, "method_not_allowed", "this route takes POST"},
+      {"PUT a chat", "PUT", chat, R"({"model":"m"})", 405, "method_not_allowed", "this route takes POST"},
+      {"DELETE a chat", "DELETE", chat, "", 405, "method_not_allowed", "this route takes POST"},
+      {"PATCH an unknown /v1 route", "PATCH", "/v1/unknown", "", 405, "method_not_allowed", "this route takes POST"},
+      {"POST the models", "POST", "/v1/models", "{}", 405, "method_not_allowed", "this route takes GET"},
+      {"DELETE a model", "DELETE", "/v1/models/m", "", 405, "method_not_allowed", "this route takes GET"},
+      {"POST health", "POST", "/health", "", 405, "method_not_allowed", "this route takes GET"},
+      {"PUT ready", "PUT", "/ready", "", 405, "method_not_allowed", "this route takes GET"},
+      {"POST metrics", "POST", "/metrics", "", 405, "method_not_allowed", "this route takes GET"},
+      {"GET reload", "GET", "/admin/reload", "", 405, "method_not_allowed", "this route takes POST"},
+      {"GET an unknown route", "GET", "/nope", "", 404, "not_found", "no such route"},
+      {"DELETE an unknown route", "DELETE", "/nope", "", 404, "not_found", "no such route"},
+      {"GET an unknown admin route", "GET", "/admin/nope", "", 404, "not_found", "no such route"},
+  };
+  Client c(port_);
+  for (const auto& k : cases) {
+    Reply r = c.send({.method = k.method, .path = k.path, .body = k.body});
+    EXPECT_EQ(r.status, k.status) << k.name << ": " << r.body.substr(0, 200);
+    auto j = nlohmann::json::parse(r.body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << k.name << ": " << r.body.substr(0, 200);
+    EXPECT_EQ(j["error"]["code"], k.code) << k.name;
+    EXPECT_EQ(j["error"]["message"], k.message) << k.name;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error") << k.name;
+    EXPECT_TRUE(j["error"].contains("param")) << k.name;
+    if (k.status == 405) {
+      EXPECT_FALSE(r.header("allow").empty()) << k.name;
+    }
+  }
+  // Nesting up to the limit passes to the replica.
+  EXPECT_EQ(c.send(post(ok_depth)).status, 200);
+  EXPECT_EQ(a.requests, 1);
+  // Framing: smuggling attempts and abuse get one 400 (431, 413) and the close; a request
+  // behind them is never read.
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: gw\r\n", ok = completion();
+  const std::string smuggled = "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: " + std::to_string(ok.size()) + "\r\n\r\n" + ok;
+  struct Raw {
+    std::string name, bytes;
+    int status;
+    std::string message;
+  };
+  const std::string bad_http = "the request is not valid HTTP";
+  const std::vector<Raw> raws = {
+      {"length and chunked", head + "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled, 400, bad_http},
+      {"chunked and length", head + "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n0\r\n\r\n" + smuggled, 400, bad_http},
+      {"two lengths", head + "Content-Length: 0\r\nContent-Length: 5\r\n\r\n" + smuggled, 400, bad_http},
+      {"a length list", head + "Content-Length: 0,5\r\n\r\n" + smuggled, 400, bad_http},
+      {"a negative length", head + "Content-Length: -5\r\n\r\n" + smuggled, 400, bad_http},
+      {"gzip only", head + "Transfer-Encoding: gzip\r\n\r\n" + smuggled, 400, bad_http},
+      {"chunked, then identity", head + "Transfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n" + smuggled, 400, bad_http},
+      {"a space before the colon", head + "Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n" + smuggled, 400, bad_http},
+      {"a bad chunk size", head + "Transfer-Encoding: chunked\r\n\r\n-1\r\n\r\n" + smuggled, 400, bad_http},
+      {"no Host", "POST /v1/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n" + smuggled, 400, bad_http},
+      {"two Hosts", head + "Host: other\r\nContent-Length: 0\r\n\r\n" + smuggled, 400, bad_http},
+      {"a bare CR in a header", head + "X-A: a\rb\r\nContent-Length: 0\r\n\r\n" + smuggled, 400, bad_http},
+      {"not HTTP", "HELLO\r\n\r\n" + smuggled, 400, bad_http},
+      {"HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, bad_http},
+      {"a header past the limit", head + "X-Big: " + std::string(20000, 'a') + "\r\n\r\n" + smuggled, 431, "the request headers are too large"},
+      {"a body past the limit", head + "Content-Length: 99000000\r\n\r\n{" + smuggled, 413, "the request body is too large"},
+  };
+  for (const auto& k : raws) {
+    const std::string got = lmserve::testing::raw_until_closed(port_, k.bytes);
+    EXPECT_TRUE(got.starts_with("HTTP/1.1 " + std::to_string(k.status) + " ")) << k.name << ": " << got.substr(0, 60);
+    EXPECT_EQ(got.find("HTTP/1.1", 8), std::string::npos) << k.name << ": a second answer";
+    const auto at = got.find("\r\n\r\n");
+    auto j = nlohmann::json::parse(at == std::string::npos ? "" : got.substr(at + 4), nullptr, false);
+    EXPECT_EQ(j.is_object() ? j["error"]["message"] : nlohmann::json(), k.message) << k.name;
+  }
+  EXPECT_EQ(a.requests, 1);  // none of it reached the replica
+  EXPECT_EQ(c.send(post(completion())).status, 200);
+  EXPECT_GE(cases.size() + raws.size(), 75u);
 }
 
 // API keys (issue #30's first part): every /v1 route needs a valid key; the key's models and lane

@@ -366,6 +366,18 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
       {"role empty", c, R"({"messages":[{"role":"","content":"hi"}]})", 400, "invalid_value"},
       {"unknown role on tokenize", "/tokenize", R"({"messages":[{"role":"system2","content":"x"}]})", 400, "invalid_value"},
   };
+  // Nesting past 128 levels (a body of "[" once took the stack past its end in the chat
+  // template's variables).
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  cases.push_back({"nested too deep", c, "{" + msg + R"(,"x":)" + deep + "}", 400, "invalid_json"});
+  cases.push_back({"chat_template_kwargs nested too deep", c, "{" + msg + R"(,"chat_template_kwargs":{"a":)" + deep + "}}", 400, "invalid_json"});
+  cases.push_back({"nested one level too deep", c, "{" + msg + R"(,"x":)" + std::string(128, '[') + std::string(128, ']') + "}", 400, "invalid_json"});
+  cases.push_back({"guided_json string nested too deep", p, ojson{{"prompt", "hi"}, {"guided_json", deep}}.dump(), 400, "invalid_type"});
+  cases.push_back({"tool call arguments nested too deep", c,
+                   ojson{{"messages", {{{"role", "user"}, {"content", "x"}},
+                                       {{"role", "assistant"}, {"tool_calls", {{{"id", "a"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", "{\"a\":" + deep + "}"}}}}}}}}}}
+                       .dump(),
+                   400, "invalid_type"});
   // Long prompt: more tokens than the context.
   cases.push_back({"over-long prompt", p, ojson{{"prompt", std::string(6000, 'x') + " " + std::string(6000, 'y')}}.dump(), 400,
                    "context_length_exceeded"});

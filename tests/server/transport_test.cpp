@@ -318,6 +318,53 @@ TEST_F(TransportTest, FailuresTheTransportDetectsAreAnsweredByTheApplication) {
   EXPECT_EQ(app_.errors, 4);
 }
 
+// Request smuggling and framing abuse (RFC 9112 sections 6.1-6.3, 7.1): a request whose length
+// is ambiguous or whose framing is malformed gets one 400 and the connection closes, so bytes
+// after it are never read as a request of their own; nothing reaches the application.
+TEST_F(TransportTest, AmbiguousOrMalformedFramingGetsOneBadRequestAndTheClose) {
+  start();
+  const std::string head = "POST /echo HTTP/1.1\r\nHost: h\r\n";
+  const std::string smuggled = "GET /echo HTTP/1.1\r\nHost: h\r\nX-Test: smuggled\r\n\r\n";
+  struct Case {
+    const char* name;
+    std::string bytes;
+  };
+  const std::vector<Case> cases = {
+      {"content-length then chunked", head + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled},
+      {"chunked then content-length", head + "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n" + smuggled},
+      {"two different lengths", head + "Content-Length: 0\r\nContent-Length: 44\r\n\r\n" + smuggled},
+      {"a list of lengths", head + "Content-Length: 0, 44\r\n\r\n" + smuggled},
+      {"a signed length", head + "Content-Length: +0\r\n\r\n" + smuggled},
+      {"a negative length", head + "Content-Length: -1\r\n\r\n" + smuggled},
+      {"a hexadecimal length", head + "Content-Length: 0x0\r\n\r\n" + smuggled},
+      {"a length past 64 bits", head + "Content-Length: 99999999999999999999999\r\n\r\n" + smuggled},
+      {"an empty length", head + "Content-Length: \r\n\r\n" + smuggled},
+      {"chunked not last", head + "Transfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n" + smuggled},
+      {"only gzip", head + "Transfer-Encoding: gzip\r\n\r\n" + smuggled},
+      {"an unknown coding", head + "Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n" + smuggled},
+      {"chunked twice", head + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled},
+      {"space before the colon", head + "Transfer-Encoding : chunked\r\nContent-Length: 0\r\n\r\n0\r\n\r\n" + smuggled},
+      {"a folded coding", head + "Content-Length: 0\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n" + smuggled},
+      {"a chunk size past 64 bits", head + "Transfer-Encoding: chunked\r\n\r\nfffffffffffffffffff\r\nx\r\n0\r\n\r\n" + smuggled},
+      {"a chunk size not hex", head + "Transfer-Encoding: chunked\r\n\r\nzz\r\nx\r\n0\r\n\r\n" + smuggled},
+      {"a chunk longer than its size", head + "Transfer-Encoding: chunked\r\n\r\n1\r\nxyz\r\n0\r\n\r\n" + smuggled},
+      {"a NUL in a header", head + "X-Test: a" + std::string(1, '\0') + "b\r\nContent-Length: 0\r\n\r\n" + smuggled},
+      {"a space in a header name", head + "X Test: a\r\nContent-Length: 0\r\n\r\n" + smuggled},
+      {"no Host in HTTP/1.1", "POST /echo HTTP/1.1\r\nContent-Length: 0\r\n\r\n" + smuggled},
+      {"two Hosts", head + "Host: other\r\nContent-Length: 0\r\n\r\n" + smuggled},
+      {"HTTP/2.0 in a request line", "GET /echo HTTP/2.0\r\nHost: h\r\n\r\n" + smuggled},
+      {"HTTP/0.9 style", "GET /echo\r\n\r\n" + smuggled},
+  };
+  for (const auto& c : cases) {
+    const int handled = app_.handled;
+    auto [got, ec] = read_until_closed(c.bytes);
+    EXPECT_TRUE(got.starts_with("HTTP/1.1 400 ")) << c.name << ": " << got.substr(0, 80);
+    EXPECT_EQ(got.find("HTTP/1.", 5), std::string::npos) << c.name << ": a second answer";
+    EXPECT_EQ(app_.handled, handled) << c.name << ": reached the application";
+    EXPECT_TRUE(ec == net::error::eof || ec == net::error::connection_reset) << c.name << ": " << ec.message();
+  }
+}
+
 TEST_F(TransportTest, ConnectionsBeyondTheLimitGetTheApplicationsAnswer) {
   TransportOptions o;
   o.max_connections = 1;

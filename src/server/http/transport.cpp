@@ -173,10 +173,19 @@ class RequestParser : public bhttp::basic_parser<true> {
     version = static_cast<unsigned>(v);
   }
   void on_response_impl(int, beast::string_view, int, beast::error_code& ec) override { ec = bhttp::error::bad_version; }
-  void on_field_impl(bhttp::field, beast::string_view name, beast::string_view value, beast::error_code&) override {
+  void on_field_impl(bhttp::field f, beast::string_view name, beast::string_view value, beast::error_code&) override {
+    hosts_ += f == bhttp::field::host;
+    transfer_encoding_ = transfer_encoding_ || f == bhttp::field::transfer_encoding;
     r_.headers.emplace_back(std::string(name.data(), name.size()), std::string(value.data(), value.size()));
   }
-  void on_header_impl(beast::error_code&) override {}
+  // What Beast lets through and RFC 9112 refuses: a Transfer-Encoding whose last coding is not
+  // chunked (its length cannot be known, and reading it as empty would make its body the next
+  // request: smuggling), and an HTTP/1.1 request without exactly one Host (section 3.2).
+  // (Content-Length beside chunked, and conflicting lengths, Beast refuses itself.)
+  void on_header_impl(beast::error_code& ec) override {
+    if (transfer_encoding_ && !chunked()) ec = bhttp::error::bad_transfer_encoding;
+    if (version == 11 ? hosts_ != 1 : hosts_ > 1) ec = bhttp::error::bad_field;
+  }
   void on_body_init_impl(const boost::optional<std::uint64_t>& length, beast::error_code&) override {
     if (length) r_.body.reserve(static_cast<std::size_t>(*length));  // within body_limit: the parser checked
   }
@@ -191,6 +200,8 @@ class RequestParser : public bhttp::basic_parser<true> {
   }
   void on_finish_impl(beast::error_code&) override {}
   Request& r_;
+  int hosts_ = 0;
+  bool transfer_encoding_ = false;
 };
 
 // One connection. `Stream` is a Socket or a TLS stream over one.
