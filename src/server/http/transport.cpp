@@ -1,6 +1,7 @@
 #include "server/http/transport.h"
 
 #include "server/http/asio.h"
+#include "server/http/request_parser.h"
 
 #include <sys/socket.h>
 
@@ -152,57 +153,6 @@ std::string head_of(const Response& r, unsigned version, bool keep_alive, const 
   h.append("\r\n");
   return h;
 }
-
-// A request as Beast's parser reads it, straight into a Request (no field container between).
-class RequestParser : public bhttp::basic_parser<true> {
- public:
-  RequestParser(Request& r, std::size_t max_header, std::size_t max_body) : r_(r) {
-    header_limit(static_cast<std::uint32_t>(max_header));
-    body_limit(max_body);
-    eager(true);
-    r_.headers.clear();
-    r_.body.clear();
-  }
-  unsigned version = 11;
-
- private:
-  void on_request_impl(bhttp::verb, beast::string_view method, beast::string_view target, int v, beast::error_code&) override {
-    r_.method.assign(method.data(), method.size());
-    r_.target.assign(target.data(), target.size());
-    r_.path.assign(target.data(), std::min(target.size(), target.find('?')));
-    version = static_cast<unsigned>(v);
-  }
-  void on_response_impl(int, beast::string_view, int, beast::error_code& ec) override { ec = bhttp::error::bad_version; }
-  void on_field_impl(bhttp::field f, beast::string_view name, beast::string_view value, beast::error_code&) override {
-    hosts_ += f == bhttp::field::host;
-    transfer_encoding_ = transfer_encoding_ || f == bhttp::field::transfer_encoding;
-    r_.headers.emplace_back(std::string(name.data(), name.size()), std::string(value.data(), value.size()));
-  }
-  // What Beast lets through and RFC 9112 refuses: a Transfer-Encoding whose last coding is not
-  // chunked (its length cannot be known, and reading it as empty would make its body the next
-  // request: smuggling), and an HTTP/1.1 request without exactly one Host (section 3.2).
-  // (Content-Length beside chunked, and conflicting lengths, Beast refuses itself.)
-  void on_header_impl(beast::error_code& ec) override {
-    if (transfer_encoding_ && !chunked()) ec = bhttp::error::bad_transfer_encoding;
-    if (version == 11 ? hosts_ != 1 : hosts_ > 1) ec = bhttp::error::bad_field;
-  }
-  void on_body_init_impl(const boost::optional<std::uint64_t>& length, beast::error_code&) override {
-    if (length) r_.body.reserve(static_cast<std::size_t>(*length));  // within body_limit: the parser checked
-  }
-  std::size_t on_body_impl(beast::string_view body, beast::error_code&) override {
-    r_.body.append(body.data(), body.size());
-    return body.size();
-  }
-  void on_chunk_header_impl(std::uint64_t, beast::string_view, beast::error_code&) override {}
-  std::size_t on_chunk_body_impl(std::uint64_t, beast::string_view body, beast::error_code&) override {
-    r_.body.append(body.data(), body.size());
-    return body.size();
-  }
-  void on_finish_impl(beast::error_code&) override {}
-  Request& r_;
-  int hosts_ = 0;
-  bool transfer_encoding_ = false;
-};
 
 // One connection. `Stream` is a Socket or a TLS stream over one.
 //
@@ -389,14 +339,10 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   // Feeds what is buffered to the parser; reads more only when the request is not all there.
   void parse() {
-    while (buffer_.size() > 0 && !parser_->is_done()) {
-      beast::error_code ec;
-      const std::size_t used = parser_->put(buffer_.data(), ec);
-      buffer_.consume(used);
-      if (ec == bhttp::error::need_more) break;
-      if (ec == bhttp::error::header_limit) return refuse(TransportError::kHeadersTooLarge);
-      if (ec == bhttp::error::body_limit) return refuse(TransportError::kBodyTooLarge);
-      if (ec) return refuse(TransportError::kMalformed);
+    if (buffer_.size() > 0) {
+      const auto step = parser_->feed({static_cast<const char*>(buffer_.data().data()), buffer_.size()});
+      buffer_.consume(step.used);
+      if (step.state == RequestParser::State::kError) return refuse(step.error);
     }
     if (parser_->is_done()) return on_request();
     if (buffer_.size() > t_.opt.max_header_bytes + t_.opt.max_body_bytes) return refuse(TransportError::kHeadersTooLarge);
