@@ -28,11 +28,13 @@ rc=0
 for target in "${targets[@]}"; do
   mkdir -p "$work/$target" "$work/$target-artifacts"
   cp tests/fuzz/seeds/$target/* "$work/$target/"
-  if build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
-       -artifact_prefix="$work/$target-artifacts/" -print_final_stats=1 "$work/$target" > "$work/$target.log" 2>&1; then
+  TIMEFORMAT='%U %S'  # the target's user and system CPU seconds, from bash's `time`
+  if { time build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+         -artifact_prefix="$work/$target-artifacts/" -print_final_stats=1 "$work/$target" > "$work/$target.log" 2>&1; } 2> "$work/$target.cpu"; then
     runs=$(sed -nE 's/.*stat::number_of_executed_units: *([0-9]+).*/\1/p' "$work/$target.log")
     cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$work/$target.log" | tail -1)
-    echo "fuzz ${target}_fuzz: ${runs:-?} inputs in ${seconds}s, no crash (${cov:-cov ?})"
+    cpu=$(awk '{printf "%.0f", $1 + $2}' "$work/$target.cpu")
+    echo "fuzz ${target}_fuzz: ${runs:-?} inputs in ${seconds}s (${cpu} CPU s), no crash (${cov:-cov ?})"
   else
     echo "fuzz ${target}_fuzz: FAILED"
     grep -E "^(==[0-9]+==|SUMMARY|    #[0-9] )" "$work/$target.log" | head -20
