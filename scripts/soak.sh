@@ -7,9 +7,12 @@
 # and KV usage (/metrics) into $OUT/samples.csv. After the load: every request must have been
 # answered 200 (a whole stream, no error event) or 429/503, none running or waiting, KV usage 0, and RSS, threads
 # and descriptors flat (the last quarter's mean within LEAK_PCT% of the second quarter's).
+# With GATEWAY=1 the clients go through `lmserve gateway` in front of the server: its RSS,
+# threads and descriptors are sampled and checked as well, and nothing may be left outstanding
+# on the replica after the load.
 # Prints a summary and exits non-zero if a check fails.
 # Usage: [DURATION=3600] [CONCURRENCY=128] [SEQS=64] [QUEUE=32] [ABORT=0.2] [INTERVAL=10]
-#        [LEAK_PCT=10] [OUT=/tmp/soak] scripts/soak.sh [LMSERVE_BINARY]
+#        [LEAK_PCT=10] [OUT=/tmp/soak] [GATEWAY=0] scripts/soak.sh [LMSERVE_BINARY]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build/dev/lmserve}
@@ -19,17 +22,26 @@ mkdir -p "$out"
 "$bin" serve --model models/demo --served-model-name demo --device cpu --host 127.0.0.1 --port "$port" \
   --max-num-seqs "$seqs" --max-num-queued-reqs "$queue" > "$out/serve.log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null' EXIT
+gw=$pid gw_port=$port  # without a gateway, its columns repeat the server's
+trap 'kill $pid $gw 2>/dev/null' EXIT
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.2; done
-metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v m="$1" '$1 ~ "^"m"({|$)" {s += $2} END {print s + 0}'; }
+if [[ ${GATEWAY:-0} == 1 ]]; then
+  gw_port=$((port + 1))
+  printf 'listen: 127.0.0.1:%s\naccess_log: false\nmodels:\n  - name: demo\n    backends:\n      - {url: http://127.0.0.1:%s}\n' \
+    "$gw_port" "$port" > "$out/gateway.yaml"
+  "$bin" gateway --config "$out/gateway.yaml" > "$out/gateway.log" 2>&1 &
+  gw=$!
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$gw_port/ready" >/dev/null && break; sleep 0.2; done
+fi
+metric() { curl -s "http://127.0.0.1:${2:-$port}/metrics" | awk -v m="$1" '$1 ~ "^"m"({|$)" {s += $2} END {print s + 0}'; }
+proc() { echo "$(awk '/^VmRSS/ {print $2}' /proc/$1/status),$(awk '/^Threads/ {print $2}' /proc/$1/status),$(ls /proc/$1/fd | wc -l)"; }
 sample() {
-  local rss threads fds
-  rss=$(awk '/^VmRSS/ {print $2}' /proc/$pid/status) threads=$(awk '/^Threads/ {print $2}' /proc/$pid/status)
-  fds=$(ls /proc/$pid/fd | wc -l)
-  echo "$(date +%s),$rss,$threads,$fds,$(metric 'vllm:num_requests_running'),$(metric 'vllm:num_requests_waiting'),$(metric 'vllm:kv_cache_usage_perc')"
+  local outstanding=0
+  [[ $gw != "$pid" ]] && outstanding=$(metric 'lmserve:gateway_backend_outstanding_requests' "$gw_port")
+  echo "$(date +%s),$(proc $pid),$(metric 'vllm:num_requests_running'),$(metric 'vllm:num_requests_waiting'),$(metric 'vllm:kv_cache_usage_perc'),$(proc $gw),$outstanding"
 }
-echo "time,rss_kb,threads,fds,running,waiting,kv_usage" > "$out/samples.csv"
-node tests/soak/soak_client.mjs "http://127.0.0.1:$port" "$duration" "$concurrency" "$abort" > "$out/client.json" 2> "$out/client.err" &
+echo "time,rss_kb,threads,fds,running,waiting,kv_usage,gw_rss_kb,gw_threads,gw_fds,gw_outstanding" > "$out/samples.csv"
+node tests/soak/soak_client.mjs "http://127.0.0.1:$gw_port" "$duration" "$concurrency" "$abort" > "$out/client.json" 2> "$out/client.err" &
 client=$!
 while kill -0 $client 2>/dev/null; do sample >> "$out/samples.csv"; sleep "$interval"; done
 wait $client
@@ -46,13 +58,13 @@ n = len(rows)
 q = max(1, n // 4)
 def mean(rs, k): return sum(float(r[k]) for r in rs) / len(rs)
 print(f"soak: {n} samples; client {json.dumps(client)}")
-for k in ("rss_kb", "threads", "fds"):
+for k in ("rss_kb", "threads", "fds", "gw_rss_kb", "gw_threads", "gw_fds"):
     a, b = mean(rows[q:2 * q], k), mean(rows[-q:], k)
     print(f"  {k}: second quarter {a:.0f}, last quarter {b:.0f} ({100 * (b / a - 1):+.1f}%)")
-    if b > a * (1 + leak / 100) + (2 if k != "rss_kb" else 0): fails.append(f"{k} grew")
-running, waiting, kv = float(after[4]), float(after[5]), float(after[6])
-print(f"  after the load: running {running:.0f}, waiting {waiting:.0f}, KV usage {kv:.3f}")
-if running or waiting or kv: fails.append("requests or KV blocks left after the load")
+    if b > a * (1 + leak / 100) + (2 if "rss" not in k else 0): fails.append(f"{k} grew")
+running, waiting, kv, outstanding = float(after[4]), float(after[5]), float(after[6]), float(after[10])
+print(f"  after the load: running {running:.0f}, waiting {waiting:.0f}, KV usage {kv:.3f}, outstanding at the gateway {outstanding:.0f}")
+if running or waiting or kv or outstanding: fails.append("requests or KV blocks left after the load")
 if client["otherStatus"] or client["unfinished"] or client["networkErrors"]: fails.append("answers other than 200/429/503 or unfinished streams")
 if client.get("errorEvents"): fails.append("streams that ended with an error event")
 if client["ok"] == 0: fails.append("no request completed")
