@@ -3,8 +3,10 @@
 # from the seeds in tests/fuzz/seeds (copied, so the repository is not modified).
 # Usage: scripts/run-fuzz.sh [SECONDS_PER_TARGET [TARGET...]]   (default 45 s, every target).
 # FUZZ_WORK=DIR keeps the corpora, logs and crash inputs there (default: a temporary directory,
-# removed at the end); FUZZ_NO_BUILD=1 runs the binaries already in build/fuzz. Exits non-zero
-# on a crash.
+# removed at the end); FUZZ_NO_BUILD=1 runs the binaries already in build/fuzz. With
+# FUZZ_CPU_SECONDS=N each target runs until it has used N seconds of CPU (the long runs' measure,
+# whatever else the machine is doing), SECONDS then being only an upper bound of wall time.
+# Exits non-zero on a crash.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-45}
@@ -28,13 +30,30 @@ rc=0
 for target in "${targets[@]}"; do
   mkdir -p "$work/$target" "$work/$target-artifacts"
   cp tests/fuzz/seeds/$target/* "$work/$target/"
-  TIMEFORMAT='%U %S'  # the target's user and system CPU seconds, from bash's `time`
-  if { time build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
-         -artifact_prefix="$work/$target-artifacts/" -print_final_stats=1 "$work/$target" > "$work/$target.log" 2>&1; } 2> "$work/$target.cpu"; then
+  TIMEFORMAT='%R %U %S'  # the target's wall, user and system seconds, from bash's `time`
+  { time (
+      build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+        -artifact_prefix="$work/$target-artifacts/" -print_final_stats=1 "$work/$target" > "$work/$target.log" 2>&1 &
+      pid=$!
+      if [[ -n ${FUZZ_CPU_SECONDS:-} ]]; then
+        ticks=$(getconf CLK_TCK)
+        # SIGINT once the target's CPU time is spent: libFuzzer prints its statistics and exits 72.
+        while kill -0 "$pid" 2>/dev/null; do
+          used=$(awk -v t="$ticks" '{print int(($14 + $15) / t)}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+          ((used >= FUZZ_CPU_SECONDS)) && { kill -INT "$pid"; break; }
+          sleep 5
+        done
+      fi
+      wait "$pid"
+      status=$?
+      ((status == 72)) && grep -q "run interrupted" "$work/$target.log" && status=0
+      exit $status
+    ); } 2> "$work/$target.cpu"
+  if (($? == 0)); then
     runs=$(sed -nE 's/.*stat::number_of_executed_units: *([0-9]+).*/\1/p' "$work/$target.log")
     cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$work/$target.log" | tail -1)
-    cpu=$(awk '{printf "%.0f", $1 + $2}' "$work/$target.cpu")
-    echo "fuzz ${target}_fuzz: ${runs:-?} inputs in ${seconds}s (${cpu} CPU s), no crash (${cov:-cov ?})"
+    read -r wall cpu < <(awk '{printf "%.0f %.0f", $1, $2 + $3}' "$work/$target.cpu")
+    echo "fuzz ${target}_fuzz: ${runs:-?} inputs in ${wall}s (${cpu} CPU s), no crash (${cov:-cov ?})"
   else
     echo "fuzz ${target}_fuzz: FAILED"
     grep -E "^(==[0-9]+==|SUMMARY|    #[0-9] )" "$work/$target.log" | head -20
