@@ -6,6 +6,8 @@
 #include <random>
 #include <thread>
 
+#include "common/progress.h"
+
 namespace lmserve::bench {
 namespace {
 
@@ -114,6 +116,7 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
   };
   // Steps at positions pos0 .. pos0 + count - 1, each prepared while the one before runs (the
   // placeholders are the tokens before; the sampled ones are written in and patched at launch).
+  Progress* step_progress = nullptr;  // the run's, once it starts (not the warm-up's)
   auto decode_overlapped = [&](std::int64_t pos0, std::int64_t count, std::vector<double>* times) -> Status {
     auto t = Clock::now();
     const backend::Batch first = fill(steps[0], pos0);  // before the logits' span is taken
@@ -135,6 +138,7 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
       take(cur);
       const auto now = Clock::now();
       times->push_back(std::chrono::duration<double>(now - t).count());
+      if (step_progress) step_progress->add(1);
       t = now;
       if (!more) break;
       for (std::int64_t s = 0; s < B; ++s) {
@@ -151,17 +155,20 @@ Result<LatencyResult> run_latency(backend::Backend& b, const LatencyOptions& o) 
   LMSERVE_RETURN_IF_ERROR(prefill());
   for (std::int64_t i = 0; i < std::min<std::int64_t>(3, M - 1); ++i) LMSERVE_RETURN_IF_ERROR(decode(N + i));
   LatencyResult r;
+  Progress progress("bench latency", static_cast<double>(M - 1), Progress::Unit::kCount, "steps");
   auto t0 = Clock::now();
   LMSERVE_RETURN_IF_ERROR(prefill());
   r.prefill_seconds = seconds_since(t0);
   r.overlapped = o.overlap && b.asynchronous();
   if (r.overlapped) {
+    step_progress = &progress;
     LMSERVE_RETURN_IF_ERROR(decode_overlapped(N, M - 1, &r.step_seconds));
   } else {
     for (std::int64_t i = 0; i < M - 1; ++i) {
       auto t = Clock::now();
       LMSERVE_RETURN_IF_ERROR(decode(N + i));
       r.step_seconds.push_back(seconds_since(t));
+      progress.add(1);
     }
   }
   r.last_tokens = next;
@@ -214,12 +221,16 @@ Result<ThroughputResult> run_throughput(engine::Engine& e, std::int64_t V, const
       sub = e.submit(reqs[i]);
     }
   }
+  // Streams are read in order; they end in about that order, so the count follows the run.
+  Progress progress("bench throughput", static_cast<double>(streams.size()), Progress::Unit::kCount, "requests");
   for (auto& s : streams) {
     engine::StreamEvent ev;
     while (s->next(&ev)) {
       if (ev.finish == engine::FinishReason::kError) return error(StatusCode::kInternal, "bench throughput: " + ev.error);
       if (ev.finish != engine::FinishReason::kNone) r.output_tokens += ev.completion_tokens;
     }
+    progress.set_note("output " + std::to_string(std::llround(static_cast<double>(r.output_tokens) / std::max(1e-9, seconds_since(t0)))) + " tok/s");
+    progress.add(1);
   }
   r.seconds = seconds_since(t0);
   r.requests = static_cast<std::int64_t>(streams.size());

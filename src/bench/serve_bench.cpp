@@ -14,7 +14,10 @@
 #include <deque>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+
+#include "common/progress.h"
 
 namespace lmserve::bench {
 namespace {
@@ -82,7 +85,8 @@ struct Run {
   std::deque<std::size_t> pending;
   std::int64_t in_flight = 0, max_in_flight = 0;
   std::size_t done = 0;
-  Clock::time_point last_progress;
+  std::int64_t output_tokens = 0;
+  std::optional<Progress> progress;  // with o.progress
 
   void arrive(std::size_t i) {
     if (o.max_concurrency > 0 && in_flight >= o.max_concurrency) {
@@ -100,15 +104,13 @@ struct Run {
       std::make_shared<Conn<beast::tcp_stream>>(*this, i, net::make_strand(ioc))->start();
     }
   }
-  void finished() {
+  void finished(std::size_t which) {
     --in_flight;
     ++done;
-    if (o.progress && (Clock::now() - last_progress > std::chrono::milliseconds(200) || done == reqs.size())) {
-      last_progress = Clock::now();
-      const int width = 30, filled = static_cast<int>(width * done / std::max<std::size_t>(1, reqs.size()));
-      std::fprintf(stderr, "\r[%s%s] %zu/%zu requests, %lld in flight", std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                   std::string(static_cast<std::size_t>(width - filled), ' ').c_str(), done, reqs.size(), static_cast<long long>(in_flight));
-      if (done == reqs.size()) std::fprintf(stderr, "\n");
+    output_tokens += results[which].output_tokens;
+    if (progress) {
+      progress->set_note(std::to_string(in_flight) + " in flight, output " + std::to_string(std::llround(static_cast<double>(output_tokens) / std::max(1e-9, std::chrono::duration<double>(Clock::now() - t0).count()))) + " tok/s");
+      progress->add(1);
     }
     if (!pending.empty()) {
       const std::size_t i = pending.front();
@@ -267,7 +269,7 @@ void Conn<Stream>::finish() {
   beast::error_code ec;
   beast::get_lowest_layer(stream_).socket().shutdown(tcp::socket::shutdown_both, ec);
   beast::get_lowest_layer(stream_).close();
-  net::post(run_.ioc, [&run = run_] { run.finished(); });
+  net::post(run_.ioc, [&run = run_, i = i_] { run.finished(i); });
 }
 
 // One request after another at the arrival times.
@@ -361,10 +363,11 @@ Result<ServeBenchResult> run_serve_bench(const std::vector<PreparedRequest>& req
   }
   if (traced) std::sort(offsets.begin(), offsets.end());
   run.t0 = Clock::now();
-  run.last_progress = run.t0;
+  if (o.progress) run.progress.emplace("bench serve", static_cast<double>(reqs.size()), Progress::Unit::kCount, "requests");
   auto timer = std::make_shared<net::steady_timer>(run.ioc);
   schedule(run, timer, offsets, 0);
   run.ioc.run();
+  if (run.progress) run.progress->done();
 
   ServeBenchResult r;
   r.duration = secs(Clock::now() - run.t0);

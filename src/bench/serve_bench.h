@@ -38,7 +38,7 @@ struct ServeBenchOptions {
   std::int64_t max_concurrency = 0;  // 0: no limit
   bool ignore_eos = true;
   std::uint64_t seed = 0;
-  bool progress = false;  // a progress line on stderr
+  bool progress = false;  // requests done, in flight and output tok/s (common/progress.h)
   std::optional<double> goodput_ttft_ms, goodput_tpot_ms, goodput_e2el_ms;
 };
 

@@ -262,7 +262,7 @@ Command add_bench_serve(CLI::App& app) {
     }
     o.ignore_eos = p->ignore_eos;
     o.seed = d.seed;
-    o.progress = isatty(2) != 0;
+    o.progress = true;  // a bar on a terminal, log lines elsewhere, none with --no-progress
     o.request_rate = p->rate == "inf" ? INFINITY : std::strtod(p->rate.c_str(), nullptr);
     if (!(o.request_rate > 0)) return fail(Status(StatusCode::kInvalidArgument, "--request-rate must be positive or inf"));
     if (o.burstiness <= 0) return fail(Status(StatusCode::kInvalidArgument, "--burstiness must be positive"));

@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "common/build_info.h"
 #include "common/log.h"
+#include "common/progress.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"lmserve: LLM serving for private deployment", "lmserve"};
@@ -17,6 +18,10 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warning, error, critical or off")
       ->capture_default_str();
+  bool no_progress = false;
+  app.add_flag("--no-progress", no_progress,
+               "no progress bars or progress log lines (loading, tuning, graph capture, benchmarks); they are bars on a terminal, else a log "
+               "line every 10 s");
 
   namespace cli = lmserve::cli;
   struct Available {
@@ -40,6 +45,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, cli::Command>> commands;
   for (const auto& a : available) {
     auto* sub = app.add_subcommand(a.name, a.description);
+    sub->fallthrough();  // --log-level and --no-progress after the subcommand's name too
     commands.emplace_back(sub, a.add(*sub));
   }
 
@@ -54,6 +60,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lmserve: %s\n", status.message().c_str());
     return 2;
   }
+  lmserve::configure_progress(no_progress ? lmserve::ProgressMode::kOff : lmserve::ProgressMode::kAuto);
   for (auto& [sub, run] : commands) {
     if (sub->parsed()) return run();
   }

@@ -2,12 +2,17 @@
 //   model manifest DIR [--name N] [--model-version V]   writes DIR/lmserve-manifest.json
 //   model verify DIR                                     exit 0 when DIR matches it, 1 naming every problem
 //   model activate NAME VERSION [--root models]          root/NAME/current -> VERSION (verified first)
+//   model write-random CONFIG_DIR OUT_DIR [--dtype D] [--seed S] [--shard-size BYTES]
+//                                                        a sharded safetensors checkpoint of random values (issue #37)
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
+#include "model/checkpoint_writer.h"
 #include "model/manifest.h"
+#include "model/weights.h"
 
 namespace lmserve::cli {
 
@@ -26,6 +31,9 @@ Command add_model_command(CLI::App& app) {
     std::string dir, name, version, root = "models";
     int threads = 4;
     bool no_verify = false;
+    std::string out, dtype = "auto";
+    std::uint64_t seed = 0;
+    double shard_bytes = 5e9;
   };
   auto o = std::make_shared<Opts>();
 
@@ -45,7 +53,16 @@ Command add_model_command(CLI::App& app) {
   activate->add_option("--root", o->root, "the models' root folder")->capture_default_str();
   activate->add_flag("--no-verify", o->no_verify, "skip checking the version against its manifest");
 
-  return [o, manifest, verify, activate]() -> int {
+  auto* write = app.add_subcommand("write-random",
+                                   "write a safetensors checkpoint of random values for a config.json (the weights of --load-format dummy), sharded "
+                                   "with an index as published checkpoints are: real-size loading without downloading a model");
+  write->add_option("config_dir", o->dir, "folder with config.json (and generation_config.json)")->required();
+  write->add_option("out_dir", o->out, "where the checkpoint goes (made if missing)")->required();
+  write->add_option("--dtype", o->dtype, "auto (config.json's torch_dtype), float32, bfloat16, float16")->capture_default_str();
+  write->add_option("--seed", o->seed, "random values' seed (the same as --load-format dummy's)")->capture_default_str();
+  write->add_option("--shard-size", o->shard_bytes, "bytes per shard at most (a larger tensor gets one of its own)")->capture_default_str();
+
+  return [o, manifest, verify, activate, write]() -> int {
     namespace fs = std::filesystem;
     if (manifest->parsed()) {
       const fs::path dir = fs::absolute(o->dir).lexically_normal();
@@ -72,6 +89,20 @@ Command add_model_command(CLI::App& app) {
       }
       std::printf("%s: %s %s verified, %llu files, %llu bytes\n", o->dir.c_str(), v->manifest.name.c_str(), v->manifest.version.c_str(),
                   static_cast<unsigned long long>(v->files), static_cast<unsigned long long>(v->bytes));
+      return 0;
+    }
+    if (write->parsed()) {
+      if (!(o->shard_bytes >= 1)) return fail("write-random", Status(StatusCode::kInvalidArgument, "--shard-size must be at least 1 byte"));
+      auto config = model::load_config(o->dir);
+      if (!config) return fail("write-random", config.error());
+      auto w = model::ModelWeights::dummy(*config, o->dtype, o->seed);
+      if (!w) return fail("write-random", w.error());
+      const auto t0 = std::chrono::steady_clock::now();
+      auto s = model::write_checkpoint(**w, o->dir, o->out, static_cast<std::uint64_t>(o->shard_bytes));
+      if (!s) return fail("write-random", s.error());
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("%s: %d tensors, %llu bytes in %d shards, written in %.1f s (%.2f GB/s)\n", o->out.c_str(), s->tensors,
+                  static_cast<unsigned long long>(s->bytes), s->shards, secs, static_cast<double>(s->bytes) / secs / 1e9);
       return 0;
     }
     if (activate->parsed()) {

@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/device/devices.h"
+#include "common/startup.h"
 
 namespace lmserve::cli {
 
@@ -27,6 +28,13 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_option("--gpu-memory-utilization", gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
   app.add_flag("--enforce-eager", enforce_eager, "no CUDA graphs (CUDA backend)");
   app.add_flag("--host-sampling", host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
+  add_tuning_cache_option(app, &tuning_cache);
+}
+
+void add_tuning_cache_option(CLI::App& app, std::string* dir) {
+  app.add_option("--tuning-cache", *dir,
+                 "CUDA backend: keep the GEMM algorithms timed at start-up in this directory and reuse them on the same GPU, driver and "
+                 "libraries (safe to share between replicas)");
 }
 
 void ModelOptions::add_measurement_options(CLI::App& app) {
@@ -91,12 +99,18 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
     return error(StatusCode::kInvalidArgument, "--load-format must be auto, safetensors or dummy");
   }
   Loaded out;
-  auto w = model::ModelWeights::load(model, lo);
-  if (!w) return error(w.error());
-  out.weights = std::move(*w);
-  auto t = text::Tokenizer::load(tokenizer.empty() ? model : tokenizer);
-  if (!t) return error(t.error());
-  out.tokenizer = std::move(*t);
+  {
+    StartupPhase phase("tokenizer");
+    auto t = text::Tokenizer::load(tokenizer.empty() ? model : tokenizer);
+    if (!t) return error(t.error());
+    out.tokenizer = std::move(*t);
+  }
+  {
+    StartupPhase phase("weights_read");
+    auto w = model::ModelWeights::load(model, lo);
+    if (!w) return error(w.error());
+    out.weights = std::move(*w);
+  }
   auto kv = backend::parse_kv_dtype(kv_cache_dtype, out.weights->config().dtype == model::DType::kF32 ? model::DType::kF32
                                                                                                      : out.weights->dtype());
   if (!kv) return error(kv.error());
@@ -115,6 +129,7 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
     co.device_sampling = !host_sampling;
     co.step_report = step_report;
     co.profile_step = profile_step;
+    co.tuning_cache = tuning_cache;
     auto b = backend::make_cuda_backend(out.weights, co);
     if (b) {
       out.backend = std::move(*b);
@@ -128,6 +143,7 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
     spdlog::warn("--device auto: {}; using the CPU backend", b.error().message());
   }
   std::int64_t blocks = num_kv_blocks > 0 ? num_kv_blocks : (default_kv_tokens + block_size - 1) / block_size;
+  StartupPhase phase("kv_allocation");
   auto b = backend::make_cpu_backend(out.weights, {.kv = {*kv, block_size, blocks}, .threads = threads});
   if (!b) return error(b.error());
   out.backend = std::move(*b);

@@ -28,6 +28,8 @@ std::uint64_t swap_space_bytes(double gib);
 // --async-scheduling / --no-async-scheduling (EngineOptions::async_scheduling), as serve and
 // bench throughput take it: on by default.
 void add_async_scheduling_option(CLI::App& app, bool* on);
+// --tuning-cache DIR (ModelOptions::tuning_cache).
+void add_tuning_cache_option(CLI::App& app, std::string* dir);
 
 struct ModelOptions {
   std::string model;
@@ -44,6 +46,7 @@ struct ModelOptions {
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;
   bool host_sampling = false;
+  std::string tuning_cache;  // CUDA backend: the GEMM tuning cache's directory (backend/device/tuning_cache.h); "": none
   std::int64_t max_num_seqs = 256;
   std::int64_t max_num_batched_tokens = 8192;
   std::int64_t max_model_len = 0;  // 0: the model's

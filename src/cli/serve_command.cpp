@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "cli/yaml_config.h"
+#include "common/startup.h"
 #include "engine/engine.h"
 #include "model/manifest.h"
 #include "server/server.h"
@@ -104,6 +106,7 @@ Command add_serve_command(CLI::App& app) {
   app.add_flag("--verify-model", o->verify_model,
                "check the model folder against its lmserve-manifest.json (lmserve model manifest) before loading; refuse to start on any "
                "changed, missing or unlisted file");
+  add_tuning_cache_option(app, &o->model.tuning_cache);
   app.add_flag("--host-sampling", o->model.host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
   app.add_option("--seed", o->seed, "seed for requests without one")->capture_default_str();
   app.add_option("--chat-template", o->chat_template, "a .jinja file instead of the model's chat template");
@@ -170,7 +173,15 @@ Command add_serve_command(CLI::App& app) {
     if (!lanes) return fail(lanes.error());
     so.lanes = *lanes;
 
+    o->server.shutdown_timeout = std::chrono::seconds(o->shutdown_timeout);
+    o->server.request_timeout = std::chrono::seconds(o->request_timeout_s);
+    o->server.idle_timeout = std::chrono::seconds(o->idle_timeout_s);
+    o->server.device_memory_limit = o->device_memory_limit;
+    if (o->server.io_threads < 1 || o->request_timeout_s < 1 || o->idle_timeout_s < 1 || o->server.max_connections < 1) {
+      return fail(Status(StatusCode::kInvalidArgument, "--io-threads, --max-connections and the timeouts must be positive"));
+    }
     if (o->verify_model) {
+      StartupPhase phase("verify_model");
       const auto t0 = std::chrono::steady_clock::now();
       auto v = model::verify_model(o->model.model);
       if (!v) return fail(v.error());
@@ -182,79 +193,110 @@ Command add_serve_command(CLI::App& app) {
       spdlog::info("model verified: {} {} ({} files, {:.2f} GiB, SHA-256) in {:.1f} s", v->manifest.name, v->manifest.version, v->files,
                    v->bytes / 1073741824.0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
+    std::optional<StartupPhase> config_phase(std::in_place, "config");
     auto config = model::load_config(o->model.model);
     if (!config) return fail(config.error());
     so.max_model_len = o->max_model_len > 0 ? o->max_model_len : config->max_position_embeddings;
-    const std::int64_t kv_tokens = std::min<std::int64_t>(so.max_model_len * std::min<std::int64_t>(so.max_num_seqs, 16), 65536 * 16);
-    o->model.gpu_memory_utilization = o->gpu_memory_utilization;
-    o->model.enforce_eager = o->enforce_eager;
-    o->model.max_num_seqs = so.max_num_seqs;
-    o->model.max_num_batched_tokens = std::max(so.max_num_batched_tokens, so.max_num_seqs);
-    o->model.max_model_len = so.max_model_len;
-    auto m = o->model.load(kv_tokens);
-    if (!m) return fail(m.error());
     if (Status s = so.validate(); !s.is_ok()) return fail(s);
-    std::optional<text::ChatTemplate> tmpl;
-    std::optional<std::filesystem::path> tfile;
-    if (!o->chat_template.empty()) tfile = o->chat_template;
-    // The chat template comes with the tokenizer (tokenizer_config.json), as in vLLM.
-    if (auto t = text::ChatTemplate::load(o->model.tokenizer.empty() ? o->model.model : o->model.tokenizer, tfile)) {
-      tmpl = std::move(*t);
-    } else if (tfile || t.error().code() != StatusCode::kNotFound) {
-      return fail(t.error());
+    config_phase.reset();
+
+    // Listening from here on: a port in use fails now, and while the model loads every route
+    // answers 503 naming the phase under way (server.h).
+    server::Server srv(o->server);
+    {
+      StartupPhase phase("listen");
+      if (Status s = srv.start(); !s.is_ok()) return fail(s);
     }
-    const auto mem = m->backend->memory();
-    const auto& kvc = m->backend->kv_config();
-    // As vLLM does at start-up: every lane must be able to hold one request of max_model_len,
-    // else such a request (a request without max_tokens is one) would be refused.
-    for (std::size_t lane = 0; lane < so.lanes.size(); ++lane) {
-      const std::int64_t cap = engine::lane_kv_capacity_tokens(so, kvc.num_blocks, kvc.block_size, lane);
-      if (so.max_model_len - 1 > cap) {
-        return fail(Status(StatusCode::kInvalidArgument,
-                           fmt::format("max_model_len {} is more than the KV cache holds for one request of lane '{}' ({} tokens); lower "
-                                       "--max-model-len, or give the KV cache more memory",
-                                       so.max_model_len, so.lanes[lane].name, cap)));
+    const std::string url = fmt::format("{}://{}:{}", o->server.ssl_certfile.empty() ? "http" : "https", o->server.host, srv.port());
+    // Not "on URL": that line (below) tells scripts and tests that the server is ready.
+    spdlog::info("lmserve serve: listening at {}:{} while {} loads (every route answers 503 until it is ready)", o->server.host, srv.port(),
+                 o->model.model);
+    std::thread io([&srv] { srv.run(true); });
+    auto stop = [&](int code) {
+      srv.shutdown();
+      io.join();
+      return code;
+    };
+    // The model, its tokenizer and chat template, the backend and the engine; every failure
+    // is the start's.
+    struct Ready {
+      std::unique_ptr<engine::Engine> engine;
+      std::shared_ptr<const text::Tokenizer> tokenizer;
+      std::optional<text::ChatTemplate> chat_template;
+      std::function<std::vector<GpuMemorySample>()> gpu_memory;
+    };
+    auto load = [&]() -> Result<Ready> {
+      Ready r;
+      const std::int64_t kv_tokens = std::min<std::int64_t>(so.max_model_len * std::min<std::int64_t>(so.max_num_seqs, 16), 65536 * 16);
+      o->model.gpu_memory_utilization = o->gpu_memory_utilization;
+      o->model.enforce_eager = o->enforce_eager;
+      o->model.max_num_seqs = so.max_num_seqs;
+      o->model.max_num_batched_tokens = std::max(so.max_num_batched_tokens, so.max_num_seqs);
+      o->model.max_model_len = so.max_model_len;
+      auto m = o->model.load(kv_tokens);
+      if (!m) return error(m.error());
+      r.tokenizer = m->tokenizer;
+      std::optional<std::filesystem::path> tfile;
+      if (!o->chat_template.empty()) tfile = o->chat_template;
+      // The chat template comes with the tokenizer (tokenizer_config.json), as in vLLM.
+      if (auto t = text::ChatTemplate::load(o->model.tokenizer.empty() ? o->model.model : o->model.tokenizer, tfile)) {
+        r.chat_template = std::move(*t);
+      } else if (tfile || t.error().code() != StatusCode::kNotFound) {
+        return error(t.error());
       }
-    }
-    const std::string kv_text =
-        fmt::format("KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {}), swap space {:.4g} GiB in host memory (taken as preemption needs it)",
-                    mem.kv_cache_bytes / 1073741824.0, kvc.num_blocks, kvc.block_size, kvc.num_blocks * kvc.block_size,
-                    backend::kv_dtype_name(kvc.dtype), o->swap_space_gib);
-    if (mem.total_bytes > 0) {
-      spdlog::info("memory plan ({}): total {:.2f} GiB, weights {:.2f} GiB, activations {:.2f} GiB, CUDA graphs {:.2f} GiB, {}, max_model_len {}",
-                   m->backend->name(), mem.total_bytes / 1073741824.0, mem.weight_bytes / 1073741824.0, mem.activation_bytes / 1073741824.0,
-                   mem.graph_bytes / 1073741824.0, kv_text, so.max_model_len);
-    } else {
-      spdlog::info("memory plan ({}): weights {:.2f} GiB, {}, max_model_len {}", m->backend->name(), mem.weight_bytes / 1073741824.0, kv_text,
-                   so.max_model_len);
-    }
-    o->server.shutdown_timeout = std::chrono::seconds(o->shutdown_timeout);
-    o->server.request_timeout = std::chrono::seconds(o->request_timeout_s);
-    o->server.idle_timeout = std::chrono::seconds(o->idle_timeout_s);
-    if (o->server.io_threads < 1 || o->request_timeout_s < 1 || o->idle_timeout_s < 1 || o->server.max_connections < 1) {
-      return fail(Status(StatusCode::kInvalidArgument, "--io-threads, --max-connections and the timeouts must be positive"));
-    }
-    // The device-memory hard limit: sampled by a thread, read by the engine once per step.
-    std::shared_ptr<DeviceMemoryMonitor> monitor;
-    if (m->backend->name() == "cuda") {
-      monitor = std::make_shared<DeviceMemoryMonitor>(std::vector<int>{0});
-      const double limit = o->device_memory_limit;
-      eo.device_memory_ok = [monitor, limit] { return monitor->max_used_share() <= limit; };
-      o->server.gpu_memory = [monitor] { return monitor->latest(); };
-      o->server.device_memory_limit = limit;
-      for (const auto& g : monitor->latest()) {
-        spdlog::info("device memory: GPU {} {:.2f} of {:.2f} GiB in use ({}), admission stops above {:.0f}%", g.device,
-                     g.used_bytes / 1073741824.0, g.total_bytes / 1073741824.0, g.source, limit * 100);
+      const auto mem = m->backend->memory();
+      const auto& kvc = m->backend->kv_config();
+      // As vLLM does at start-up: every lane must be able to hold one request of max_model_len,
+      // else such a request (a request without max_tokens is one) would be refused.
+      for (std::size_t lane = 0; lane < so.lanes.size(); ++lane) {
+        const std::int64_t cap = engine::lane_kv_capacity_tokens(so, kvc.num_blocks, kvc.block_size, lane);
+        if (so.max_model_len - 1 > cap) {
+          return error(StatusCode::kInvalidArgument,
+                       fmt::format("max_model_len {} is more than the KV cache holds for one request of lane '{}' ({} tokens); lower "
+                                   "--max-model-len, or give the KV cache more memory",
+                                   so.max_model_len, so.lanes[lane].name, cap));
+        }
       }
+      const std::string kv_text =
+          fmt::format("KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {}), swap space {:.4g} GiB in host memory (taken as preemption needs it)",
+                      mem.kv_cache_bytes / 1073741824.0, kvc.num_blocks, kvc.block_size, kvc.num_blocks * kvc.block_size,
+                      backend::kv_dtype_name(kvc.dtype), o->swap_space_gib);
+      if (mem.total_bytes > 0) {
+        spdlog::info("memory plan ({}): total {:.2f} GiB, weights {:.2f} GiB, activations {:.2f} GiB, CUDA graphs {:.2f} GiB, {}, max_model_len {}",
+                     m->backend->name(), mem.total_bytes / 1073741824.0, mem.weight_bytes / 1073741824.0, mem.activation_bytes / 1073741824.0,
+                     mem.graph_bytes / 1073741824.0, kv_text, so.max_model_len);
+      } else {
+        spdlog::info("memory plan ({}): weights {:.2f} GiB, {}, max_model_len {}", m->backend->name(), mem.weight_bytes / 1073741824.0, kv_text,
+                     so.max_model_len);
+      }
+      // The device-memory hard limit: sampled by a thread, read by the engine once per step.
+      if (m->backend->name() == "cuda") {
+        auto monitor = std::make_shared<DeviceMemoryMonitor>(std::vector<int>{0});
+        const double limit = o->device_memory_limit;
+        eo.device_memory_ok = [monitor, limit] { return monitor->max_used_share() <= limit; };
+        r.gpu_memory = [monitor] { return monitor->latest(); };
+        for (const auto& g : monitor->latest()) {
+          spdlog::info("device memory: GPU {} {:.2f} of {:.2f} GiB in use ({}), admission stops above {:.0f}%", g.device,
+                       g.used_bytes / 1073741824.0, g.total_bytes / 1073741824.0, g.source, limit * 100);
+        }
+      }
+      if (faults->any()) spdlog::warn("lmserve serve: fault injection on ({}): for tests only", o->fault_injection);
+      StartupPhase phase("engine_start");
+      auto eng = engine::Engine::create(backend::inject_faults(std::move(m->backend), *faults), m->tokenizer, eo);
+      if (!eng) return error(eng.error());
+      r.engine = std::move(*eng);
+      return r;
+    };
+    auto loaded = load();
+    if (!loaded) return stop(fail(loaded.error()));
+    if (srv.draining()) {  // a signal came while the model loaded
+      spdlog::info("lmserve serve: stopped before it was ready");
+      return stop(0);
     }
-    if (faults->any()) spdlog::warn("lmserve serve: fault injection on ({}): for tests only", o->fault_injection);
-    auto eng = engine::Engine::create(backend::inject_faults(std::move(m->backend), *faults), m->tokenizer, eo);
-    if (!eng) return fail(eng.error());
-    const engine::Engine* engine = eng->get();  // owned by the server below
-    server::Server srv(o->server, std::move(*eng), m->tokenizer, std::move(tmpl));
-    if (Status s = srv.start(); !s.is_ok()) return fail(s);
-    spdlog::info("lmserve serve: {} on {}://{}:{}", o->server.served_model_name, o->server.ssl_certfile.empty() ? "http" : "https",
-                 o->server.host, srv.port());
+    const engine::Engine* engine = loaded->engine.get();  // owned by the server below
+    srv.attach(std::move(loaded->engine), std::move(loaded->tokenizer), std::move(loaded->chat_template), std::move(loaded->gpu_memory));
+    startup_complete();
+    spdlog::info("lmserve serve: {} on {}", o->server.served_model_name, url);
     std::fflush(stdout);
     // A failed engine does not come back: once its requests have had their error events, the
     // process exits non-zero so that systemd or Kubernetes starts a new one (/health answers
@@ -272,7 +314,7 @@ Command add_serve_command(CLI::App& app) {
         std::_Exit(3);
       }
     });
-    srv.run(true);
+    io.join();  // until the shutdown completes
     serving = false;
     exit_on_failure.join();
     spdlog::info("lmserve serve: stopped");

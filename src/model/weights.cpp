@@ -11,6 +11,7 @@
 #include <set>
 
 #include "common/numeric.h"
+#include "common/progress.h"
 
 namespace lmserve::model {
 
@@ -228,6 +229,8 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig conf
   }
   w->dtype_ = d;
   std::uint64_t tensor_index = 0;
+  Progress progress("generating dummy weights", static_cast<double>(w->config_.num_parameters()) * static_cast<double>(dtype_bytes(d)),
+                    Progress::Unit::kBytes);
   Status st = w->bind([&](const std::string& name, std::vector<std::int64_t> shape) -> Result<Tensor> {
     Tensor t{d, std::move(shape), nullptr, name};
     auto buf = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(t.numel() * dtype_bytes(d)));
@@ -254,8 +257,10 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig conf
     for (auto& th : pool) th.join();
     w->owned_.push_back(buf);
     t.data = buf->data();
+    progress.add(static_cast<double>(buf->size()));
     return t;
   });
+  progress.done();
   if (!st.is_ok()) return error(st);
   LMSERVE_RETURN_IF_ERROR(w->quantize(quantization));
   return std::shared_ptr<const ModelWeights>(std::move(w));

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include "common/prometheus.h"
+#include "common/startup.h"
 
 #include <unistd.h>
 
@@ -181,6 +182,10 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
   for (auto [part, bytes] : {std::pair<const char*, std::uint64_t>{"weights", plan.weight_bytes}, {"activations", plan.activation_bytes},
                              {"cuda_graphs", plan.graph_bytes}, {"kv_cache", plan.kv_cache_bytes}}) {
     out += "lmserve:memory_plan_bytes{" + m + ",part=\"" + part + "\"} " + num(static_cast<double>(bytes)) + "\n";
+  }
+  if (const auto phases = startup_phases(); !phases.empty()) {
+    header(out, "lmserve:startup_seconds", "gauge", "Seconds each start-up phase took; total: from the process's start to ready.");
+    for (const auto& [phase, seconds] : phases) out += "lmserve:startup_seconds{" + m + ",phase=\"" + escape(phase) + "\"} " + num(seconds) + "\n";
   }
   if (!gpus.empty()) {
     header(out, "lmserve:gpu_memory_used_bytes", "gauge", "Memory in use on each GPU (all processes), sampled every 100 ms.");

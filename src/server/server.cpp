@@ -4,11 +4,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <ctime>
 
 #include "common/build_info.h"
 #include "common/json_depth.h"
+#include "common/prometheus.h"
+#include "common/startup.h"
 #include "server/openai.h"
 #include "server/openai_app.h"
 
@@ -198,23 +201,71 @@ Expected<std::vector<std::int32_t>, ApiError> OpenAiApp::render_chat(const Parse
 
 // ---- Server -------------------------------------------------------------------------------------
 
-struct Server::Impl {
-  OpenAiApp app;
-  http::Transport transport;  // after app: stopped and destroyed first
-  Impl(ServerOptions o, std::unique_ptr<engine::Engine> e, std::shared_ptr<const text::Tokenizer> t, std::optional<text::ChatTemplate> c)
-      : app(o, std::move(e), std::move(t), std::move(c)), transport(static_cast<const http::TransportOptions&>(o), app) {
-    app.set_transport(&transport);
+// The transport's application: the OpenAI routes once attached, the start-up answers before.
+struct Server::Impl : http::Application {
+  ServerOptions options;
+  std::unique_ptr<OpenAiApp> owned;      // set once by attach()
+  std::atomic<OpenAiApp*> app{nullptr};  // published once it is complete
+  http::Transport transport;             // last: stopped and destroyed first
+
+  explicit Impl(ServerOptions o) : options(std::move(o)), transport(static_cast<const http::TransportOptions&>(options), *this) {}
+
+  void attach(std::unique_ptr<engine::Engine> e, std::shared_ptr<const text::Tokenizer> t, std::optional<text::ChatTemplate> c,
+              std::function<std::vector<GpuMemorySample>()> gpu_memory) {
+    if (gpu_memory) options.gpu_memory = std::move(gpu_memory);
+    owned = std::make_unique<OpenAiApp>(options, std::move(e), std::move(t), std::move(c));
+    owned->set_transport(&transport);
+    app.store(owned.get(), std::memory_order_release);
+  }
+
+  void handle(http::Exchange ex) override {
+    if (auto* a = app.load(std::memory_order_acquire)) return a->handle(ex);
+    const auto& req = ex.request();
+    if (req.path == "/version" && req.method == "GET") {
+      return ex.reply({.status = 200, .body = ojson{{"version", std::string(build_info().version)}, {"commit", std::string(build_info().git_commit)}}.dump()});
+    }
+    if (req.path == "/metrics" && req.method == "GET") {
+      std::string out;
+      if (const auto phases = startup_phases(); !phases.empty()) {
+        prometheus::header(out, "lmserve:startup_seconds", "gauge", "Seconds each start-up phase took; total: from the process's start to ready.");
+        for (const auto& [phase, seconds] : phases) {
+          out += "lmserve:startup_seconds{model_name=\"" + prometheus::escape(options.served_model_name) + "\",phase=\"" + prometheus::escape(phase) +
+                 "\"} " + prometheus::num(seconds) + "\n";
+        }
+      }
+      return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = std::move(out)});
+    }
+    const std::string phase = startup_current_phase();
+    auto r = ApiError::unavailable("The server is starting" + (phase.empty() ? std::string() : " (" + phase + ")") + "; try again shortly.").response();
+    r.headers.emplace_back("Retry-After", "5");
+    ex.reply(std::move(r));
+  }
+  http::Response error_response(http::TransportError error) override {
+    if (auto* a = app.load(std::memory_order_acquire)) return a->error_response(error);
+    return ApiError::from_transport(error).response();
+  }
+  void drain(std::chrono::milliseconds grace) override {
+    if (auto* a = app.load(std::memory_order_acquire)) a->drain(grace);
   }
 };
 
+Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
 Server::Server(ServerOptions options, std::unique_ptr<engine::Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
                std::optional<text::ChatTemplate> chat_template)
-    : impl_(std::make_unique<Impl>(std::move(options), std::move(engine), std::move(tokenizer), std::move(chat_template))) {}
+    : Server(std::move(options)) {
+  attach(std::move(engine), std::move(tokenizer), std::move(chat_template));
+}
 
 Server::~Server() = default;
+void Server::attach(std::unique_ptr<engine::Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
+                    std::optional<text::ChatTemplate> chat_template, std::function<std::vector<GpuMemorySample>()> gpu_memory) {
+  impl_->attach(std::move(engine), std::move(tokenizer), std::move(chat_template), std::move(gpu_memory));
+}
 Status Server::start() { return impl_->transport.start(); }
 int Server::port() const { return impl_->transport.port(); }
 void Server::run(bool handle_signals) { impl_->transport.run(handle_signals); }
 void Server::shutdown() { impl_->transport.shutdown(); }
+bool Server::draining() const { return impl_->transport.draining(); }
 
 }  // namespace lmserve::server

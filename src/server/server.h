@@ -43,12 +43,22 @@ struct ServerOptions : http::TransportOptions {
   double device_memory_limit = 0.95;  // the dashboard's admission line on the memory chart
 };
 
+// Start-up: a Server made without its engine listens while the model loads (serve binds before
+// loading, so a port in use fails at once and probes get answers): every route answers 503
+// "The server is starting" (naming the start-up phase under way; /health and /ready included,
+// as a server that is not listening yet would fail them) but /metrics, which shows the phases
+// done (lmserve:startup_seconds), and /version. attach() makes it the OpenAI server.
 class Server {
  public:
   Server(ServerOptions options, std::unique_ptr<engine::Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
          std::optional<text::ChatTemplate> chat_template);
+  explicit Server(ServerOptions options);  // starting: attach() the engine when it is ready
   ~Server();
 
+  // The engine is ready: from now on the OpenAI routes answer. Once, from any thread.
+  // `gpu_memory` replaces the options' (known once the backend is).
+  void attach(std::unique_ptr<engine::Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
+              std::optional<text::ChatTemplate> chat_template, std::function<std::vector<GpuMemorySample>()> gpu_memory = {});
   // Binds and listens. The port actually bound is port() afterwards.
   Status start();
   int port() const;
@@ -56,6 +66,8 @@ class Server {
   void run(bool handle_signals = true);
   // Starts the graceful shutdown (as the first signal does). Thread-safe.
   void shutdown();
+  // Shutting down (a signal or shutdown() came).
+  bool draining() const;
 
   struct Impl;
 

@@ -3,6 +3,8 @@
 // the 32-token greedy continuation identical; decode steps run as CUDA graphs). bfloat16:
 // logits within 2e-2 relative L2 of float32 and the top-1 token the same at >= 99% of
 // positions. A padded multi-sequence graph step against the CPU backend.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -110,6 +112,54 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel,
 
 // Three sequences decoding together run in the 4-sequence graph (one padding row) and give
 // the CPU's logits; the same in eager mode. Every KV dtype.
+// --tuning-cache (backend/device/tuning_cache.h): the first start times the GEMM algorithms and
+// writes them; the second takes them from the file (the same algorithms: the same logits); a
+// file whose algorithms cuBLASLt refuses (bytes changed) is not trusted: the plans are timed
+// again (written back) and the logits agree with the first start's to the product's rounding.
+TEST(CudaBackend, TheTuningCacheIsReusedAndAFalseOneIsNotTrusted) {
+  LMSERVE_REQUIRE_GPU();
+  const fs::path dir = lmserve::testing::source_dir() / "models/demo";
+  const fs::path cache = fs::temp_directory_path() / ("lmserve_tuning_gpu_" + std::to_string(::getpid()));
+  fs::remove_all(cache);
+  auto w = model::ModelWeights::load(dir, {.dtype = "bfloat16"});
+  ASSERT_TRUE(w);
+  auto logits_of = [&]() -> std::vector<float> {
+    backend::CudaBackendOptions o;
+    o.kv_dtype = KvDtype::kBFloat16;
+    o.num_blocks = 64;
+    o.max_num_seqs = 8;
+    o.max_num_batched_tokens = 512;
+    o.max_model_len = 1024;
+    o.tuning_cache = cache.string();
+    auto b = backend::make_cuda_backend(*w, o);
+    EXPECT_TRUE(b) << b.error().to_string();
+    if (!b) return {};
+    Sequence seq(**b);
+    std::vector<std::int32_t> prompt;
+    for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 5) % 1000);  // 40 rows: cuBLASLt's products
+    return seq.step(prompt, {39});
+  };
+  const auto first = logits_of();
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(cache)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const json written = json::parse(std::ifstream(files[0]));
+  ASSERT_GE(written["plans"].size(), 5u);
+  EXPECT_LE(rel_l2(logits_of(), first), 1e-6);
+  EXPECT_EQ(json::parse(std::ifstream(files[0]))["plans"], written["plans"]);  // nothing timed, nothing new
+  // Every algorithm's bytes replaced by ones no algorithm has.
+  json forged = written;
+  for (auto& [shape, algo] : forged["plans"].items()) algo = std::string(128, 'f');
+  std::ofstream(files[0], std::ios::trunc) << forged.dump();
+  const auto again = logits_of();
+  EXPECT_LE(rel_l2(again, first), 2e-2);
+  EXPECT_EQ(argmax(again.data(), static_cast<std::int64_t>(again.size())), argmax(first.data(), static_cast<std::int64_t>(first.size())));
+  const json rewritten = json::parse(std::ifstream(files[0]));
+  ASSERT_EQ(rewritten["plans"].size(), written["plans"].size());
+  for (const auto& [shape, algo] : rewritten["plans"].items()) EXPECT_NE(algo, std::string(128, 'f')) << shape << ": the forged one kept";
+  fs::remove_all(cache);
+}
+
 TEST(CudaBackend, PaddedGraphDecodeMatchesTheCpu) {
   LMSERVE_REQUIRE_GPU();
   auto w = model::ModelWeights::load(lmserve::testing::source_dir() / "models/demo", {.dtype = "float32"});

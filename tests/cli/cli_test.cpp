@@ -200,6 +200,24 @@ TEST(Cli, GeneratePrintsTheGreedyCompletion) {
   EXPECT_EQ(run("generate --model " + model_dir() + " --prompt hi --device cuda").exit_code, lmserve::probe_devices().devices.empty() ? 1 : 0);
 }
 
+// Progress (common/progress.h): with stderr not a terminal, a run shorter than the log interval
+// logs only its last line; --no-progress (before or after the subcommand) none.
+TEST(Cli, BenchesLogTheirProgressUnlessTurnedOff) {
+  CommandRun thr = run("bench throughput --model " + model_dir() + " --device cpu --num-prompts 6 --input-len 16 --output-len 5 --threads 2");
+  ASSERT_EQ(thr.exit_code, 0) << thr.output;
+  EXPECT_TRUE(std::regex_search(thr.output, std::regex(R"(info  bench throughput  done: 6 requests in [0-9.]+ s \([0-9.]+/s\)  output [0-9]+ tok/s\n)")))
+      << thr.output;
+  CommandRun lat = run("bench latency --model " + model_dir() + " --device cpu --batch-size 1 --input-len 4 --output-len 5 --threads 2");
+  ASSERT_EQ(lat.exit_code, 0) << lat.output;
+  EXPECT_TRUE(std::regex_search(lat.output, std::regex(R"(info  bench latency  done: 4 steps in [0-9.]+ s)"))) << lat.output;
+  for (const char* cmd : {"--no-progress bench throughput", "bench throughput --no-progress"}) {
+    CommandRun quiet = run(std::string(cmd) + " --model " + model_dir() + " --device cpu --num-prompts 2 --input-len 8 --output-len 2 --threads 2");
+    ASSERT_EQ(quiet.exit_code, 0) << quiet.output;
+    EXPECT_EQ(quiet.output.find("bench throughput  done"), std::string::npos) << quiet.output;
+    EXPECT_NE(quiet.output.find("requests 2, prompt tokens 16, output tokens 4,"), std::string::npos) << quiet.output;
+  }
+}
+
 TEST(Cli, BenchLatencyAndThroughputReportTheirNumbers) {
   CommandRun lat = run("bench latency --model " + model_dir() + " --device cpu --batch-size 2 --input-len 16 --output-len 8 --threads 2");
   ASSERT_EQ(lat.exit_code, 0) << lat.output;

@@ -40,13 +40,11 @@ def start_serve(lmserve, src, work, extra=()):
     log = open(os.path.join(work, f"serve_{port}.log"), "w")
     p = subprocess.Popen([lmserve, "serve", "--model", os.path.join(src, "models", "demo"), "--port", str(port), *extra], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
+    for _ in range(300):  # /health answers 503 while the model loads, 200 once it is ready
         try:
             urllib.request.urlopen(url + "/health", timeout=1)
             return p, url
-        except urllib.error.HTTPError:
-            return p, url
-        except OSError:
+        except OSError:  # HTTPError included
             time.sleep(0.05)
     fail("serve did not start")
 

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
+#include "common/startup.h"
 #include "test_paths.h"
 
 namespace lmserve::server {
@@ -151,6 +152,58 @@ TEST_F(ServerTest, CountersWithKnownLabelsStartAtZero) {
             std::string::npos);
   EXPECT_NE(after.find("lmserve:admission_rejections_total{model_name=\"demo\",reason=\"exceeds_max_model_len\",lane=\"high\"} 0\n"),
             std::string::npos);
+}
+
+// Start-up (issue #37): a server made without its engine listens at once; until attach()
+// every route but /metrics and /version answers 503 naming the phase under way (/health and
+// /ready too), /metrics shows the phases done; then the OpenAI routes answer and
+// lmserve:startup_seconds has its total.
+TEST_F(ServerTest, WhileStartingEveryRouteIs503AndTheMetricsShowThePhases) {
+  ServerOptions o;
+  o.port = 0;
+  o.shutdown_timeout = std::chrono::seconds(2);
+  server_ = std::make_unique<Server>(o);
+  ASSERT_TRUE(server_->start().is_ok());
+  port_ = server_->port();
+  thread_ = std::thread([this] { server_->run(false); });
+  { StartupPhase config("config"); }
+  auto dir = lmserve::testing::source_dir() / "models/demo";
+  std::optional<StartupPhase> weights(std::in_place, "weights_read");
+  for (const char* route : {"/health", "/ready"}) {
+    Reply r = get(route);
+    EXPECT_EQ(r.status, 503) << route;
+    EXPECT_NE(r.body.find("The server is starting (weights_read)"), std::string::npos) << r.body;
+  }
+  Reply c = post("/v1/completions", R"({"prompt":"hi","max_tokens":2})");
+  EXPECT_EQ(c.status, 503);
+  EXPECT_EQ(c.res["Retry-After"], "5");
+  EXPECT_EQ(ojson::parse(c.body)["error"]["code"], "unavailable") << c.body;
+  EXPECT_EQ(get("/version").status, 200);
+  Reply m = get("/metrics");
+  EXPECT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("lmserve:startup_seconds{model_name=\"demo\",phase=\"config\"} "), std::string::npos) << m.body;
+  EXPECT_EQ(m.body.find("phase=\"weights_read\""), std::string::npos) << "a phase under way is not done";
+  auto w = model::ModelWeights::load(dir, {});
+  auto tok = text::Tokenizer::load(dir);
+  auto tmpl = text::ChatTemplate::load(dir);
+  ASSERT_TRUE(w && tok && tmpl);
+  weights.reset();
+  auto b = backend::make_cpu_backend(*w, {.kv = {backend::KvDtype::kFloat32, 16, 256}, .threads = 2});
+  ASSERT_TRUE(b);
+  engine::EngineOptions eo;
+  eo.scheduler.max_model_len = 1024;
+  auto e = engine::Engine::create(std::move(*b), *tok, eo);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(get("/ready").status, 503);  // loaded, not attached: still starting
+  server_->attach(std::move(*e), *tok, std::move(*tmpl));
+  startup_complete();
+  EXPECT_EQ(get("/health").status, 200);
+  EXPECT_EQ(get("/ready").status, 200);
+  EXPECT_EQ(post("/v1/completions", R"({"prompt":"hi","max_tokens":2})").status, 200);
+  const std::string after = get("/metrics").body;
+  for (const char* phase : {"config", "weights_read", "total"}) {
+    EXPECT_NE(after.find("lmserve:startup_seconds{model_name=\"demo\",phase=\"" + std::string(phase) + "\"} "), std::string::npos) << phase;
+  }
 }
 
 TEST_F(ServerTest, EveryEndpointAnswers) {

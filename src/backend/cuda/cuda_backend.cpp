@@ -2,6 +2,8 @@
 // model's plain inputs. Compiled by g++ as part of lmserve_backend (device_model.h is plain C++).
 #include "backend/cuda/cuda_backend.h"
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -9,7 +11,11 @@
 
 #include "backend/cuda/model/device_model.h"
 #include "backend/device/host_swap.h"
+#include "backend/device/tuning_cache.h"
+#include "common/build_info.h"
 #include "common/numeric.h"
+#include "common/progress.h"
+#include "common/startup.h"
 
 namespace lmserve::backend {
 namespace {
@@ -225,6 +231,7 @@ class CudaBackend final : public Backend {
 
 Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType act) {
   const auto& c = w.config();
+  Progress progress("weights to device", static_cast<double>(w.bytes()), Progress::Unit::kBytes);  // by layers (the bulk of the bytes)
   auto put = [&](Slot slot, std::int64_t layer, std::int64_t at, const model::Tensor& t) -> Status {
     // In pieces of at most 64 Mi elements, so a float conversion never doubles a big tensor.
     const std::int64_t n = t.numel(), piece = 64ll << 20;
@@ -281,6 +288,7 @@ Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType a
     LMSERVE_RETURN_IF_ERROR(projection(Slot::kGateUp, Slot::kGateUpScale, l, 0, L.gate_proj));
     LMSERVE_RETURN_IF_ERROR(projection(Slot::kGateUp, Slot::kGateUpScale, l, c.intermediate_size, L.up_proj));
     LMSERVE_RETURN_IF_ERROR(projection(Slot::kDown, Slot::kDownScale, l, 0, L.down_proj));
+    progress.set(static_cast<double>(w.bytes()) * static_cast<double>(l + 1) / static_cast<double>(c.num_layers));
   }
   return Status::ok();
 }
@@ -324,7 +332,10 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   std::string err;
   auto m = cuda::create_device_model(o.device, d, &err);
   if (!m) return error(StatusCode::kUnavailable, "cuda backend: " + err);
-  LMSERVE_RETURN_IF_ERROR(upload(*m, *weights, act));
+  {
+    StartupPhase phase("weights_to_device");
+    LMSERVE_RETURN_IF_ERROR(upload(*m, *weights, act));
+  }
 
   cuda::PlanOptions p;
   p.kv = o.kv_dtype;
@@ -356,8 +367,21 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
     std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(c.vocab_size - 1));
     for (int i = 0; i < 256; ++i) p.calibration_tokens.push_back(tok(rng));
   }
+  std::unique_ptr<TuningCache> tuning;
+  if (!o.tuning_cache.empty()) {
+    const auto id = cuda::device_identity(o.device);
+    tuning = TuningCache::open(o.tuning_cache, {id.name, id.multiprocessors, id.compute_capability, id.driver, id.runtime, id.cublaslt,
+                                                std::string(build_info().version) + " " + std::string(build_info().git_commit)});
+    if (!tuning->note().empty()) spdlog::info("tuning cache {}: {}", tuning->file().string(), tuning->note());
+    p.algo_cache = tuning.get();
+  }
   cuda::MemoryPlan plan;
-  if (std::string e = m->plan(p, &plan); !e.empty()) {
+  const std::string plan_error = m->plan(p, &plan);
+  if (tuning) {
+    spdlog::info("tuning cache {}: {} GEMM algorithms reused, {} timed", tuning->file().string(), tuning->hits(), tuning->misses());
+    if (Status s = tuning->save(); !s.is_ok()) spdlog::warn("{}", s.message());
+  }
+  if (const std::string& e = plan_error; !e.empty()) {
     const bool no_memory = e.find("no GPU memory left") != std::string::npos || e.find("out of memory") != std::string::npos;
     return error(no_memory ? StatusCode::kResourceExhausted : StatusCode::kInternal, "cuda backend: " + e);
   }

@@ -42,6 +42,8 @@ struct CudaBackendOptions {
   // cudaProfilerStart/Stop for `ncu --profile-from-start off`. Empty: none.
   bool step_report = false;
   std::string profile_step;
+  // The GEMM tuning cache's directory (backend/device/tuning_cache.h); "": every plan is timed.
+  std::string tuning_cache;
 };
 
 // Unavailable when this build has no CUDA or no GPU can be used; InvalidArgument for options

@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/common/device_util.cuh"
 
 namespace lmserve::cuda {
 namespace {
+
+const char* act_name(Act a) { return a == Act::kF32 ? "f32" : a == Act::kBF16 ? "bf16" : "f16"; }
 
 // ---- thin products: a weight-streaming kernel -------------------------------------------
 // With one or two token rows a step is bound by reading W once, not by the tensor cores: each
@@ -377,6 +380,19 @@ std::string Gemm::make_plan(int m, int n, int k, Act act, Act out, const Operand
     const std::uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes));
   }
+  // A timed plan's algorithm may come from the tuning cache: the product named in full.
+  std::string shape;
+  if (tune && cache_) {
+    shape = std::string(fp8 ? "e4m3" : act_name(act)) + "->" + act_name(out) + " m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+            std::to_string(k) + " timed_n=" + std::to_string(tune_n) + " beta=" + (tune->accumulate ? "1" : "0") + " workspace=" +
+            std::to_string(workspace_bytes_);
+    if (from_cache(shape, p)) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      ++plans_cached_;
+      plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return {};
+    }
+  }
   constexpr int kCandidates = 8;
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
   int found = 0;
@@ -397,6 +413,11 @@ std::string Gemm::make_plan(int m, int n, int k, Act act, Act out, const Operand
       if (best != 0) ++plans_retuned_;
     }
     p->algo = results[best].algo;
+    if (!shape.empty() && error.empty()) {
+      backend::AlgoCache::Algo bytes{};
+      std::memcpy(bytes.data(), &p->algo, sizeof(p->algo));
+      cache_->put(shape, bytes);
+    }
   }
   plan_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!error.empty()) {
@@ -406,6 +427,23 @@ std::string Gemm::make_plan(int m, int n, int k, Act act, Act out, const Operand
     cublasLtMatmulDescDestroy(p->desc);
   }
   return error;
+}
+
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(backend::AlgoCache::Algo), "a cached algorithm is a cublasLtMatmulAlgo_t's bytes");
+
+bool Gemm::from_cache(const std::string& shape, Plan* p) {
+  const auto cached = cache_->find(shape);
+  if (!cached) return false;
+  cublasLtMatmulAlgo_t algo;
+  std::memcpy(&algo, cached->data(), sizeof(algo));
+  cublasLtMatmulHeuristicResult_t check{};
+  // Checked against this product's descriptors: bytes from a file are never run unchecked.
+  if (cublasLtMatmulAlgoCheck(handle_, p->desc, p->a, p->b, p->c, p->c, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > workspace_bytes_) {
+    return false;
+  }
+  p->algo = algo;
+  return true;
 }
 
 // The candidate whose product takes least time: one run to warm up, then the mean of kRuns

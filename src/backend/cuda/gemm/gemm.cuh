@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "backend/cuda/common/kernels.cuh"
+#include "backend/device/algo_cache.h"
 
 namespace lmserve::cuda {
 
@@ -117,6 +118,9 @@ class Gemm {
   std::string run_gate_up_silu_fp8(const Fp8Weight& w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
   // prepare() for FP8 products: tune's w and x in e4m3 with their scales.
   std::string prepare_fp8(int m, int k, int max_n, const Operands* tune = nullptr, Act out = Act::kF32);
+  // While set, a timed plan's algorithm is taken from the cache when cuBLASLt accepts it for the
+  // product (cublasLtMatmulAlgoCheck), and recorded there when it had to be timed (--tuning-cache).
+  void set_algo_cache(backend::AlgoCache* cache) { cache_ = cache; }
 
  private:
   struct Plan {
@@ -144,6 +148,9 @@ class Gemm {
   std::string fastest(const Plan& p, const cublasLtMatmulHeuristicResult_t* candidates, int count, const Operands& o, int* best);
   static bool thin(const void* w, const void* x, int n, int k, Act act);  // the weight-streaming kernel applies
 
+  // The cached algorithm of the product `shape` when cuBLASLt accepts it for p, else false.
+  bool from_cache(const std::string& shape, Plan* p);
+  backend::AlgoCache* cache_ = nullptr;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 0;
@@ -153,12 +160,14 @@ class Gemm {
   // Plans made and the seconds their heuristic queries took (bench's --step-report).
   int plans_made() const { return plans_made_; }
   double plan_seconds() const { return plan_seconds_; }
-  // Plans whose algorithm was timed, and of them those where it is not the heuristic's first.
+  // Plans whose algorithm was timed, and of them those where it is not the heuristic's first;
+  // plans whose algorithm came from the tuning cache.
   int plans_tuned() const { return plans_tuned_; }
+  int plans_cached() const { return plans_cached_; }
   int plans_retuned() const { return plans_retuned_; }
 
  private:
-  int plans_made_ = 0, plans_tuned_ = 0, plans_retuned_ = 0;
+  int plans_made_ = 0, plans_tuned_ = 0, plans_retuned_ = 0, plans_cached_ = 0;
   double plan_seconds_ = 0;
 };
 

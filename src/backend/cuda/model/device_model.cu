@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "backend/cuda/model/cuda_model.cuh"
 #include "backend/cuda/common/device_util.cuh"
 #include "backend/step_buffers.h"
+#include "common/progress.h"
+#include "common/startup.h"
 
 namespace lmserve::cuda {
 namespace {
@@ -125,7 +128,14 @@ std::string CudaModel::plan(const PlanOptions& o, MemoryPlan* out) {
   std::size_t free_before = 0, total = 0;
   LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_before, &total));
   LMSERVE_TRY(allocate_activations());
-  LMSERVE_TRY(prepare_gemms());
+  {
+    StartupPhase phase("gemm_tuning");
+    gemm_.set_algo_cache(o.algo_cache);
+    std::string e = prepare_gemms();
+    gemm_.set_algo_cache(nullptr);  // plans made later (a bucket's exact n) are not timed
+    if (!e.empty()) return e;
+  }
+  std::optional<StartupPhase> profile_phase(std::in_place, "activation_profile");
 
   // The activation peak: a maximal dummy batch on a temporary KV arena.
   const std::int64_t tmp_blocks = (max_tokens_ + o.block_size - 1) / o.block_size + 1;
@@ -136,8 +146,12 @@ std::string CudaModel::plan(const PlanOptions& o, MemoryPlan* out) {
   LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_after, &total));
   const std::size_t tmp_kv_bytes = tmp_kv_.bytes;
   activation_bytes_ = free_before > free_after + tmp_kv_bytes ? free_before - free_after - tmp_kv_bytes : 0;
+  profile_phase.reset();
 
-  if (!o.enforce_eager) LMSERVE_TRY(capture_graphs());
+  if (!o.enforce_eager) {
+    StartupPhase phase("graph_capture");
+    LMSERVE_TRY(capture_graphs());
+  }
   std::size_t free_graphs = 0;
   LMSERVE_CUDA_TRY(cudaMemGetInfo(&free_graphs, &total));
   graph_bytes_ = free_after > free_graphs ? free_after - free_graphs : 0;
@@ -155,7 +169,10 @@ std::string CudaModel::plan(const PlanOptions& o, MemoryPlan* out) {
   if (blocks < 1) {
     return "no GPU memory left for the KV cache: " + describe(total) + "; raise --gpu-memory-utilization or lower --max-num-batched-tokens";
   }
-  LMSERVE_TRY(allocate_kv(blocks, &kv_arena_));
+  {
+    StartupPhase phase("kv_allocation");
+    LMSERVE_TRY(allocate_kv(blocks, &kv_arena_));
+  }
   num_blocks_ = blocks;
 
   if (kv_ == Kv::kE4M3) LMSERVE_TRY(set_scales(o));
@@ -517,11 +534,12 @@ std::string CudaModel::prepare_gemms() {
                               {H, qd, {L.o.p, attn_.p, x_.p, stream_, true}, Act::kF32},
                               {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, prod},
                               {H, I, {L.down.p, mlp_in_.p, x_.p, stream_, true}, Act::kF32}};
+  Progress progress("tuning GEMMs", 5, Progress::Unit::kCount, "products");  // the layer's four and the LM head
   if (d_.fp8_weights) {
     // The same products on the quantized inputs (their scratch, any values) and FP8 weights.
     const float* xs = fp8_xs_.as<float>();
     const float* scales[] = {L.qkv_scale.as<float>(), L.o_scale.as<float>(), L.gate_up_scale.as<float>(), L.down_scale.as<float>()};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 4; ++i, progress.add(1)) {
       Gemm::Operands on = products[i].on;
       on.x = fp8_xq_.p;
       on.w_scales = scales[i];
@@ -529,10 +547,15 @@ std::string CudaModel::prepare_gemms() {
       LMSERVE_TRY(gemm_.prepare_fp8(products[i].m, products[i].k, max_tokens_, &on, products[i].out));
     }
   } else {
-    for (const Product& p : products) LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
+    for (const Product& p : products) {
+      LMSERVE_TRY(gemm_.prepare(p.m, p.k, act_, max_tokens_, &p.on, p.out));
+      progress.add(1);
+    }
   }
   const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};
-  return gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head);
+  LMSERVE_TRY(gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head));
+  progress.add(1);
+  return {};
 }
 
 std::string CudaModel::run_dummy(int tokens, int seq_len) {
@@ -576,6 +599,7 @@ std::string CudaModel::capture_graphs() {
   }
   for (int b = 160; b <= max_seqs_; b += 32) buckets_.push_back(b);
   if (buckets_.empty() || buckets_.back() != max_seqs_) buckets_.push_back(max_seqs_);
+  Progress progress("capturing CUDA graphs", static_cast<double>(buckets_.size()), Progress::Unit::kCount, "graphs");
   for (int b : buckets_) {
     // Warm up (cuBLASLt plans for this shape), then capture one decode step of b sequences.
     LMSERVE_TRY(run_dummy(b, 1));
@@ -592,6 +616,7 @@ std::string CudaModel::capture_graphs() {
     if (inst != cudaSuccess) return std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
     graphs_[b] = exec;
     LMSERVE_CUDA_TRY(cudaGraphUpload(exec, stream_));
+    progress.add(1);
   }
   LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
   return {};
@@ -658,6 +683,20 @@ std::string CudaModel::swap(const std::int32_t* blocks, char* const* host, int n
                      reinterpret_cast<char* const*>(swap_meta_.as<char>() + ids), n, chunk, to_host, stream_);
   LMSERVE_CUDA_TRY(cudaGetLastError());
   return {};
+}
+
+DeviceIdentity device_identity(int device) {
+  DeviceIdentity id;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+    id.name = prop.name;
+    id.multiprocessors = prop.multiProcessorCount;
+    id.compute_capability = prop.major * 10 + prop.minor;
+  }
+  cudaDriverGetVersion(&id.driver);
+  cudaRuntimeGetVersion(&id.runtime);
+  id.cublaslt = cublasLtGetVersion();
+  return id;
 }
 
 std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& dims, std::string* error) {

@@ -11,6 +11,10 @@
 
 #include "backend/dtypes.h"
 
+namespace lmserve::backend {
+class AlgoCache;
+}
+
 namespace lmserve::cuda {
 
 // How the device decides one logits row (backend.h, RowSampling): mode 0 leaves it to the
@@ -59,7 +63,17 @@ struct PlanOptions {
   // report, and the profiled step (kind 0 any, 1 decode, 2 prefill; its n-th forward; 0: none).
   bool step_report = false;
   int profile_step_kind = 0, profile_step = 0;
+  // While plan() runs: timed GEMM algorithms come from and go to this cache (Gemm::set_algo_cache).
+  backend::AlgoCache* algo_cache = nullptr;
 };
+
+// What the GEMM tuning cache keys its file by (backend/device/tuning_cache.h).
+struct DeviceIdentity {
+  std::string name;
+  int multiprocessors = 0, compute_capability = 0, driver = 0, runtime = 0;
+  std::size_t cublaslt = 0;
+};
+DeviceIdentity device_identity(int device);
 
 struct MemoryPlan {
   std::uint64_t total = 0, weights = 0, activations = 0, graphs = 0, kv = 0, other = 0;
