@@ -233,7 +233,10 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig conf
                     Progress::Unit::kBytes);
   Status st = w->bind([&](const std::string& name, std::vector<std::int64_t> shape) -> Result<Tensor> {
     Tensor t{d, std::move(shape), nullptr, name};
-    auto buf = std::make_shared<std::vector<std::byte>>(static_cast<std::size_t>(t.numel() * dtype_bytes(d)));
+    const auto size = static_cast<std::size_t>(t.numel() * dtype_bytes(d));
+    // Not zeroed first (a vector would be, on this thread: seconds for an 8B model): the threads
+    // below write every byte, their first touch of the pages spread over them.
+    std::shared_ptr<std::byte[]> buf(new std::byte[size]);
     const bool norm = name.ends_with("norm.weight");
     // Uniform weights scaled by 1/sqrt(fan_in) keep activations O(1) through the layers. Each
     // element is a hash of (seed, tensor, index), so threads can fill a tensor in any order
@@ -241,14 +244,25 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig conf
     const float scale = t.shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(t.shape[1])) : 0.02f;
     const std::uint64_t key = seed * 0x9E3779B97F4A7C15ull + (++tensor_index) * 0xD1B54A32D192ED03ull;
     const std::int64_t n = t.numel();
-    auto fill = [&, key](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) {
-        std::uint64_t z = key + static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-        store(d, norm ? 1.0f : (2.0f * u - 1.0f) * scale, buf->data(), i);
+    auto value = [key, norm, scale](std::int64_t i) {
+      std::uint64_t z = key + static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+      return norm ? 1.0f : (2.0f * u - 1.0f) * scale;
+    };
+    // One loop per dtype, the conversion inlined (a store() per element cost a dispatch each).
+    auto fill = [&, value](std::int64_t b, std::int64_t e) {
+      switch (d) {
+        case DType::kBF16:
+          for (std::int64_t i = b; i < e; ++i) reinterpret_cast<std::uint16_t*>(buf.get())[i] = float_to_bf16(value(i));
+          break;
+        case DType::kF16:
+          for (std::int64_t i = b; i < e; ++i) reinterpret_cast<std::uint16_t*>(buf.get())[i] = float_to_f16(value(i));
+          break;
+        default:
+          for (std::int64_t i = b; i < e; ++i) store(d, value(i), buf.get(), i);
       }
     };
     const std::int64_t threads = n < (1 << 20) ? 1 : std::max<std::int64_t>(1, std::thread::hardware_concurrency());
@@ -256,8 +270,8 @@ Result<std::shared_ptr<const ModelWeights>> ModelWeights::dummy(ModelConfig conf
     for (std::int64_t k = 0; k < threads; ++k) pool.emplace_back(fill, n * k / threads, n * (k + 1) / threads);
     for (auto& th : pool) th.join();
     w->owned_.push_back(buf);
-    t.data = buf->data();
-    progress.add(static_cast<double>(buf->size()));
+    t.data = buf.get();
+    progress.add(static_cast<double>(size));
     return t;
   });
   progress.done();

@@ -83,7 +83,7 @@ class ModelWeights {
 
   ModelConfig config_;
   WeightFiles files_;
-  std::vector<std::shared_ptr<std::vector<std::byte>>> owned_;  // converted or dummy tensors
+  std::vector<std::shared_ptr<void>> owned_;  // the buffers of converted, quantized or dummy tensors
   Tensor embed_, norm_, lm_head_;
   bool tied_ = false;
   std::vector<LayerWeights> layers_;

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "test_paths.h"
@@ -24,6 +25,23 @@ std::vector<const Tensor*> all(const ModelWeights& w) {
     for (const Tensor* t : {&L.input_norm, &L.post_attention_norm, &L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj}) out.push_back(t);
   }
   return out;
+}
+
+// The dummy weights are a function of (config, dtype, seed) alone, the same on every machine and
+// in every version (figures measured on them stay comparable): their bytes' digest, pinned.
+TEST(DummyWeights, AreTheSameBytesEverywhere) {
+  auto config = load_config(lmserve::testing::source_dir() / "models/demo");
+  ASSERT_TRUE(config);
+  for (auto [dtype, seed, want] : {std::tuple{"bfloat16", 0ull, 8621770500614703570ull}, {"float16", 3ull, 7691996419434650435ull}, {"float32", 1ull, 11379643120541796560ull}}) {
+    auto w = ModelWeights::dummy(*config, dtype, seed);
+    ASSERT_TRUE(w);
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (const Tensor* t : all(**w)) {
+      const auto* p = static_cast<const unsigned char*>(t->data);
+      for (std::uint64_t i = 0; i < t->bytes(); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    }
+    EXPECT_EQ(h, want) << dtype << " seed " << seed;
+  }
 }
 
 TEST(CheckpointWriter, ADummyModelWrittenInShardsLoadsBackExactly) {
