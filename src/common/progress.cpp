@@ -120,7 +120,6 @@ void Progress::maybe_draw(bool final) {
     } else {
       out = line_locked(now);
     }
-    drawn_ = true;
   }
   if (sink_.mode == ProgressMode::kTerminal) sink_.terminal(out);
   else sink_.log(out);

@@ -72,7 +72,7 @@ class Progress {
   double total_, value_ = 0;
   std::string note_;
   std::chrono::steady_clock::time_point start_, last_draw_;
-  bool drawn_ = false, done_ = false;
+  bool done_ = false;
 };
 
 // "16.1 GB", "512 MB", "3.00 kB": bytes in decimal units, three significant figures.

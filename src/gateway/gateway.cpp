@@ -102,10 +102,7 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
     --depth_;
     return true;
   }
-  bool start_array(std::size_t) override {
-    if (depth_ == 1 && key_ == "model") return refuse("'model' must be a string");
-    return nest();
-  }
+  bool start_array(std::size_t) override { return nest(); }
   bool end_array() override {
     --depth_;
     return true;

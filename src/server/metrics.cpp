@@ -57,6 +57,15 @@ void ServerMetrics::declare_lanes(const std::vector<engine::LaneOptions>& lanes)
   }
 }
 
+void render_startup_seconds(std::string& out, const std::string& model_name) {
+  const auto phases = startup_phases();
+  if (phases.empty()) return;
+  header(out, "lmserve:startup_seconds", "gauge", "Seconds each start-up phase took; total: from the process's start to ready.");
+  for (const auto& [phase, seconds] : phases) {
+    out += "lmserve:startup_seconds{model_name=\"" + escape(model_name) + "\",phase=\"" + escape(phase) + "\"} " + num(seconds) + "\n";
+  }
+}
+
 std::string ServerMetrics::render(const engine::EngineStats& s, const std::string& model, double watermark, int block_size,
                                   const std::string& kv_dtype, const backend::MemoryInfo& plan,
                                   const std::vector<GpuMemorySample>& gpus) const {
@@ -183,10 +192,7 @@ std::string ServerMetrics::render(const engine::EngineStats& s, const std::strin
                              {"cuda_graphs", plan.graph_bytes}, {"kv_cache", plan.kv_cache_bytes}}) {
     out += "lmserve:memory_plan_bytes{" + m + ",part=\"" + part + "\"} " + num(static_cast<double>(bytes)) + "\n";
   }
-  if (const auto phases = startup_phases(); !phases.empty()) {
-    header(out, "lmserve:startup_seconds", "gauge", "Seconds each start-up phase took; total: from the process's start to ready.");
-    for (const auto& [phase, seconds] : phases) out += "lmserve:startup_seconds{" + m + ",phase=\"" + escape(phase) + "\"} " + num(seconds) + "\n";
-  }
+  render_startup_seconds(out, model);
   if (!gpus.empty()) {
     header(out, "lmserve:gpu_memory_used_bytes", "gauge", "Memory in use on each GPU (all processes), sampled every 100 ms.");
     for (const auto& g : gpus) {

@@ -25,6 +25,10 @@ struct RequestRecord {
   std::string lane;  // the lane's name: per-lane histograms for lanes declared
 };
 
+// lmserve:startup_seconds{model_name, phase} (common/startup.h), when any phase is done: in the
+// server's /metrics, and alone in the one it answers while starting.
+void render_startup_seconds(std::string& out, const std::string& model_name);
+
 class ServerMetrics {
  public:
   ServerMetrics();

@@ -10,7 +10,6 @@
 
 #include "common/build_info.h"
 #include "common/json_depth.h"
-#include "common/prometheus.h"
 #include "common/startup.h"
 #include "server/openai.h"
 #include "server/openai_app.h"
@@ -18,6 +17,9 @@
 namespace lmserve::server {
 
 namespace {
+
+// GET /version's body.
+std::string version_json() { return ojson{{"version", std::string(build_info().version)}, {"commit", std::string(build_info().git_commit)}}.dump(); }
 
 bool key_matches(std::string_view header, const std::string& key) {
   constexpr std::string_view prefix = "Bearer ";
@@ -96,8 +98,7 @@ void OpenAiApp::handle(http::Exchange ex) {
   }
   if (route == "/version") {
     if (!needs("GET")) return;
-    return reply(ex, 200, ojson{{"version", std::string(build_info().version)}, {"commit", std::string(build_info().git_commit)}}.dump(),
-                 route);
+    return reply(ex, 200, version_json(), route);
   }
   if (route == "/metrics") {
     if (!needs("GET")) return;
@@ -222,17 +223,11 @@ struct Server::Impl : http::Application {
     if (auto* a = app.load(std::memory_order_acquire)) return a->handle(ex);
     const auto& req = ex.request();
     if (req.path == "/version" && req.method == "GET") {
-      return ex.reply({.status = 200, .body = ojson{{"version", std::string(build_info().version)}, {"commit", std::string(build_info().git_commit)}}.dump()});
+      return ex.reply({.status = 200, .body = version_json()});
     }
     if (req.path == "/metrics" && req.method == "GET") {
       std::string out;
-      if (const auto phases = startup_phases(); !phases.empty()) {
-        prometheus::header(out, "lmserve:startup_seconds", "gauge", "Seconds each start-up phase took; total: from the process's start to ready.");
-        for (const auto& [phase, seconds] : phases) {
-          out += "lmserve:startup_seconds{model_name=\"" + prometheus::escape(options.served_model_name) + "\",phase=\"" + prometheus::escape(phase) +
-                 "\"} " + prometheus::num(seconds) + "\n";
-        }
-      }
+      render_startup_seconds(out, options.served_model_name);
       return ex.reply({.status = 200, .content_type = "text/plain; version=0.0.4", .body = std::move(out)});
     }
     const std::string phase = startup_current_phase();

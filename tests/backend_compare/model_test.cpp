@@ -29,8 +29,10 @@ using backend::Backend;
 using backend::KvDtype;
 using nlohmann::json;
 
-std::unique_ptr<Backend> cuda_backend(std::shared_ptr<const model::ModelWeights> w, KvDtype kv, bool eager = false) {
+std::unique_ptr<Backend> cuda_backend(std::shared_ptr<const model::ModelWeights> w, KvDtype kv, bool eager = false,
+                                      const std::string& tuning_cache = "") {
   backend::CudaBackendOptions o;
+  o.tuning_cache = tuning_cache;
   o.kv_dtype = kv;
   o.num_blocks = 64;
   o.max_num_seqs = 8;
@@ -124,17 +126,9 @@ TEST(CudaBackend, TheTuningCacheIsReusedAndAFalseOneIsNotTrusted) {
   auto w = model::ModelWeights::load(dir, {.dtype = "bfloat16"});
   ASSERT_TRUE(w);
   auto logits_of = [&]() -> std::vector<float> {
-    backend::CudaBackendOptions o;
-    o.kv_dtype = KvDtype::kBFloat16;
-    o.num_blocks = 64;
-    o.max_num_seqs = 8;
-    o.max_num_batched_tokens = 512;
-    o.max_model_len = 1024;
-    o.tuning_cache = cache.string();
-    auto b = backend::make_cuda_backend(*w, o);
-    EXPECT_TRUE(b) << b.error().to_string();
+    auto b = cuda_backend(*w, KvDtype::kBFloat16, false, cache.string());
     if (!b) return {};
-    Sequence seq(**b);
+    Sequence seq(*b);
     std::vector<std::int32_t> prompt;
     for (int i = 0; i < 40; ++i) prompt.push_back((i * 37 + 5) % 1000);  // 40 rows: cuBLASLt's products
     return seq.step(prompt, {39});
