@@ -7,7 +7,7 @@
 # run exited 3, a second run served, and every request was answered: a whole stream, an error
 # event (those in flight at the fault), or 429/503 — none cut off without an answer, none lost.
 # Usage: [FAULT=oom=300] [DURATION=40] [CONCURRENCY=16] [DEVICE=cpu] [OUT=/tmp/fault-drill]
-#        [EXTRA="--model ..."] scripts/fault-drill.sh [LMSERVE_BINARY]
+#        [EXTRA="--model ..."] [CLIENT=python] scripts/fault-drill.sh [LMSERVE_BINARY]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-build/dev/lmserve}
@@ -32,8 +32,11 @@ supervise() {
 rm -f "$out/stop"
 supervise &
 sup=$!
-for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.2; done
-RETRY=1 node tests/soak/soak_client.mjs "http://127.0.0.1:$port" "$duration" "$concurrency" 0 retry > "$out/client.json" 2> "$out/client.err"
+for _ in $(seq 200); do python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' "http://127.0.0.1:$port/health" 2>/dev/null && break; sleep 0.2; done
+# Node's client where Node is installed; the standard-library Python one elsewhere (the GPU
+# machine) or with CLIENT=python.
+if [[ ${CLIENT:-node} == node ]] && command -v node > /dev/null; then client=(node tests/soak/soak_client.mjs); else client=(python3 tests/soak/soak_client.py); fi
+"${client[@]}" "http://127.0.0.1:$port" "$duration" "$concurrency" 0 retry > "$out/client.json" 2> "$out/client.err"
 touch "$out/stop"
 kill "$(cat "$out/serve.pid")" 2>/dev/null
 wait $sup
