@@ -233,8 +233,14 @@ Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType a
   const auto& c = w.config();
   Progress progress("weights to device", static_cast<double>(w.bytes()), Progress::Unit::kBytes);  // by layers (the bulk of the bytes)
   auto put = [&](Slot slot, std::int64_t layer, std::int64_t at, const model::Tensor& t) -> Status {
-    // In pieces of at most 64 Mi elements, so a float conversion never doubles a big tensor.
     const std::int64_t n = t.numel(), piece = 64ll << 20;
+    if (t.dtype == act) {  // as it is, from the checkpoint's (or the generator's) memory
+      if (std::string e = m.set_weight(slot, layer, at, t.data, static_cast<std::size_t>(n * model::dtype_bytes(act))); !e.empty()) {
+        return Status(StatusCode::kInternal, "cuda: uploading " + t.name + ": " + e);
+      }
+      return Status::ok();
+    }
+    // Converted in pieces of at most 64 Mi elements, so that a conversion never doubles a big tensor.
     for (std::int64_t off = 0; off < n; off += piece) {
       const std::int64_t cnt = std::min(piece, n - off);
       auto bytes = as_act(t, off, cnt, act);

@@ -122,6 +122,8 @@ class CudaModel final : public DeviceModel {
   std::vector<char> swap_stage_;
   Gemm gemm_;
   void* stage_ = nullptr;
+  void* upload_stage_ = nullptr;            // set_weight's two pinned halves, freed by plan()
+  cudaEvent_t upload_done_[2] = {nullptr, nullptr};  // each half's last copy to the device
   float* host_logits_ = nullptr;
   std::int32_t* host_tokens_ = nullptr;
   std::size_t off_slots_ = 0, off_tokens_ = 0, off_pos_ = 0, off_item_tok_ = 0, off_item_cnt_ = 0, off_item_seq_ = 0, off_rows_ = 0, off_sample_ = 0,

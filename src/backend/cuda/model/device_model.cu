@@ -8,6 +8,8 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <thread>
+#include <vector>
 
 #include "backend/cuda/model/cuda_model.cuh"
 #include "backend/cuda/common/device_util.cuh"
@@ -35,6 +37,10 @@ CudaModel::~CudaModel() {
   if (host_logits_) cudaFreeHost(host_logits_);
   if (host_tokens_) cudaFreeHost(host_tokens_);
   if (mask_stage_) cudaFreeHost(mask_stage_);
+  if (upload_stage_) cudaFreeHost(upload_stage_);
+  for (auto& e : upload_done_) {
+    if (e) cudaEventDestroy(e);
+  }
   if (staged_event_) cudaEventDestroy(staged_event_);
   if (done_event_) cudaEventDestroy(done_event_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -113,12 +119,46 @@ std::string CudaModel::set_weight(Slot slot, std::int64_t layer, std::int64_t of
   const std::size_t element = scale ? 4 : (projection && d_.fp8_weights ? 1 : static_cast<std::size_t>(act_bytes(act_)));
   const std::size_t at = static_cast<std::size_t>(offset) * element;
   if (!b || !b->p || at + bytes > b->bytes) return "weight upload outside its buffer (slot " + std::to_string(static_cast<int>(slot)) + ")";
-  LMSERVE_CUDA_TRY(cudaMemcpy(static_cast<char*>(b->p) + at, host, bytes, cudaMemcpyHostToDevice));
+  // Through two pinned halves: host threads fill one (a copy from pageable memory, page-cache
+  // pages faulted in by several threads at once) while the other goes to the device. A plain
+  // cudaMemcpy from pageable memory ran at ~1.3 GB/s on the H200 machine.
+  constexpr std::size_t kHalf = 64u << 20;
+  if (!upload_stage_) {
+    LMSERVE_CUDA_TRY(cudaHostAlloc(&upload_stage_, 2 * kHalf, cudaHostAllocDefault));
+    for (auto& e : upload_done_) {
+      if (!e) LMSERVE_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+  }
+  const auto* src = static_cast<const char*>(host);
+  char* dst = static_cast<char*>(b->p) + at;
+  const std::size_t threads = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 8);
+  for (std::size_t done = 0, k = 0; done < bytes; done += kHalf, ++k) {
+    const std::size_t n = std::min(kHalf, bytes - done);
+    char* stage = static_cast<char*>(upload_stage_) + (k % 2) * kHalf;
+    LMSERVE_CUDA_TRY(cudaEventSynchronize(upload_done_[k % 2]));  // this half's last copy has finished
+    if (n < (4u << 20)) {
+      std::memcpy(stage, src + done, n);
+    } else {
+      std::vector<std::thread> pool;
+      for (std::size_t t = 0; t < threads; ++t) {
+        const std::size_t from = n * t / threads, to = n * (t + 1) / threads;
+        pool.emplace_back([=] { std::memcpy(stage + from, src + done + from, to - from); });
+      }
+      for (auto& th : pool) th.join();
+    }
+    LMSERVE_CUDA_TRY(cudaMemcpyAsync(dst + done, stage, n, cudaMemcpyHostToDevice, stream_));
+    LMSERVE_CUDA_TRY(cudaEventRecord(upload_done_[k % 2], stream_));
+  }
+  LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
   return {};
 }
 
 std::string CudaModel::plan(const PlanOptions& o, MemoryPlan* out) {
   LMSERVE_CUDA_TRY(cudaSetDevice(device_));
+  if (upload_stage_) {  // the weights are on the device: set_weight's staging is not needed again
+    LMSERVE_CUDA_TRY(cudaFreeHost(upload_stage_));
+    upload_stage_ = nullptr;
+  }
   o_ = o;
   kv_ = static_cast<Kv>(o.kv);
   max_model_len_ = o.max_model_len;
