@@ -34,7 +34,7 @@ start() {  # name, serve args...
   get /metrics | grep '^lmserve:startup_seconds' > "$OUT/metrics_$name.txt"
   printf '%-12s ready after %6.2f s; phases: %s\n' "$name" "$(awk -v a="$t0" -v b="$t1" 'BEGIN {print b - a}')" \
     "$(sed -E 's/.*phase="([^"]+)"} ([0-9.e+-]+)/\1 \2/' "$OUT/metrics_$name.txt" | awk '{printf "%s %.2f, ", $1, $2}')" | tee -a "$summary"
-  grep -E "tuning cache|weights to device  done|generating dummy weights  done" "$OUT/serve_$name.log" | sed 's/^/    /' | tee -a "$summary"
+  grep -E "tuning cache|weights to device  done|generating dummy weights  done|capturing CUDA graphs  done" "$OUT/serve_$name.log" | sed 's/^/    /' | tee -a "$summary"
   kill $pid
   wait $pid 2>/dev/null
 }
