@@ -47,125 +47,123 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const void
   }
 }
 
-// Sixteen e4m3 values packed in 16 bytes, as floats (exact: e4m3 is a subset of f16).
-__device__ __forceinline__ void unpack16_e4m3(const uint4& u, float (&f)[16]) {
-  const std::uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * h));
-      const float2 p = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-      f[4 * i + 2 * h] = p.x;
-      f[4 * i + 2 * h + 1] = p.y;
-    }
-  }
-}
-
-// ---- one or two rows: streaming e4m3 weights ----
-// The bf16 weight-streaming kernel's scheme (gemm.cu) on bytes: each warp streams two rows of W
-// with 16-byte loads (16 weights each), kLoads loads per row in flight, S warps sharing a pair
-// of rows where W has few; the quantized X rows come through L2. Sums in float32, then scaled by
-// the token's and the row's scales. (A version that multiplied on the tensor cores and quantized
-// X itself, every block from its own pass over the row, was slower: docs/perf.md, "FP8 weights
-// on the H200".)
-constexpr int kThreads = 256, kRows = 2, kLoads = 4, kWarpsPerSm = 24;
+// ---- one or two rows: streaming e4m3 weights through the tensor cores ----
+// mma.sync m16n8k32 multiplies e4m3 weights and e4m3 activations as they are (no conversion on
+// the CUDA cores, which bound the kernel that unpacked 16 weights a load to floats) and sums the
+// exact products in float32. A warp takes a tile of 16 rows of W (kSwiGlu: 8 gate rows and their
+// 8 up rows); lane (g, t) = (lane / 4, lane % 4) streams 16-byte pieces of rows g and g + 8, the
+// four lanes of a group 64 consecutive bytes of k a step. The products' k order is permuted
+// (the sum does not depend on it): of a piece, bytes 0-3 and 4-7 are the A registers of rows g
+// and g + 8 at columns 4t.. and 16 + 4t.. of the first MMA, bytes 8-15 those of the second; lane
+// (g, t) gives the same bytes of token g's quantized row as B. Tokens 2..7 of the MMA are zero.
+// S warps share a tile, splitting k; their sums meet in shared memory, and the tile's first
+// warp scales them by the token's and the row's scales and stores.
+constexpr int kThreads = 256, kLoads = 4, kWarpsPerSm = 24;
 
 enum class Store { kF32, kAct, kAddF32 };
 
-// kSwiGlu: W is [2m, k]; row group p reads gate row p and up row m + p and writes
-// silu(gate) * up (in act) to y[t * m + p]. Otherwise y is [n, m] and group p reads rows 2p, 2p + 1.
-template <Act A, int N, int S, bool kSwiGlu>
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2, std::uint32_t a3, std::uint32_t b0,
+                                         std::uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// kSwiGlu: W is [2m, k]; tile p's rows are gate rows 8p..8p+7 and up rows m + 8p..; output o gets
+// silu(gate) * up (in act) at y[t * m + o]. Otherwise y is [n, m] and tile p holds rows 16p..16p+15.
+template <Act A, int S, bool kSwiGlu>
 __global__ void __launch_bounds__(kThreads) gemv_fp8_kernel(const std::uint8_t* __restrict__ w, const float* __restrict__ ws,
                                                             const std::uint8_t* __restrict__ xq, const float* __restrict__ xs, void* __restrict__ y,
                                                             int m, int n, int k, Store store) {
   constexpr int kWarps = kThreads / 32;
-  static_assert(kWarps % S == 0, "a block holds whole row groups");
-  __shared__ float red[kWarps][kRows][N];
+  static_assert(kWarps % S == 0, "a block holds whole tiles");
+  __shared__ float red[kWarps][16][2];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % S;
-  const int group = static_cast<int>(blockIdx.x) * (kWarps / S) + warp / S;
-  const int row0 = kSwiGlu ? group : group * kRows;
-  const int chunks = k / 16, stride = 32 * S;
-  std::int64_t rows[kRows];
-  const uint4* wr[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    rows[r] = kSwiGlu ? min(group, m - 1) + static_cast<std::int64_t>(r) * m : min(row0 + r, m - 1);
-    wr[r] = reinterpret_cast<const uint4*>(w + rows[r] * k);
+  const int tile = static_cast<int>(blockIdx.x) * (kWarps / S) + warp / S;
+  const int g = lane >> 2, t = lane & 3;
+  std::int64_t ra, rb;
+  if constexpr (kSwiGlu) {
+    ra = min(tile * 8 + g, m - 1);
+    rb = ra + m;
+  } else {
+    ra = min(tile * 16 + g, m - 1);
+    rb = min(tile * 16 + g + 8, m - 1);
   }
-  float acc[kRows][N] = {};
-  uint4 raw[kLoads][kRows];
-  const int first = part * 32 + lane, step = stride * kLoads;
-  auto load_w = [&](int c0) {
+  const uint4* wa = reinterpret_cast<const uint4*>(w + ra * k);
+  const uint4* wb = reinterpret_cast<const uint4*>(w + rb * k);
+  const uint4* xr = reinterpret_cast<const uint4*>(xq + static_cast<std::int64_t>(min(g, 1)) * k);
+  const bool x_lane = g < n;  // lanes of groups 0 (and 1) carry the tokens
+  const int pieces = k / 16, steps = (pieces + 3) / 4;
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint4 ka[kLoads], kb[kLoads], kx[kLoads];
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  auto load_w = [&](int s0) {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      const int c = c0 + u * stride;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (c < chunks) raw[u][r] = __ldg(wr[r] + c);
-      }
+      const int piece = (s0 + u * S) * 4 + t;
+      const bool in = piece < pieces;
+      ka[u] = in ? __ldg(wa + piece) : zero;
+      kb[u] = in ? __ldg(wb + piece) : zero;
     }
   };
-  // W's first loads before the wait (no kernel writes W).
-  load_w(first);
-  pdl_wait();
-  pdl_release();
-  for (int c0 = first; c0 < chunks; c0 += step) {
-    if (c0 != first) load_w(c0);
+  auto load_x = [&](int s0) {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      const int c = c0 + u * stride;
-      if (c >= chunks) continue;
+      const int piece = (s0 + u * S) * 4 + t;
+      kx[u] = x_lane && piece < pieces ? __ldcg(xr + piece) : zero;
+    }
+  };
+  // W's first loads before the wait (no kernel writes W); X is the kernel before's output.
+  load_w(part);
+  pdl_wait();
+  pdl_release();
+  load_x(part);
+  for (int s0 = part; s0 < steps; s0 += S * kLoads) {
+    if (s0 != part) {
+      load_w(s0);
+      load_x(s0);
+    }
 #pragma unroll
-      for (int t = 0; t < N; ++t) {
-        if (t >= n) continue;
-        float xf[16];
-        unpack16_e4m3(__ldcg(reinterpret_cast<const uint4*>(xq + static_cast<std::int64_t>(t) * k) + c), xf);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          float wf[16];
-          unpack16_e4m3(raw[u][r], wf);
-#pragma unroll
-          for (int v = 0; v < 16; ++v) acc[r][t] += wf[v] * xf[v];
-        }
-      }
+    for (int u = 0; u < kLoads; ++u) {
+      if (s0 + u * S >= steps) continue;  // the same for the whole warp
+      mma_e4m3(c, ka[u].x, kb[u].x, ka[u].y, kb[u].y, kx[u].x, kx[u].y);
+      mma_e4m3(c, ka[u].z, kb[u].z, ka[u].w, kb[u].w, kx[u].z, kx[u].w);
     }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int t = 0; t < N; ++t) {
-      const float v = warp_sum(acc[r][t]);
-      if (lane == 0) red[warp][r][t] = v;
-    }
+  // c: rows g and g + 8 (c[0], c[1] and c[2], c[3]) for tokens 2t and 2t + 1: tokens 0, 1 at t = 0.
+  if (t == 0) {
+    red[warp][g][0] = c[0];
+    red[warp][g][1] = c[1];
+    red[warp][g + 8][0] = c[2];
+    red[warp][g + 8][1] = c[3];
   }
-  if constexpr (S > 1) __syncthreads();
-  if (part != 0 || lane != 0) return;
+  __syncthreads();
+  if (part != 0) return;
+  auto sum = [&](int r, int tok) {
+    float v = 0.0f;
 #pragma unroll
-  for (int t = 0; t < N; ++t) {
-    if (t >= n) continue;
-    float v[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      v[r] = 0.0f;
-#pragma unroll
-      for (int p = 0; p < S; ++p) v[r] += red[warp + p][r][t];
-      v[r] *= xs[t] * ws[rows[r]];
+    for (int p = 0; p < S; ++p) v += red[warp + p][r][tok];
+    return v;
+  };
+  if constexpr (kSwiGlu) {
+    const int o = tile * 8 + lane;
+    if (lane >= 8 || o >= m) return;
+    for (int tok = 0; tok < n; ++tok) {
+      const float gate = sum(lane, tok) * xs[tok] * ws[o], up = sum(lane + 8, tok) * xs[tok] * ws[o + m];
+      act_store<A>(y, static_cast<std::int64_t>(tok) * m + o, gate / (1.0f + expf(-gate)) * up);
     }
-    if constexpr (kSwiGlu) {
-      if (group < m) act_store<A>(y, static_cast<std::int64_t>(t) * m + group, v[0] / (1.0f + expf(-v[0])) * v[1]);
-    } else {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        if (row0 + r >= m) continue;
-        const std::int64_t at = static_cast<std::int64_t>(t) * m + row0 + r;
-        if (store == Store::kAct) {
-          act_store<A>(y, at, v[r]);
-        } else if (store == Store::kAddF32) {
-          static_cast<float*>(y)[at] += v[r];
-        } else {
-          static_cast<float*>(y)[at] = v[r];
-        }
+  } else {
+    const int row = tile * 16 + lane;
+    if (lane >= 16 || row >= m) return;
+    for (int tok = 0; tok < n; ++tok) {
+      const float v = sum(lane, tok) * xs[tok] * ws[row];
+      const std::int64_t at = static_cast<std::int64_t>(tok) * m + row;
+      if (store == Store::kAct) {
+        act_store<A>(y, at, v);
+      } else if (store == Store::kAddF32) {
+        static_cast<float*>(y)[at] += v;
+      } else {
+        static_cast<float*>(y)[at] = v;
       }
     }
   }
@@ -174,21 +172,20 @@ __global__ void __launch_bounds__(kThreads) gemv_fp8_kernel(const std::uint8_t* 
 template <Act A, int S, bool kSwiGlu>
 void launch_split(const std::uint8_t* w, const float* ws, const std::uint8_t* xq, const float* xs, void* y, int m, int n, int k, Store store,
                   cudaStream_t s) {
-  const int groups_per_block = kThreads / 32 / S, outputs_per_group = kSwiGlu ? 1 : kRows;
-  const unsigned blocks = static_cast<unsigned>((m + groups_per_block * outputs_per_group - 1) / (groups_per_block * outputs_per_group));
-  auto* kernel = n == 1 ? gemv_fp8_kernel<A, 1, S, kSwiGlu> : gemv_fp8_kernel<A, 2, S, kSwiGlu>;
-  launch_pdl(kernel, dim3(blocks), dim3(kThreads), 0, s, w, ws, xq, xs, y, m, n, k, store);
+  const int tiles_per_block = kThreads / 32 / S, rows_per_tile = kSwiGlu ? 8 : 16;
+  const unsigned blocks = static_cast<unsigned>((m + tiles_per_block * rows_per_tile - 1) / (tiles_per_block * rows_per_tile));
+  launch_pdl(gemv_fp8_kernel<A, S, kSwiGlu>, dim3(blocks), dim3(kThreads), 0, s, w, ws, xq, xs, y, m, n, k, store);
 }
 
-// Warps per row pair: the fewest (at most 8) that give kWarpsPerSm warps per multiprocessor.
+// Warps per tile: the fewest (at most 8) that give kWarpsPerSm warps per multiprocessor.
 // m: rows of W, or outputs per token (kSwiGlu). xq, xs: n <= 2 rows quantized.
 template <Act A, bool kSwiGlu>
 void launch_gemv_fp8(const void* w, const float* ws, const void* xq, const float* xs, void* y, int m, int n, int k, Store store, cudaStream_t s) {
   const auto* W = static_cast<const std::uint8_t*>(w);
   const auto* X = static_cast<const std::uint8_t*>(xq);
-  const std::int64_t pairs = kSwiGlu ? m : (m + kRows - 1) / kRows, want = static_cast<std::int64_t>(kWarpsPerSm) * multiprocessors();
+  const std::int64_t tiles = (m + (kSwiGlu ? 8 : 16) - 1) / (kSwiGlu ? 8 : 16), want = static_cast<std::int64_t>(kWarpsPerSm) * multiprocessors();
   int S = 1;
-  while (S < 8 && S * pairs < want) S *= 2;
+  while (S < 8 && S * tiles < want) S *= 2;
   switch (S) {
     case 1: return launch_split<A, 1, kSwiGlu>(W, ws, X, xs, y, m, n, k, store, s);
     case 2: return launch_split<A, 2, kSwiGlu>(W, ws, X, xs, y, m, n, k, store, s);
