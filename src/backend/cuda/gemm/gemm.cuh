@@ -102,7 +102,7 @@ class Gemm {
   // 448, 1 for a row of zeros; e4m3(x / scale) rounded to nearest even, saturated), then
   // y[t, o] = (sum_i xq[t, i] wq[o, i]) xs[t] ws[o]: cuBLASLt's FP8 tensor cores with both scales
   // applied as outer vectors in the epilogue, or at one or two rows a weight-streaming kernel of
-  // our own (gemm_fp8.cu, float32 sums on the CUDA cores). The CPU backend's matmul is the
+  // our own (gemm_fp8.cu: mma.sync on the e4m3 bytes, float32 sums). The CPU backend's matmul is the
   // reference: the streaming kernel agrees to ~1e-7, cuBLASLt to ~2e-4 (the tensor cores' FP8
   // sums are narrower than float32). k must be a multiple of 16, the pointers 16-byte aligned.
   struct Fp8Weight {
