@@ -49,6 +49,31 @@ TEST_P(Fp8Ops, ActivationsQuantizePerTokenAsTheCpu) {
   }
 }
 
+// The norm before an FP8 product quantizes its own output (one kernel instead of two): the
+// bytes and scales are those of quantizing the norm's act-rounded output, exactly. H = 17,408
+// takes the kernel's path that does not hold the row in registers.
+TEST_P(Fp8Ops, TheNormQuantizesItsOutputAsTheCpu) {
+  LMSERVE_REQUIRE_GPU();
+  const Act act = GetParam();
+  std::mt19937 rng(36);
+  for (auto [R, H] : {std::pair{1, 4096}, {2, 64}, {7, 1024}, {3, 17408}}) {
+    SCOPED_TRACE(std::to_string(R) + "x" + std::to_string(H));
+    auto x = random_vec(rng, static_cast<std::size_t>(R) * H, -4, 4);
+    const auto delta = random_vec(rng, x.size(), -1, 1);
+    const auto w = random_vec(rng, static_cast<std::size_t>(H), -2, 2);
+    std::vector<float> out;
+    std::vector<std::uint8_t> xq;
+    std::vector<float> xs;
+    ASSERT_EQ(ops::add_rmsnorm(act, &x, &delta, nullptr, R, H, w, 1e-5f, &out, &xq, &xs), "");
+    std::vector<float> want_q(out.size()), want_s(static_cast<std::size_t>(R));
+    backend::cpu::quantize_rows_fp8(out.data(), R, H, want_q.data(), want_s.data());
+    EXPECT_EQ(xs, want_s);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < xq.size(); ++i) differ += fp8_e4m3_to_float(xq[i]) != want_q[i];
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
 // y = x W^T for W in e4m3 with a scale per row: both sides sum the same exact e4m3 products
 // (the weight-streaming kernel in float32 like the CPU: ~1e-7 apart on the H200; cuBLASLt's FP8
 // tensor cores in narrower steps: ~2.3e-4), so the bound is 1e-3 relative L2, where a wrong

@@ -1,6 +1,8 @@
 // The elementwise and normalisation kernels of kernels.cuh: embedding, residual add + RMSNorm,
 // QKV bias / q-k norm / RoPE with the paged KV write, SiLU x mul, conversions. Attention is in
 // attention.cu, sampling in sample.cu.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -45,7 +47,8 @@ constexpr int kNormLoads = 4;
 // delta in G: act or float32.
 template <Act A, Act G>
 __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __restrict__ x, const void* __restrict__ delta, const std::int32_t* rows,
-                                                                   int H, const void* __restrict__ w, float eps, void* __restrict__ out, bool x_settled) {
+                                                                   int H, const void* __restrict__ w, float eps, void* __restrict__ out, bool x_settled,
+                                                                   std::uint8_t* __restrict__ xq, float* __restrict__ xs) {
   __shared__ float partial[kNormThreads / 32];
   const int threads = static_cast<int>(blockDim.x);
   const bool vec = H % 4 == 0, held = vec && H / 4 <= threads * kNormLoads;
@@ -121,10 +124,34 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
       const float4 g = act_load4<A>(w, 4 * i);
       act_store4<A>(out, o + 4 * i, g.x * (v[u].x * inv), g.y * (v[u].y * inv), g.z * (v[u].z * inv), g.w * (v[u].w * inv));
     }
-    return;
-  }
+  } else {
 #pragma unroll 4
-  for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
+    for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
+  }
+  if (xq == nullptr) return;
+  // The row just written, quantized as launch_quantize_rows_fp8 does it (the same act-rounded
+  // values, scale and rounding: the same bytes), read back from L1 once the block has written it.
+  __syncthreads();
+  float amax = 0.0f;
+  for (int i = threadIdx.x * 4; i < H; i += threads * 4) {
+    const float4 e = act_load4<A>(out, o + i);
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(e.x), fabsf(e.y)), fmaxf(fabsf(e.z), fabsf(e.w))));
+  }
+  amax = warp_max(amax);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = amax;
+  __syncthreads();
+  amax = 0.0f;
+  for (int i = 0; i < threads / 32; ++i) amax = fmaxf(amax, partial[i]);
+  const float sc = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
+  if (threadIdx.x == 0) xs[blockIdx.x] = sc;
+  for (int i = threadIdx.x * 4; i < H; i += threads * 4) {
+    const float4 e = act_load4<A>(out, o + i);
+    const float f[4] = {e.x / sc, e.y / sc, e.z / sc, e.w / sc};
+    std::uint32_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) packed |= static_cast<std::uint32_t>(__nv_cvt_float_to_fp8(f[j], __NV_SATFINITE, __NV_E4M3)) << (8 * j);
+    *reinterpret_cast<std::uint32_t*>(xq + o + i) = packed;
+  }
 }
 
 // The first product of a folded norm's chain has no product before it to leave g and the
@@ -343,15 +370,16 @@ void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cuda
 }
 
 void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
-                        void* out, cudaStream_t s, bool x_settled) {
+                        void* out, cudaStream_t s, bool x_settled, void* xq, float* xs) {
   if (R == 0) return;
+  if (xq != nullptr && H % 4 != 0) xq = nullptr, xs = nullptr;  // (FP8 products need H % 16 == 0 anyway)
   // kNormLoads float4 loads per thread (256 threads at H = 4,096): at most 64 registers a
   // thread, so 4 rows run per SM. With H / 4 threads a row would take a 1,024-thread block and
   // an SM would run one row at a time (docs/perf.md, "small kernels").
   const int threads = std::min(kNormThreads, std::max(32, (H / (4 * kNormLoads) + 31) / 32 * 32));
   const bool f32_delta = delta_act == Act::kF32;
   LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_delta ? add_rmsnorm_kernel<A, Act::kF32> : add_rmsnorm_kernel<A, A>, dim3(R), dim3(threads), 0, s, x, delta,
-                                       rows, H, w, eps, out, x_settled)));
+                                       rows, H, w, eps, out, x_settled, static_cast<std::uint8_t*>(xq), xs)));
 }
 
 void launch_norm_fold_start(const float* x, int T, int H, const void* w, Act act, void* g, float* partials, cudaStream_t s) {

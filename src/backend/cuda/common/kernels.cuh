@@ -44,8 +44,10 @@ void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cuda
 // act or float32); then out[r, :] = w * (x[src] / sqrt(mean(x[src]^2) +
 // eps)) in `act`. x_settled: the kernel before this one in the stream does not write x (only
 // earlier ones do), so the kernel may read x before it waits for that kernel (launch_pdl).
+// With xq (R x H bytes) and xs (R floats), each out row is also quantized per token for an FP8
+// product, exactly as launch_quantize_rows_fp8 would (H % 4 == 0; else xq is left alone).
 void launch_add_rmsnorm(float* x, const void* delta, Act delta_act, const std::int32_t* rows, int R, int H, const void* w, Act act, float eps,
-                        void* out, cudaStream_t s, bool x_settled = false);
+                        void* out, cudaStream_t s, bool x_settled = false, void* xq = nullptr, float* xs = nullptr);
 
 struct QkvRopeArgs {
   const void* qkv = nullptr;  // [T, (nh + 2 nkv) * D] in qkv_act, q heads, then k heads, then v heads

@@ -105,6 +105,7 @@ class Gemm {
   // our own (gemm_fp8.cu: mma.sync on the e4m3 bytes, float32 sums). The CPU backend's matmul is the
   // reference: the streaming kernel agrees to ~1e-7, cuBLASLt to ~2e-4 (the tensor cores' FP8
   // sums are narrower than float32). k must be a multiple of 16, the pointers 16-byte aligned.
+  // x null: X's rows are in the scratch already (launch_add_rmsnorm quantizes its output there).
   struct Fp8Weight {
     const void* w = nullptr;
     const float* scales = nullptr;

@@ -215,7 +215,7 @@ std::string Gemm::quantize(const void* x, int n, int k, Act act, cudaStream_t s)
 std::string Gemm::run_fp8(const Fp8Weight& w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
   if (out != Act::kF32 && out != act) return "gemm: output dtype neither float32 nor the inputs'";
-  LMSERVE_TRY(quantize(x, n, k, act, s));
+  if (x != nullptr) LMSERVE_TRY(quantize(x, n, k, act, s));
   if (stream_fp8(w, n)) {
     const Store store = out != Act::kF32 ? Store::kAct : Store::kF32;
     LMSERVE_WITH_ACT(act, A, (launch_gemv_fp8<A, false>(w.w, w.scales, xq_, xs_, y, m, n, k, store, s)));
@@ -226,7 +226,7 @@ std::string Gemm::run_fp8(const Fp8Weight& w, const void* x, void* y, Act out, i
 
 std::string Gemm::run_add_fp8(const Fp8Weight& w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
-  LMSERVE_TRY(quantize(x, n, k, act, s));
+  if (x != nullptr) LMSERVE_TRY(quantize(x, n, k, act, s));
   if (stream_fp8(w, n)) {
     LMSERVE_WITH_ACT(act, A, (launch_gemv_fp8<A, false>(w.w, w.scales, xq_, xs_, y, m, n, k, Store::kAddF32, s)));
     return {};
@@ -236,7 +236,7 @@ std::string Gemm::run_add_fp8(const Fp8Weight& w, const void* x, float* y, int m
 
 std::string Gemm::run_gate_up_silu_fp8(const Fp8Weight& w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s) {
   if (n == 0) return {};
-  LMSERVE_TRY(quantize(x, n, k, act, s));
+  if (x != nullptr) LMSERVE_TRY(quantize(x, n, k, act, s));
   if (stream_fp8(w, n)) {
     LMSERVE_WITH_ACT(act, A, (launch_gemv_fp8<A, true>(w.w, w.scales, xq_, xs_, out, I, n, k, Store::kAct, s)));
     return {};

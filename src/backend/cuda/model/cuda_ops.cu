@@ -94,7 +94,8 @@ std::string embed(backend::ActDtype act, const std::vector<float>& table, int hi
 }
 
 std::string add_rmsnorm(backend::ActDtype act, std::vector<float>* x, const std::vector<float>* delta, const std::vector<std::int32_t>* rows, int R,
-                        int hidden, const std::vector<float>& w, float eps, std::vector<float>* out) {
+                        int hidden, const std::vector<float>& w, float eps, std::vector<float>* out, std::vector<std::uint8_t>* xq,
+                        std::vector<float>* xs) {
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
@@ -103,9 +104,18 @@ std::string add_rmsnorm(backend::ActDtype act, std::vector<float>* x, const std:
   const void* dd = delta ? a.upload_act(*delta, P) : nullptr;
   const std::int32_t* rd = rows ? a.upload(*rows) : nullptr;
   void* wd = a.upload_act(w, A);
-  void* od = a.alloc(static_cast<std::size_t>(R) * hidden * static_cast<std::size_t>(act_bytes(A)));
-  launch_add_rmsnorm(xd, dd, P, rd, R, hidden, wd, A, eps, od, nullptr);
-  *out = a.download_act(od, A, static_cast<std::size_t>(R) * hidden);
+  const std::size_t n = static_cast<std::size_t>(R) * hidden;
+  void* od = a.alloc(n * static_cast<std::size_t>(act_bytes(A)));
+  void* qd = xq ? a.alloc(n) : nullptr;
+  auto* sd = xq ? static_cast<float*>(a.alloc(static_cast<std::size_t>(R) * 4)) : nullptr;
+  launch_add_rmsnorm(xd, dd, P, rd, R, hidden, wd, A, eps, od, nullptr, false, qd, sd);
+  *out = a.download_act(od, A, n);
+  if (xq) {
+    xq->resize(n);
+    xs->resize(static_cast<std::size_t>(R));
+    cudaMemcpy(xq->data(), qd, n, cudaMemcpyDeviceToHost);
+    cudaMemcpy(xs->data(), sd, xs->size() * 4, cudaMemcpyDeviceToHost);
+  }
   cudaMemcpy(x->data(), xd, x->size() * 4, cudaMemcpyDeviceToHost);
   return finish(a);
 }

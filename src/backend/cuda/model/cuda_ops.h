@@ -17,9 +17,11 @@ namespace lmserve::cuda::ops {
 std::string embed(backend::ActDtype act, const std::vector<float>& table, int hidden, const std::vector<std::int32_t>& tokens, std::vector<float>* x);
 
 // x += delta (if given, rows of x picked by `rows` if given), out = w * rmsnorm(x). delta is
-// uploaded in act (rounded), as the layer's products leave it.
+// uploaded in act (rounded), as the layer's products leave it. With xq and xs, out's rows are
+// also quantized per token by the same kernel (the e4m3 bytes and the scales).
 std::string add_rmsnorm(backend::ActDtype act, std::vector<float>* x, const std::vector<float>* delta, const std::vector<std::int32_t>* rows, int R,
-                        int hidden, const std::vector<float>& w, float eps, std::vector<float>* out);
+                        int hidden, const std::vector<float>& w, float eps, std::vector<float>* out, std::vector<std::uint8_t>* xq = nullptr,
+                        std::vector<float>* xs = nullptr);
 
 // y[n, m] = x[n, k] * w[m, k]^T (cuBLASLt, or the weight-streaming kernel for n <= 2), y in
 // float32 or, with act_out, in act.

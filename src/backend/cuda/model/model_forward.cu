@@ -33,6 +33,11 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   float* x = x_.as<float>();
   // With FP8 weights every product quantizes its input per token first (Gemm, "FP8 weights").
   const bool fp8 = d_.fp8_weights;
+  // The norms before QKV and gate/up quantize their output for those products themselves.
+  const bool norm_quant = fp8 && H % 16 == 0;
+  void* nq = norm_quant ? fp8_xq_.p : nullptr;
+  float* nqs = norm_quant ? fp8_xs_.as<float>() : nullptr;
+  const void* h_in = norm_quant ? nullptr : h_.p;  // an FP8 product's input after a norm
   auto product = [&](const DeviceBuffer& w, const DeviceBuffer& scales, const void* in, void* y, int m, int k) {
     return fp8 ? gemm_.run_fp8({w.p, scales.as<float>()}, in, y, prod, m, T, k, act_, stream_) : gemm_.run(w.p, in, y, prod, m, T, k, act_, stream_);
   };
@@ -63,8 +68,8 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
       LMSERVE_TRY(gemm_.run_folded(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, nf, stream_));
     } else {
       // Unfused, x was last written by the norm before the product(s) that precede this norm.
-      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_, !fused && l > 0);
-      LMSERVE_TRY(product(L.qkv, L.qkv_scale, h_.p, qkv_.p, qkvd, H));
+      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_, !fused && l > 0, nq, nqs);
+      LMSERVE_TRY(product(L.qkv, L.qkv_scale, fp8 ? h_in : h_.p, qkv_.p, qkvd, H));
     }
     QkvRopeArgs r;
     r.qkv = qkv_.p;
@@ -134,9 +139,9 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
       continue;
     }
     LMSERVE_TRY(residual_product(L.o, L.o_scale, attn_.p, H, qd));
-    launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_, !fused);
+    launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_, !fused, nq, nqs);
     if (fp8) {
-      LMSERVE_TRY(gemm_.run_gate_up_silu_fp8({L.gate_up.p, L.gate_up_scale.as<float>()}, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
+      LMSERVE_TRY(gemm_.run_gate_up_silu_fp8({L.gate_up.p, L.gate_up_scale.as<float>()}, h_in, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
     } else {
       LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
     }
