@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const void
 // (g, t) gives the same bytes of token g's quantized row as B. Tokens 2..7 of the MMA are zero.
 // S warps share a tile, splitting k; their sums meet in shared memory, and the tile's first
 // warp scales them by the token's and the row's scales and stores.
-constexpr int kThreads = 256, kLoads = 4, kWarpsPerSm = 24;
+constexpr int kThreads = 256, kLoads = 4;
 
 enum class Store { kF32, kAct, kAddF32 };
 
@@ -177,21 +177,13 @@ void launch_split(const std::uint8_t* w, const float* ws, const std::uint8_t* xq
   launch_pdl(gemv_fp8_kernel<A, S, kSwiGlu>, dim3(blocks), dim3(kThreads), 0, s, w, ws, xq, xs, y, m, n, k, store);
 }
 
-// Warps per tile: the fewest (at most 8) that give kWarpsPerSm warps per multiprocessor.
-// m: rows of W, or outputs per token (kSwiGlu). xq, xs: n <= 2 rows quantized.
+// A block's eight warps share one tile, whatever m: on the H200 that beat sizing the split to
+// fill the multiprocessors with fewer warps a tile (b1 3.172-3.177 ms against 3.404-3.407, b2
+// 3.319-3.322 against 3.610-3.617; gate/up, whose 448 blocks of two tiles were 1.13 waves, gained
+// most). m: rows of W, or outputs per token (kSwiGlu). xq, xs: n <= 2 rows quantized.
 template <Act A, bool kSwiGlu>
 void launch_gemv_fp8(const void* w, const float* ws, const void* xq, const float* xs, void* y, int m, int n, int k, Store store, cudaStream_t s) {
-  const auto* W = static_cast<const std::uint8_t*>(w);
-  const auto* X = static_cast<const std::uint8_t*>(xq);
-  const std::int64_t tiles = (m + (kSwiGlu ? 8 : 16) - 1) / (kSwiGlu ? 8 : 16), want = static_cast<std::int64_t>(kWarpsPerSm) * multiprocessors();
-  int S = 1;
-  while (S < 8 && S * tiles < want) S *= 2;
-  switch (S) {
-    case 1: return launch_split<A, 1, kSwiGlu>(W, ws, X, xs, y, m, n, k, store, s);
-    case 2: return launch_split<A, 2, kSwiGlu>(W, ws, X, xs, y, m, n, k, store, s);
-    case 4: return launch_split<A, 4, kSwiGlu>(W, ws, X, xs, y, m, n, k, store, s);
-    default: return launch_split<A, 8, kSwiGlu>(W, ws, X, xs, y, m, n, k, store, s);
-  }
+  launch_split<A, kThreads / 32, kSwiGlu>(static_cast<const std::uint8_t*>(w), ws, static_cast<const std::uint8_t*>(xq), xs, y, m, n, k, store, s);
 }
 
 // The weight-streaming kernel applies (after quantize(): k % 16 == 0, X's rows aligned).
