@@ -1,8 +1,6 @@
 // The elementwise and normalisation kernels of kernels.cuh: embedding, residual add + RMSNorm,
 // QKV bias / q-k norm / RoPE with the paged KV write, SiLU x mul, conversions. Attention is in
 // attention.cu, sampling in sample.cu.
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -10,6 +8,7 @@
 
 #include "backend/cuda/common/device_util.cuh"
 #include "backend/cuda/common/kernels.cuh"
+#include "backend/cuda/common/quantize_fp8.cuh"
 
 namespace lmserve::cuda {
 
@@ -129,29 +128,10 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
     for (int i = threadIdx.x; i < H; i += threads) act_store<A>(out, o + i, act_load<A>(w, i) * (xr[i] * inv));
   }
   if (xq == nullptr) return;
-  // The row just written, quantized as launch_quantize_rows_fp8 does it (the same act-rounded
-  // values, scale and rounding: the same bytes), read back from L1 once the block has written it.
-  __syncthreads();
-  float amax = 0.0f;
-  for (int i = threadIdx.x * 4; i < H; i += threads * 4) {
-    const float4 e = act_load4<A>(out, o + i);
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(e.x), fabsf(e.y)), fmaxf(fabsf(e.z), fabsf(e.w))));
-  }
-  amax = warp_max(amax);
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = amax;
-  __syncthreads();
-  amax = 0.0f;
-  for (int i = 0; i < threads / 32; ++i) amax = fmaxf(amax, partial[i]);
-  const float sc = amax > 0.0f && isfinite(amax) ? amax / 448.0f : 1.0f;
-  if (threadIdx.x == 0) xs[blockIdx.x] = sc;
-  for (int i = threadIdx.x * 4; i < H; i += threads * 4) {
-    const float4 e = act_load4<A>(out, o + i);
-    const float f[4] = {e.x / sc, e.y / sc, e.z / sc, e.w / sc};
-    std::uint32_t packed = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) packed |= static_cast<std::uint32_t>(__nv_cvt_float_to_fp8(f[j], __NV_SATFINITE, __NV_E4M3)) << (8 * j);
-    *reinterpret_cast<std::uint32_t*>(xq + o + i) = packed;
-  }
+  // The row just written, quantized as launch_quantize_rows_fp8 does it (the same function on
+  // the same act-rounded values: the same bytes), read back from L1 once the block has written it.
+  __syncthreads();  // also: every thread has read partial[] for the norm
+  quantize_row_e4m3<A>(out, o, H, xq, xs + blockIdx.x, partial);
 }
 
 // The first product of a folded norm's chain has no product before it to leave g and the

@@ -1,50 +1,25 @@
 // FP8 weights (issue #34): the activations quantized per token, the weight-streaming kernel of
 // e4m3 weights for one or two rows, and Gemm's FP8 products (gemm.cuh, "FP8 weights").
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <string>
 
 #include "backend/cuda/common/device_util.cuh"
+#include "backend/cuda/common/quantize_fp8.cuh"
 #include "backend/cuda/gemm/gemm.cuh"
 
 namespace lmserve::cuda {
 namespace {
 
 constexpr int kQuantThreads = 256;
-constexpr float kE4M3Max = 448.0f;
 
-// Row t of x (act, k elements, k % 4 == 0): xs[t] = max|x| / 448 (1 when that is 0 or not
-// finite, as the CPU reference), xq[t, i] = e4m3(x[t, i] / xs[t]) rounded to nearest even and
-// saturated. The row is read twice; the second time from L1 or L2.
+// Row t of x (act, k elements, k % 4 == 0) quantized per token (quantize_fp8.cuh): xs[t], xq[t, :].
 template <Act A>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const void* __restrict__ x, int k, std::uint8_t* __restrict__ xq,
                                                                       float* __restrict__ xs) {
   __shared__ float part[kQuantThreads / 32];
-  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * k;
   pdl_wait();
   pdl_release();
-  float amax = 0.0f;
-  for (int i = threadIdx.x * 4; i < k; i += kQuantThreads * 4) {
-    const float4 v = act_load4<A>(x, row + i);
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
-  }
-  amax = warp_max(amax);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = amax;
-  __syncthreads();
-  amax = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kQuantThreads / 32; ++w) amax = fmaxf(amax, part[w]);
-  const float s = amax > 0.0f && isfinite(amax) ? amax / kE4M3Max : 1.0f;
-  if (threadIdx.x == 0) xs[blockIdx.x] = s;
-  for (int i = threadIdx.x * 4; i < k; i += kQuantThreads * 4) {
-    const float4 v = act_load4<A>(x, row + i);
-    const float f[4] = {v.x / s, v.y / s, v.z / s, v.w / s};
-    std::uint32_t packed = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) packed |= static_cast<std::uint32_t>(__nv_cvt_float_to_fp8(f[j], __NV_SATFINITE, __NV_E4M3)) << (8 * j);
-    *reinterpret_cast<std::uint32_t*>(xq + row + i) = packed;
-  }
+  quantize_row_e4m3<A>(x, static_cast<std::int64_t>(blockIdx.x) * k, k, xq, xs + blockIdx.x, part);
 }
 
 // ---- one or two rows: streaming e4m3 weights through the tensor cores ----
