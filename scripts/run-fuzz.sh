@@ -6,6 +6,8 @@
 # removed at the end); FUZZ_NO_BUILD=1 runs the binaries already in build/fuzz. With
 # FUZZ_CPU_SECONDS=N each target runs until it has used N seconds of CPU (the long runs' measure,
 # whatever else the machine is doing), SECONDS then being only an upper bound of wall time.
+# FUZZ_TIMEOUT=S: libFuzzer's wall-clock limit per input (default 10 s; a long run at a low
+# priority beside other work needs more, or a slow input's starved wall time reads as a hang).
 # Exits non-zero on a crash.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +34,7 @@ for target in "${targets[@]}"; do
   cp tests/fuzz/seeds/$target/* "$work/$target/"
   TIMEFORMAT='%R %U %S'  # the target's wall, user and system seconds, from bash's `time`
   { time (
-      build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
+      build/fuzz/tests/fuzz/${target}_fuzz -max_total_time="$seconds" -rss_limit_mb=2048 -timeout="${FUZZ_TIMEOUT:-10}" \
         -artifact_prefix="$work/$target-artifacts/" -print_final_stats=1 "$work/$target" > "$work/$target.log" 2>&1 &
       pid=$!
       if [[ -n ${FUZZ_CPU_SECONDS:-} ]]; then

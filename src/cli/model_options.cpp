@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/device/devices.h"
 #include "common/startup.h"
+#include "model/shard.h"
 
 namespace lmserve::cli {
 
@@ -25,10 +26,18 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_option("--block-size", block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--num-kv-blocks", num_kv_blocks, "KV blocks to allocate (0: sized for the request)");
   app.add_option("--threads", threads, "CPU threads (0: all cores)");
+  add_tensor_parallel_option(app, &tensor_parallel_size);
   app.add_option("--gpu-memory-utilization", gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
   app.add_flag("--enforce-eager", enforce_eager, "no CUDA graphs (CUDA backend)");
   app.add_flag("--host-sampling", host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
   add_tuning_cache_option(app, &tuning_cache);
+}
+
+void add_tensor_parallel_option(CLI::App& app, int* size) {
+  app.add_option("--tensor-parallel-size", *size,
+                 "ranks one model is split across (attention heads, KV heads, MLP features and vocabulary): on the CPU backend threads "
+                 "that add their partial sums in memory; the CUDA backend takes 1 for now")
+      ->capture_default_str();
 }
 
 void add_tuning_cache_option(CLI::App& app, std::string* dir) {
@@ -116,6 +125,15 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
   if (!kv) return error(kv.error());
   bool use_cuda = device == "cuda";
   if (device == "auto") use_cuda = !probe_devices().devices.empty();
+  LMSERVE_RETURN_IF_ERROR(model::check_tensor_parallel(out.weights->config(), tensor_parallel_size));
+  if (use_cuda && tensor_parallel_size > 1) {
+    const auto visible = probe_devices().devices.size();
+    if (static_cast<std::size_t>(tensor_parallel_size) > visible) {
+      return error(StatusCode::kInvalidArgument, "--tensor-parallel-size " + std::to_string(tensor_parallel_size) + " needs as many GPUs; " +
+                                                     std::to_string(visible) + " visible (CUDA_VISIBLE_DEVICES)");
+    }
+    return error(StatusCode::kInvalidArgument, "--tensor-parallel-size above 1 is not supported by the CUDA backend yet (use --device cpu)");
+  }
   if (use_cuda) {
     backend::CudaBackendOptions co;
     co.kv_dtype = *kv;
@@ -144,7 +162,7 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
   }
   std::int64_t blocks = num_kv_blocks > 0 ? num_kv_blocks : (default_kv_tokens + block_size - 1) / block_size;
   StartupPhase phase("kv_allocation");
-  auto b = backend::make_cpu_backend(out.weights, {.kv = {*kv, block_size, blocks}, .threads = threads});
+  auto b = backend::make_cpu_backend(out.weights, {.kv = {*kv, block_size, blocks}, .threads = threads, .tensor_parallel_size = tensor_parallel_size});
   if (!b) return error(b.error());
   out.backend = std::move(*b);
   return out;

@@ -41,7 +41,6 @@ Command add_serve_command(CLI::App& app) {
     double swap_space_gib = kDefaultSwapSpaceGib;
     bool async_scheduling = true;
     double device_memory_limit = 0.95;
-    int tensor_parallel_size = 1;
     bool enable_prefix_caching = true;
     bool no_prefix_caching = false;
     bool enforce_eager = false;
@@ -69,6 +68,7 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--block-size", o->model.block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--num-kv-blocks", o->model.num_kv_blocks, "KV blocks (0: from max-num-seqs x max-model-len, at most 65536)");
   app.add_option("--threads", o->model.threads, "CPU backend threads (0: all cores)")->capture_default_str();
+  add_tensor_parallel_option(app, &o->model.tensor_parallel_size);
   app.add_option("--step-timeout", o->step_timeout_s,
                  "seconds a step may run before the watchdog fails the engine (every request in flight ends with an error; 0: no watchdog)")
       ->capture_default_str();
@@ -110,8 +110,6 @@ Command add_serve_command(CLI::App& app) {
   app.add_flag("--host-sampling", o->model.host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
   app.add_option("--seed", o->seed, "seed for requests without one")->capture_default_str();
   app.add_option("--chat-template", o->chat_template, "a .jinja file instead of the model's chat template");
-  app.add_option("--tensor-parallel-size", o->tensor_parallel_size, "GPUs per replica (1 until tensor parallelism exists)")
-      ->capture_default_str();
   app.add_option("--shutdown-timeout", o->shutdown_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
   app.add_flag("--log-prompts", o->server.log_prompts, "include prompt text in request logs");
   app.add_option("--tool-call-parser", o->tool_call_parser, "read tool calls from chat outputs in this format: hermes, llama3_json or mistral");
@@ -143,9 +141,6 @@ Command add_serve_command(CLI::App& app) {
     }
     if (o->server.enable_auto_tool_choice && !o->server.tool_call_parser) {
       return fail(Status(StatusCode::kInvalidArgument, "--enable-auto-tool-choice needs --tool-call-parser"));
-    }
-    if (o->tensor_parallel_size != 1) {
-      return fail(Status(StatusCode::kInvalidArgument, "--tensor-parallel-size must be 1: tensor parallelism is not available yet"));
     }
     if (!(o->step_timeout_s >= 0) || !(o->failure_exit_s >= 0)) {
       return fail(Status(StatusCode::kInvalidArgument, "--step-timeout and --failure-exit-s must be 0 or more"));
@@ -261,12 +256,14 @@ Command add_serve_command(CLI::App& app) {
           fmt::format("KV cache {:.2f} GiB ({} blocks of {} tokens = {} tokens, {}), swap space {:.4g} GiB in host memory (taken as preemption needs it)",
                       mem.kv_cache_bytes / 1073741824.0, kvc.num_blocks, kvc.block_size, kvc.num_blocks * kvc.block_size,
                       backend::kv_dtype_name(kvc.dtype), o->swap_space_gib);
+      const int tp = o->model.tensor_parallel_size;
+      const std::string where = tp > 1 ? fmt::format("{}, {} tensor-parallel ranks", m->backend->name(), tp) : std::string(m->backend->name());
       if (mem.total_bytes > 0) {
         spdlog::info("memory plan ({}): total {:.2f} GiB, weights {:.2f} GiB, activations {:.2f} GiB, CUDA graphs {:.2f} GiB, {}, max_model_len {}",
-                     m->backend->name(), mem.total_bytes / 1073741824.0, mem.weight_bytes / 1073741824.0, mem.activation_bytes / 1073741824.0,
+                     where, mem.total_bytes / 1073741824.0, mem.weight_bytes / 1073741824.0, mem.activation_bytes / 1073741824.0,
                      mem.graph_bytes / 1073741824.0, kv_text, so.max_model_len);
       } else {
-        spdlog::info("memory plan ({}): weights {:.2f} GiB, {}, max_model_len {}", m->backend->name(), mem.weight_bytes / 1073741824.0, kv_text,
+        spdlog::info("memory plan ({}): weights {:.2f} GiB, {}, max_model_len {}", where, mem.weight_bytes / 1073741824.0, kv_text,
                      so.max_model_len);
       }
       // The device-memory hard limit: sampled by a thread, read by the engine once per step.

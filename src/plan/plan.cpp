@@ -9,6 +9,7 @@
 
 #include "backend/device/devices.h"
 #include "backend/step_buffers.h"
+#include "model/shard.h"
 
 namespace lmserve::plan {
 namespace {
@@ -112,9 +113,9 @@ Result<Measured> read_measured(const std::string& path) {
 Result<PlanResult> make_plan(const PlanInput& in) {
   const auto& c = in.model;
   const int tp = in.tensor_parallel_size;
-  if (tp < 1 || (c.num_kv_heads % tp != 0 && tp % c.num_kv_heads != 0) || c.num_heads % tp != 0) {
-    return error(StatusCode::kInvalidArgument, "--tensor-parallel-size " + std::to_string(tp) + " does not divide the model's heads");
-  }
+  LMSERVE_RETURN_IF_ERROR(model::check_tensor_parallel(c, tp));
+  // A GPU's share (model/shard.h): with fewer KV heads than GPUs each holds one, replicated.
+  const model::ShardPlan shard = model::plan_shard(c, tp, 0);
   if (in.mean_input_len <= 0 || in.mean_output_len <= 0) return error(StatusCode::kInvalidArgument, "the length mix needs positive means");
   if (in.gpu.memory_gib <= 0 || in.gpu_memory_utilization <= 0 || in.gpu_memory_utilization > 1) {
     return error(StatusCode::kInvalidArgument, "GPU memory and utilization must be positive (utilization at most 1)");
@@ -138,8 +139,13 @@ Result<PlanResult> make_plan(const PlanInput& in) {
                                                  (params - proj) * bytes_per_param(in.weight_dtype, "none"));
     r.weight_bytes_per_param = static_cast<double>(r.weights_bytes) / params;
   }
-  r.weights_per_gpu = r.weights_bytes / static_cast<std::uint64_t>(tp);
-  r.kv_bytes_per_token = backend::kv_block_bytes(c, in.kv_dtype, 1);
+  // Replicated KV heads' k and v rows are held by every GPU that reads them.
+  const double replicated_kv_params =
+      2.0 * static_cast<double>(c.num_layers * c.hidden_size * c.head_dim * (shard.kv_heads * tp - c.num_kv_heads));
+  r.weights_per_gpu = static_cast<std::uint64_t>((static_cast<double>(r.weights_bytes) + replicated_kv_params * r.weight_bytes_per_param) / tp);
+  model::ModelConfig held = c;  // the KV heads the group holds, each rank its share
+  held.num_kv_heads = shard.kv_heads * tp;
+  r.kv_bytes_per_token = backend::kv_block_bytes(held, in.kv_dtype, 1);
   // The batch limits `serve` would run with on this GPU, unless given.
   const DeviceInfo device{.name = in.gpu.name, .total_bytes = static_cast<std::uint64_t>(in.gpu.memory_gib * kGiB)};
   const BatchLimits served = default_batch_limits(&device, BatchUsage::kServer);
@@ -150,7 +156,7 @@ Result<PlanResult> make_plan(const PlanInput& in) {
   // included), logits for max_num_seqs rows, cuBLASLt workspace, plus 0.5 GiB of context.
   const double T = static_cast<double>(std::max(r.max_num_batched_tokens, r.max_num_seqs));
   const double per_token = static_cast<double>(
-      backend::step_buffer_bytes(c.hidden_size, c.num_heads / tp, std::max<std::int64_t>(1, c.num_kv_heads / tp), c.head_dim, c.intermediate_size / tp, 2, 2,
+      backend::step_buffer_bytes(c.hidden_size, shard.heads, shard.kv_heads, c.head_dim, shard.intermediate, 2, 2,
                                  in.quantization == "fp8")
           .total());
   r.activation_reserve_per_gpu =

@@ -1,12 +1,13 @@
 // `lmserve plan`: GPU memory and GPU counts for a model and a target load — sized from
 // arithmetic and, when given, from a measured `bench serve` result, not from instinct.
 //
-// Per GPU (tensor parallel size TP): usable = gpu_memory_utilization x memory; weights / TP;
+// Per GPU (tensor parallel size TP, model/shard.h): usable = gpu_memory_utilization x memory;
+// weights / TP (KV heads replicated where there are fewer than GPUs counted on each);
 // an activation reserve for a max_num_batched_tokens step (the CUDA backend's buffers, whose
 // total the memory plan measured at 1.82 GiB for Llama-3.1-8B at 8,192 tokens on an H200) and
 // the CUDA context; the rest is KV. KV bytes per token = 2 x layers x KV heads x head_dim x
-// dtype bytes (split over TP). Concurrency a replica holds = KV tokens / (mean input + mean
-// output) of the length mix. GPUs by Little's law: concurrency = QPS x latency, times the
+// dtype bytes (split over TP; with fewer KV heads than TP, one per GPU). Concurrency a replica
+// holds = KV tokens / (mean input + mean output) of the length mix. GPUs by Little's law: concurrency = QPS x latency, times the
 // redundancy factor.
 #pragma once
 

@@ -273,6 +273,17 @@ TEST(Plan, WeightsPoolAndGpusByLittlesLaw) {
   EXPECT_EQ(tp->gpus_needed % 4, 0);
   big.tensor_parallel_size = 3;
   EXPECT_FALSE(make_plan(big)) << "3 does not divide 64 heads";
+  // 16 GPUs over 8 KV heads: each GPU holds one, so a token's KV across the group is twice the
+  // model's, and each GPU's weights carry its KV head's k and v rows.
+  big.tensor_parallel_size = 8;
+  auto tp8 = make_plan(big);
+  big.tensor_parallel_size = 16;
+  auto tp16 = make_plan(big);
+  ASSERT_TRUE(tp8 && tp16);
+  EXPECT_EQ(tp16->kv_bytes_per_token, 2 * tp8->kv_bytes_per_token);
+  const auto& m = big.model;
+  const double replicated = 2.0 * static_cast<double>(m.num_layers * m.hidden_size * m.head_dim * (16 - m.num_kv_heads)) * 2;  // bf16
+  EXPECT_NEAR(static_cast<double>(tp16->weights_per_gpu), (static_cast<double>(tp8->weights_bytes) + replicated) / 16, 1.0);
   PlanInput none;
   none.model = *model_preset("qwen2.5-7b");
   none.gpu = *gpu_preset("A10");

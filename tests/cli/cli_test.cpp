@@ -127,6 +127,9 @@ TEST(Cli, UsageErrorsExitTwo) {
   r = run("serve --port 0 --enable-auto-tool-choice --model " + (lmserve::testing::source_dir() / "models/demo").string());
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("--enable-auto-tool-choice needs --tool-call-parser"), std::string::npos) << r.output;
+  r = run("serve --port 0 --device cpu --tensor-parallel-size 3 --model " + (lmserve::testing::source_dir() / "models/demo").string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--tensor-parallel-size 3: does not divide the model's 4 attention heads"), std::string::npos) << r.output;
 }
 
 std::string model_dir() { return (lmserve::testing::source_dir() / "models/demo").string(); }
@@ -195,6 +198,14 @@ TEST(Cli, GeneratePrintsTheGreedyCompletion) {
   }
   EXPECT_EQ(r.output, expected);
   EXPECT_GT(r.output.size(), 10u);
+  // Two ranks on the CPU (issue #36): the same text; a size that does not divide the heads: 2.
+  r = run("generate --model " + model_dir() + " --device cpu --tensor-parallel-size 2 --prompt '" + c["text"].get<std::string>() +
+          "' --temperature 0 --max-tokens 32 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, expected);
+  r = run("generate --model " + model_dir() + " --device cpu --tensor-parallel-size 3 --prompt hi");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--tensor-parallel-size 3: does not divide the model's 4 attention heads"), std::string::npos) << r.output;
   EXPECT_EQ(run("generate --model " + model_dir() + " --prompt hi --top-p 7").exit_code, 2);
   // --device cuda: a clear runtime failure where no GPU can be used, the completion where one can.
   EXPECT_EQ(run("generate --model " + model_dir() + " --prompt hi --device cuda").exit_code, lmserve::probe_devices().devices.empty() ? 1 : 0);

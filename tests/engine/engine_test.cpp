@@ -181,6 +181,37 @@ class Staging final : public Wrapping {
   int calls_ = 0;
 };
 
+// Tensor parallelism is invisible to the engine (issue #36): the CPU backend's TP 2 and TP 4
+// ranks give the greedy text of TP 1 for a batch of requests that share a prefix (prefix cache
+// hits), are batched together and grow past their first blocks.
+TEST(Engine, TensorParallelRanksGiveTheTextOfOneRank) {
+  if (on_cuda()) GTEST_SKIP() << "the CPU backend's ranks";
+  auto texts = [&](int tp) {
+    auto b = backend::make_cpu_backend(demo().weights, {.kv = {backend::KvDtype::kFloat32, 16, 64}, .threads = 2, .tensor_parallel_size = tp});
+    EXPECT_TRUE(b) << b.error().to_string();
+    EngineOptions o;
+    o.scheduler.max_model_len = 1024;
+    auto e = Engine::create(std::move(*b), demo().tokenizer, o);
+    EXPECT_TRUE(e);
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (std::int32_t i = 0; i < 6; ++i) {
+      std::vector<std::int32_t> prompt;
+      for (std::int32_t t = 0; t < 40; ++t) prompt.push_back((t * 131 + 7) % 5000 + 10);  // the shared prefix
+      prompt.push_back(100 + i);
+      auto sub = (*e)->submit({.prompt = prompt, .params = greedy(24)});
+      EXPECT_TRUE(sub);
+      streams.push_back(sub->stream);
+    }
+    std::vector<std::vector<std::int32_t>> out;
+    for (auto& s : streams) out.push_back(collect(s).tokens);
+    return out;
+  };
+  const auto one = texts(1);
+  for (const auto& r : one) EXPECT_EQ(r.size(), 24u);
+  EXPECT_EQ(texts(2), one);
+  EXPECT_EQ(texts(4), one);
+}
+
 TEST(Engine, HostTimeIsSplitIntoPhasesAndStagingComesFromTheBackend) {
   auto b = backend::make_cpu_backend(demo().weights, {.kv = {backend::KvDtype::kFloat32, 16, 64}, .threads = 2});
   ASSERT_TRUE(b);

@@ -6,10 +6,13 @@
 #include <new>
 #include <numbers>
 #include <random>
+#include <thread>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/rank_group.h"
 #include "backend/device/host_swap.h"
 #include "common/thread_pool.h"
+#include "model/shard.h"
 
 namespace lmserve::backend {
 namespace {
@@ -21,25 +24,41 @@ using namespace cpu;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(std::shared_ptr<const model::ModelWeights> w, const CpuBackendOptions& o)
-      : weights_(std::move(w)), cfg_(weights_->config()), kv_(o.kv), pool_(static_cast<std::size_t>(std::max(0, o.threads))),
+  CpuBackend(std::shared_ptr<const model::ModelWeights> w, std::vector<std::shared_ptr<const model::ShardWeights>> shards,
+             const CpuBackendOptions& o)
+      : weights_(std::move(w)), cfg_(weights_->config()), kv_(o.kv), tp_(static_cast<int>(shards.size())), group_(tp_),
         inv_freq_(rope_inv_freq(cfg_)), k_scales_(o.k_scales), v_scales_(o.v_scales),
-        host_(backend::kv_block_bytes(cfg_, kv_.dtype, kv_.block_size), [](std::size_t n) -> void* { return ::operator new(n, std::nothrow); },
+        host_(group_block_bytes(cfg_, kv_, shards), [](std::size_t n) -> void* { return ::operator new(n, std::nothrow); },
               [](void* p) { ::operator delete(p); }) {
-    const std::size_t per_layer =
-        static_cast<std::size_t>(kv_.num_blocks * kv_.block_size * cfg_.num_kv_heads * cfg_.head_dim * kv_dtype_bytes(kv_.dtype));
-    k_cache_.assign(static_cast<std::size_t>(cfg_.num_layers), std::vector<std::byte>(per_layer));
-    v_cache_.assign(static_cast<std::size_t>(cfg_.num_layers), std::vector<std::byte>(per_layer));
+    // One pool per rank, the threads shared out (a rank's pool is used by its own thread only).
+    const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (auto& s : shards) {
+      Rank& r = ranks_.emplace_back();
+      r.w = std::move(s);
+      r.pool = std::make_unique<ThreadPool>(static_cast<std::size_t>(tp_ == 1 ? std::max(0, o.threads) : std::max(1, threads / tp_)));
+      const std::size_t per_layer = layer_bytes(r) * static_cast<std::size_t>(kv_.num_blocks);
+      r.k_cache.assign(static_cast<std::size_t>(cfg_.num_layers), std::vector<std::byte>(per_layer));
+      r.v_cache.assign(static_cast<std::size_t>(cfg_.num_layers), std::vector<std::byte>(per_layer));
+    }
   }
 
   std::string_view name() const override { return "cpu"; }
   const ModelConfig& config() const override { return cfg_; }
   const KvCacheConfig& kv_config() const override { return kv_; }
-  std::uint64_t kv_block_bytes() const override { return backend::kv_block_bytes(cfg_, kv_.dtype, kv_.block_size); }
+  // Every rank's share of a block: one rank's holds its own KV heads.
+  std::uint64_t kv_block_bytes() const override {
+    std::uint64_t n = 0;
+    for (const Rank& r : ranks_) n += 2 * static_cast<std::uint64_t>(cfg_.num_layers) * layer_bytes(r);
+    return n;
+  }
   MemoryInfo memory() const override {
     MemoryInfo m;
     m.kv_cache_bytes = kv_block_bytes() * static_cast<std::uint64_t>(kv_.num_blocks);
-    m.weight_bytes = weights_->bytes();
+    if (tp_ == 1) {
+      m.weight_bytes = weights_->bytes();
+    } else {
+      for (const Rank& r : ranks_) m.weight_bytes += r.w->bytes();
+    }
     m.used_bytes = m.kv_cache_bytes + m.weight_bytes;
     return m;
   }
@@ -49,18 +68,20 @@ class CpuBackend final : public Backend {
     return Status::ok();
   }
 
-  // A host block holds the block's K then V of layer 0, then layer 1, ...
+  // A host block holds rank 0's K then V of layer 0, then of layer 1, ..., then rank 1's.
   Status swap_blocks(std::span<const BlockCopy> to_host, std::span<const BlockCopy> to_device) override {
     LMSERVE_RETURN_IF_ERROR(host_.prepare(to_host, to_device, kv_.num_blocks));
-    const std::size_t chunk = kv_block_bytes() / static_cast<std::size_t>(2 * cfg_.num_layers);
     for (bool out : {true, false}) {
       for (const BlockCopy& c : out ? to_host : to_device) {
         std::byte* h = host_.block(c.host);
-        for (std::size_t l = 0; l < static_cast<std::size_t>(cfg_.num_layers); ++l) {
-          for (auto* cache : {&k_cache_, &v_cache_}) {
-            std::byte* d = (*cache)[l].data() + static_cast<std::size_t>(c.device) * chunk;
-            std::memcpy(out ? h : d, out ? d : h, chunk);
-            h += chunk;
+        for (Rank& r : ranks_) {
+          const std::size_t chunk = layer_bytes(r);
+          for (std::size_t l = 0; l < static_cast<std::size_t>(cfg_.num_layers); ++l) {
+            for (auto* cache : {&r.k_cache, &r.v_cache}) {
+              std::byte* d = (*cache)[l].data() + static_cast<std::size_t>(c.device) * chunk;
+              std::memcpy(out ? h : d, out ? d : h, chunk);
+              h += chunk;
+            }
           }
         }
       }
@@ -70,9 +91,9 @@ class CpuBackend final : public Backend {
 
   std::uint64_t host_swap_bytes() const override { return host_.bytes(); }
 
-  // Calibration for fp8_e4m3: record per-layer, per-head absolute maxima of K and V.
+  // Calibration for fp8_e4m3 (one rank): record per-layer, per-head absolute maxima of K and V.
   void record_amax(bool on) {
-    recording_ = on;
+    recording_ = on && tp_ == 1;
     k_amax_.assign(static_cast<std::size_t>(cfg_.num_layers * cfg_.num_kv_heads), 0.0f);
     v_amax_ = k_amax_;
   }
@@ -81,24 +102,62 @@ class CpuBackend final : public Backend {
 
   Status forward(const Batch& b, std::span<float> logits) override {
     LMSERVE_RETURN_IF_ERROR(validate_batch(b, cfg_, kv_, logits.size()));
+    if (tp_ == 1) {
+      rank_forward(0, b, logits);
+    } else {
+      group_.run([&](int r) { rank_forward(r, b, logits); });
+    }
+    return Status::ok();
+  }
+
+ private:
+  struct Rank {
+    std::shared_ptr<const model::ShardWeights> w;
+    std::unique_ptr<ThreadPool> pool;
+    std::vector<std::vector<std::byte>> k_cache, v_cache;
+  };
+
+  // One rank's K (or V) bytes of one block in one layer.
+  std::size_t layer_bytes(const Rank& r) const {
+    return static_cast<std::size_t>(kv_.block_size * r.w->plan().kv_heads * cfg_.head_dim * kv_dtype_bytes(kv_.dtype));
+  }
+  static std::uint64_t group_block_bytes(const ModelConfig& c, const KvCacheConfig& kv, const std::vector<std::shared_ptr<const model::ShardWeights>>& shards) {
+    std::uint64_t n = 0;
+    for (const auto& s : shards) {
+      n += 2 * static_cast<std::uint64_t>(c.num_layers * kv.block_size * s->plan().kv_heads * c.head_dim * kv_dtype_bytes(kv.dtype));
+    }
+    return n;
+  }
+
+  // The forward pass of rank `rank` (the whole model at TP 1): its heads, KV heads and
+  // intermediate features, the partial sums of o and down all-reduced, the embedding's rows of
+  // its vocabulary range all-reduced, its range of the logits written into their columns.
+  void rank_forward(int rank, const Batch& b, std::span<float> logits) {
+    Rank& R = ranks_[static_cast<std::size_t>(rank)];
+    const model::ShardPlan& p = R.w->plan();
+    ThreadPool& pool = *R.pool;
     const std::int64_t T = static_cast<std::int64_t>(b.tokens.size());
-    const std::int64_t H = cfg_.hidden_size, D = cfg_.head_dim, nh = cfg_.num_heads, nkv = cfg_.num_kv_heads;
-    const std::int64_t qd = nh * D, kvd = nkv * D, I = cfg_.intermediate_size;
+    const std::int64_t H = cfg_.hidden_size, D = cfg_.head_dim, nh = p.heads, nkv = p.kv_heads;
+    const std::int64_t qd = nh * D, kvd = nkv * D, I = p.intermediate, V = cfg_.vocab_size;
     const float eps = static_cast<float>(cfg_.rms_norm_eps);
 
     std::vector<float> x(static_cast<std::size_t>(T * H)), h(x.size()), q(static_cast<std::size_t>(T * qd)),
         k(static_cast<std::size_t>(T * kvd)), v(k.size()), attn(q.size()), o(x.size()),
         g(static_cast<std::size_t>(T * I)), u(g.size());
-    for (std::int64_t t = 0; t < T; ++t) weights_->embed_tokens().to_float(b.tokens[t] * H, H, &x[t * H]);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::int64_t token = b.tokens[static_cast<std::size_t>(t)];
+      if (token >= p.vocab_begin && token < p.vocab_end) R.w->embed_tokens().to_float((token - p.vocab_begin) * H, H, &x[t * H]);
+    }
+    group_.all_reduce(rank, x.data(), x.size());
 
     for (std::int64_t l = 0; l < cfg_.num_layers; ++l) {
-      const KvLayer kvl = layer_view(l);
-      const auto amax_at = static_cast<std::size_t>(l * nkv);
-      const LayerWeights& L = weights_->layers()[static_cast<std::size_t>(l)];
+      const KvLayer kvl = layer_view(R, l);
+      const auto amax_at = static_cast<std::size_t>(l * cfg_.num_kv_heads);
+      const LayerWeights& L = R.w->layers()[static_cast<std::size_t>(l)];
       for (std::int64_t t = 0; t < T; ++t) rms_norm(&x[t * H], L.input_norm, eps, H, &h[t * H]);
-      matmul(pool_, h.data(), T, H, L.q_proj, &L.q_bias, q.data(), qd);
-      matmul(pool_, h.data(), T, H, L.k_proj, &L.k_bias, k.data(), kvd);
-      matmul(pool_, h.data(), T, H, L.v_proj, &L.v_bias, v.data(), kvd);
+      matmul(pool, h.data(), T, H, L.q_proj, &L.q_bias, q.data(), qd);
+      matmul(pool, h.data(), T, H, L.k_proj, &L.k_bias, k.data(), kvd);
+      matmul(pool, h.data(), T, H, L.v_proj, &L.v_bias, v.data(), kvd);
       for (std::int64_t t = 0; t < T; ++t) {
         for (std::int64_t hd = 0; hd < nh; ++hd) {
           float* qh = &q[t * qd + hd * D];
@@ -117,32 +176,40 @@ class CpuBackend final : public Backend {
           write_kv(kvl, b.slot_mapping[t], &k[t * kvd], &v[t * kvd]);
         }
       }
-      paged_attention(pool_, kvl, b, nh, q.data(), attn.data());
-      matmul(pool_, attn.data(), T, qd, L.o_proj, nullptr, o.data(), H);
+      paged_attention(pool, kvl, b, nh, q.data(), attn.data());
+      matmul(pool, attn.data(), T, qd, L.o_proj, nullptr, o.data(), H);
+      group_.all_reduce(rank, o.data(), o.size());
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += o[i];
       for (std::int64_t t = 0; t < T; ++t) rms_norm(&x[t * H], L.post_attention_norm, eps, H, &h[t * H]);
-      matmul(pool_, h.data(), T, H, L.gate_proj, nullptr, g.data(), I);
-      matmul(pool_, h.data(), T, H, L.up_proj, nullptr, u.data(), I);
+      matmul(pool, h.data(), T, H, L.gate_proj, nullptr, g.data(), I);
+      matmul(pool, h.data(), T, H, L.up_proj, nullptr, u.data(), I);
       silu_mul(g.data(), u.data(), g.size(), g.data());
-      matmul(pool_, g.data(), T, I, L.down_proj, nullptr, o.data(), H);
+      matmul(pool, g.data(), T, I, L.down_proj, nullptr, o.data(), H);
+      group_.all_reduce(rank, o.data(), o.size());
       for (std::size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     }
 
-    const std::int64_t R = static_cast<std::int64_t>(b.logits_indices.size());
-    std::vector<float> last(static_cast<std::size_t>(R * H));
-    for (std::int64_t r = 0; r < R; ++r) rms_norm(&x[b.logits_indices[r] * H], weights_->final_norm(), eps, H, &last[r * H]);
-    matmul(pool_, last.data(), R, H, weights_->lm_head(), nullptr, logits.data(), cfg_.vocab_size);
-    return Status::ok();
+    const std::int64_t rows = static_cast<std::int64_t>(b.logits_indices.size()), Vr = p.vocab_end - p.vocab_begin;
+    std::vector<float> last(static_cast<std::size_t>(rows * H));
+    for (std::int64_t r = 0; r < rows; ++r) rms_norm(&x[b.logits_indices[r] * H], R.w->final_norm(), eps, H, &last[r * H]);
+    if (tp_ == 1) {
+      matmul(pool, last.data(), rows, H, R.w->lm_head(), nullptr, logits.data(), V);
+      return;
+    }
+    // The gather: this rank's columns of every row.
+    std::vector<float> part(static_cast<std::size_t>(rows * Vr));
+    matmul(pool, last.data(), rows, H, R.w->lm_head(), nullptr, part.data(), Vr);
+    for (std::int64_t r = 0; r < rows; ++r) std::memcpy(&logits[r * V + p.vocab_begin], &part[r * Vr], static_cast<std::size_t>(Vr) * sizeof(float));
   }
 
- private:
-  KvLayer layer_view(std::int64_t l) {
-    const auto n = static_cast<std::size_t>(cfg_.num_kv_heads);
-    KvLayer L{k_cache_[static_cast<std::size_t>(l)].data(), v_cache_[static_cast<std::size_t>(l)].data(), kv_.dtype, cfg_.num_kv_heads,
+  KvLayer layer_view(Rank& r, std::int64_t l) {
+    const model::ShardPlan& p = r.w->plan();
+    KvLayer L{r.k_cache[static_cast<std::size_t>(l)].data(), r.v_cache[static_cast<std::size_t>(l)].data(), kv_.dtype, p.kv_heads,
               cfg_.head_dim, kv_.block_size};
     if (!k_scales_.empty()) {
-      L.k_scales = std::span<const float>(k_scales_).subspan(static_cast<std::size_t>(l) * n, n);
-      L.v_scales = std::span<const float>(v_scales_).subspan(static_cast<std::size_t>(l) * n, n);
+      const auto at = static_cast<std::size_t>(l * cfg_.num_kv_heads + p.first_kv_head), n = static_cast<std::size_t>(p.kv_heads);
+      L.k_scales = std::span<const float>(k_scales_).subspan(at, n);
+      L.v_scales = std::span<const float>(v_scales_).subspan(at, n);
     }
     return L;
   }
@@ -150,10 +217,11 @@ class CpuBackend final : public Backend {
   std::shared_ptr<const model::ModelWeights> weights_;
   const ModelConfig& cfg_;
   KvCacheConfig kv_;
-  ThreadPool pool_;
+  int tp_;
+  RankGroup group_;
   std::vector<float> inv_freq_;
   std::vector<float> k_scales_, v_scales_;
-  std::vector<std::vector<std::byte>> k_cache_, v_cache_;
+  std::vector<Rank> ranks_;
   bool recording_ = false;
   std::vector<float> k_amax_, v_amax_;
   HostBlockChunks host_;
@@ -168,7 +236,9 @@ Status calibrate_e4m3(const std::shared_ptr<const model::ModelWeights>& w, const
   CpuBackendOptions co;
   co.threads = o.threads;
   co.kv = {KvDtype::kFloat32, 16, kTokens / 16};
-  CpuBackend cal(w, co);
+  auto whole = model::ShardWeights::make(w, 1, 0);
+  if (!whole) return whole.error();
+  CpuBackend cal(w, {*whole}, co);
   cal.record_amax(true);
   std::mt19937 rng(20261130);
   std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(w->config().vocab_size - 1));
@@ -198,6 +268,14 @@ Result<std::unique_ptr<Backend>> make_cpu_backend(std::shared_ptr<const model::M
     return error(StatusCode::kInvalidArgument, "cpu backend: block_size and num_blocks must be positive");
   }
   const auto& c = weights->config();
+  const int tp = options.tensor_parallel_size;
+  LMSERVE_RETURN_IF_ERROR(model::check_tensor_parallel(c, tp));
+  std::vector<std::shared_ptr<const model::ShardWeights>> shards;
+  for (int r = 0; r < tp; ++r) {
+    auto s = model::ShardWeights::make(weights, tp, r);
+    if (!s) return error(s.error());
+    shards.push_back(std::move(*s));
+  }
   const std::size_t n_scales = static_cast<std::size_t>(c.num_layers * c.num_kv_heads);
   CpuBackendOptions o = options;
   if (o.kv.dtype == KvDtype::kFp8E4M3 && o.k_scales.empty()) {
@@ -206,7 +284,7 @@ Result<std::unique_ptr<Backend>> make_cpu_backend(std::shared_ptr<const model::M
   if (o.kv.dtype == KvDtype::kFp8E4M3 && (o.k_scales.size() != n_scales || o.v_scales.size() != n_scales)) {
     return error(StatusCode::kInvalidArgument, "cpu backend: fp8_e4m3 needs num_layers x num_kv_heads K and V scales");
   }
-  return std::unique_ptr<Backend>(new CpuBackend(std::move(weights), o));
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(weights), std::move(shards), o));
 }
 
 }  // namespace lmserve::backend

@@ -13,7 +13,12 @@ namespace lmserve::backend {
 
 struct CpuBackendOptions {
   KvCacheConfig kv;
-  int threads = 0;  // 0: all cores
+  int threads = 0;  // 0: all cores (shared out among the ranks)
+  // Tensor parallelism (model/shard.h): this many ranks, each a thread with its share of the
+  // weights and KV heads, the partial sums added by an in-memory all-reduce. The same arithmetic
+  // the GPU ranks do over NCCL; logits agree with TP 1 to float32 rounding (the sums of the
+  // row-parallel products are split and added in another order).
+  int tensor_parallel_size = 1;
   // fp8_e4m3 only: dequantised = stored * scale, [layer * num_kv_heads + head]. Empty: found
   // at start-up from the K/V absolute maxima of a fixed 256-token calibration batch (x2 head
   // room), so they do not depend on the requests served.
