@@ -107,6 +107,21 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
   } else if (load_format != "auto" && load_format != "safetensors") {
     return error(StatusCode::kInvalidArgument, "--load-format must be auto, safetensors or dummy");
   }
+  // Tensor parallelism is checked before anything is read: a 16 GB load is not the way to learn
+  // that the GPUs are too few or the size does not divide the heads.
+  bool use_cuda = device == "cuda";
+  if (device == "auto") use_cuda = !probe_devices().devices.empty();
+  if (tensor_parallel_size != 1) {
+    if (auto c = model::load_config(model); c) LMSERVE_RETURN_IF_ERROR(model::check_tensor_parallel(*c, tensor_parallel_size));
+    if (use_cuda && tensor_parallel_size > 1) {
+      const auto visible = probe_devices().devices.size();
+      if (static_cast<std::size_t>(tensor_parallel_size) > visible) {
+        return error(StatusCode::kInvalidArgument, "--tensor-parallel-size " + std::to_string(tensor_parallel_size) + " needs as many GPUs; " +
+                                                       std::to_string(visible) + " visible (CUDA_VISIBLE_DEVICES)");
+      }
+      return error(StatusCode::kInvalidArgument, "--tensor-parallel-size above 1 is not supported by the CUDA backend yet (use --device cpu)");
+    }
+  }
   Loaded out;
   {
     StartupPhase phase("tokenizer");
@@ -123,17 +138,6 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
   auto kv = backend::parse_kv_dtype(kv_cache_dtype, out.weights->config().dtype == model::DType::kF32 ? model::DType::kF32
                                                                                                      : out.weights->dtype());
   if (!kv) return error(kv.error());
-  bool use_cuda = device == "cuda";
-  if (device == "auto") use_cuda = !probe_devices().devices.empty();
-  LMSERVE_RETURN_IF_ERROR(model::check_tensor_parallel(out.weights->config(), tensor_parallel_size));
-  if (use_cuda && tensor_parallel_size > 1) {
-    const auto visible = probe_devices().devices.size();
-    if (static_cast<std::size_t>(tensor_parallel_size) > visible) {
-      return error(StatusCode::kInvalidArgument, "--tensor-parallel-size " + std::to_string(tensor_parallel_size) + " needs as many GPUs; " +
-                                                     std::to_string(visible) + " visible (CUDA_VISIBLE_DEVICES)");
-    }
-    return error(StatusCode::kInvalidArgument, "--tensor-parallel-size above 1 is not supported by the CUDA backend yet (use --device cpu)");
-  }
   if (use_cuda) {
     backend::CudaBackendOptions co;
     co.kv_dtype = *kv;
