@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_kernel(float* __rest
   // The row just written, quantized as launch_quantize_rows_fp8 does it (the same function on
   // the same act-rounded values: the same bytes), read back from L1 once the block has written it.
   __syncthreads();  // also: every thread has read partial[] for the norm
-  quantize_row_e4m3<A>(out, o, H, xq, xs + blockIdx.x, partial);
+  quantize_row_e4m3<A, 0, false>(out, o, H, xq, xs + blockIdx.x, partial);
 }
 
 // The first product of a folded norm's chain has no product before it to leave g and the

@@ -19,7 +19,7 @@ __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const void
   __shared__ float part[kQuantThreads / 32];
   pdl_wait();
   pdl_release();
-  quantize_row_e4m3<A>(x, static_cast<std::int64_t>(blockIdx.x) * k, k, xq, xs + blockIdx.x, part);
+  quantize_row_e4m3<A, kQuantThreads, true>(x, static_cast<std::int64_t>(blockIdx.x) * k, k, xq, xs + blockIdx.x, part);
 }
 
 // ---- one or two rows: streaming e4m3 weights through the tensor cores ----
