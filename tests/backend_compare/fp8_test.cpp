@@ -74,6 +74,30 @@ TEST_P(Fp8Ops, TheNormQuantizesItsOutputAsTheCpu) {
   }
 }
 
+// The SiLU kernel before down_proj quantizes its own output where cuBLASLt ran gate/up: the
+// bytes and scales of quantizing its act-rounded output, exactly, as two kernels gave them.
+TEST_P(Fp8Ops, TheSiluQuantizesItsOutputAsTheCpu) {
+  LMSERVE_REQUIRE_GPU();
+  const Act act = GetParam();
+  std::mt19937 rng(37);
+  for (auto [T, I] : {std::pair{3, 14336}, {64, 768}, {1, 16}, {300, 1024}}) {
+    SCOPED_TRACE(std::to_string(T) + "x" + std::to_string(I));
+    const auto gu = rounded(act, random_vec(rng, static_cast<std::size_t>(T) * 2 * I, -6, 6));
+    std::vector<float> out, plain;
+    std::vector<std::uint8_t> xq;
+    std::vector<float> xs;
+    ASSERT_EQ(ops::silu_mul(act, gu, T, I, &out, &xq, &xs), "");
+    ASSERT_EQ(ops::silu_mul(act, gu, T, I, &plain), "");
+    EXPECT_EQ(out, plain) << "the same output as the kernel that does not quantize";
+    std::vector<float> want_q(out.size()), want_s(static_cast<std::size_t>(T));
+    backend::cpu::quantize_rows_fp8(out.data(), T, I, want_q.data(), want_s.data());
+    EXPECT_EQ(xs, want_s);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < xq.size(); ++i) differ += fp8_e4m3_to_float(xq[i]) != want_q[i];
+    EXPECT_EQ(differ, 0u);
+  }
+}
+
 // y = x W^T for W in e4m3 with a scale per row: both sides sum the same exact e4m3 products
 // (the weight-streaming kernel in float32 like the CPU: ~1e-7 apart on the H200; cuBLASLt's FP8
 // tensor cores in narrower steps: ~2.3e-4), so the bound is 1e-3 relative L2, where a wrong

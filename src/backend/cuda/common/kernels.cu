@@ -314,6 +314,27 @@ __global__ void silu_mul4_kernel(const void* gu, int I, void* out) {
   }
 }
 
+// silu_mul4_kernel for one row a block, which then quantizes the row it has written per token
+// for the FP8 product after it (quantize_fp8.cuh): the same values and bytes as silu_mul4_kernel
+// followed by launch_quantize_rows_fp8, without the second kernel's launch and its read of the
+// row from memory.
+constexpr int kSiluQuantThreads = 512;
+template <Act A, Act G>
+__global__ void __launch_bounds__(kSiluQuantThreads) silu_mul_quant_kernel(const void* gu, int I, void* out, std::uint8_t* __restrict__ xq,
+                                                                           float* __restrict__ xs) {
+  __shared__ float part[kSiluQuantThreads / 32];
+  pdl_wait();
+  pdl_release();
+  const std::int64_t t = blockIdx.x, row = t * 2 * I;
+  for (int i = threadIdx.x; i < I / 4; i += kSiluQuantThreads) {
+    const float4 g = act_load4<G>(gu, row + 4 * i), u = act_load4<G>(gu, row + I + 4 * i);
+    act_store4<A>(out, t * I + 4 * i, g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y,
+                  g.z / (1.0f + expf(-g.z)) * u.z, g.w / (1.0f + expf(-g.w)) * u.w);
+  }
+  __syncthreads();  // the row is written: every thread reads all of it
+  quantize_row_e4m3<A, kSiluQuantThreads, false>(out, t * I, I, xq, xs + t, part);
+}
+
 template <Act A>
 __global__ void float_to_act_kernel(const float* in, void* out, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -381,9 +402,15 @@ void launch_qkv_rope(const QkvRopeArgs& a, cudaStream_t s) {
 }
 
 
-void launch_silu_mul(const void* gu, Act gu_act, int T, int I, void* out, Act act, cudaStream_t s) {
+void launch_silu_mul(const void* gu, Act gu_act, int T, int I, void* out, Act act, cudaStream_t s, void* xq, float* xs) {
   if (T == 0) return;
   const bool f32_in = gu_act == Act::kF32;
+  if (xq != nullptr) {
+    auto* q = static_cast<std::uint8_t*>(xq);
+    LMSERVE_WITH_ACT(act, A, (launch_pdl(f32_in ? silu_mul_quant_kernel<A, Act::kF32> : silu_mul_quant_kernel<A, A>, dim3(static_cast<unsigned>(T)),
+                                         dim3(kSiluQuantThreads), 0, s, gu, I, out, q, xs)));
+    return;
+  }
   if (I % 4 == 0) {
     const int blocks = (I / 4 + 255) / 256;
     dim3 grid(static_cast<unsigned>(blocks > 64 ? 64 : blocks), static_cast<unsigned>(T));

@@ -144,8 +144,10 @@ void configure_attention_kernels();
 int attention_item_tokens(int head_dim, int group, Act act);
 void launch_attention(const AttnArgs& a, cudaStream_t s);
 
-// out[t, i] = silu(gu[t, i]) * gu[t, I + i]; gu in gu_act (act or float32), out in act.
-void launch_silu_mul(const void* gu, Act gu_act, int T, int I, void* out, Act act, cudaStream_t s);
+// out[t, i] = silu(gu[t, i]) * gu[t, I + i]; gu in gu_act (act or float32), out in act. With xq
+// (I % 16 == 0, rows 16-byte aligned), out's rows are also quantized per token into xq (e4m3,
+// [T, I]) and xs (T scales), as launch_quantize_rows_fp8 would quantize them: the same bytes.
+void launch_silu_mul(const void* gu, Act gu_act, int T, int I, void* out, Act act, cudaStream_t s, void* xq = nullptr, float* xs = nullptr);
 
 // tokens[r] for r < R as specs[r] says (device_model.h, SampleSpec): -1 for mode 0, the
 // argmax of logits[r, 0..V) for mode 1, a draw for mode 2.

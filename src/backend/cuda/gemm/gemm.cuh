@@ -115,8 +115,12 @@ class Gemm {
   std::string run_fp8(const Fp8Weight& w, const void* x, void* y, Act out, int m, int n, int k, Act act, cudaStream_t s);
   // y (float32) += the product, in the epilogue as run_add.
   std::string run_add_fp8(const Fp8Weight& w, const void* x, float* y, int m, int n, int k, Act act, cudaStream_t s);
-  // run_gate_up_silu with FP8 weights [2I, k]: scratch [n, 2I] in act where cuBLASLt runs.
-  std::string run_gate_up_silu_fp8(const Fp8Weight& w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s);
+  // run_gate_up_silu with FP8 weights [2I, k]: scratch [n, 2I] in act where cuBLASLt runs. With
+  // quantize_out (I % 16 == 0) out's rows are also left quantized in the scratch of
+  // set_fp8_scratch, for the next FP8 product to take with x null (down_proj): where cuBLASLt
+  // runs, by the SiLU kernel itself (launch_silu_mul's xq).
+  std::string run_gate_up_silu_fp8(const Fp8Weight& w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s,
+                                   bool quantize_out = false);
   // prepare() for FP8 products: tune's w and x in e4m3 with their scales.
   std::string prepare_fp8(int m, int k, int max_n, const Operands* tune = nullptr, Act out = Act::kF32);
   // While set, a timed plan's algorithm is taken from the cache when cuBLASLt accepts it for the

@@ -201,15 +201,18 @@ std::string Gemm::run_add_fp8(const Fp8Weight& w, const void* x, float* y, int m
   return run_lt(w.w, xq_, y, Act::kF32, m, n, k, act, 1.0f, s, w.scales, xs_);
 }
 
-std::string Gemm::run_gate_up_silu_fp8(const Fp8Weight& w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s) {
+std::string Gemm::run_gate_up_silu_fp8(const Fp8Weight& w, const void* x, void* scratch, void* out, int I, int n, int k, Act act, cudaStream_t s,
+                                       bool quantize_out) {
   if (n == 0) return {};
+  if (quantize_out && (I % 16 != 0 || !aligned16(out))) return "gemm: quantize_out needs I divisible by 16 and aligned rows";
   if (x != nullptr) LMSERVE_TRY(quantize(x, n, k, act, s));
   if (stream_fp8(w, n)) {
     LMSERVE_WITH_ACT(act, A, (launch_gemv_fp8<A, true>(w.w, w.scales, xq_, xs_, out, I, n, k, Store::kAct, s)));
-    return {};
+    return quantize_out ? quantize(out, n, I, act, s) : std::string();
   }
   LMSERVE_TRY(run_lt(w.w, xq_, scratch, act, 2 * I, n, k, act, 0.0f, s, w.scales, xs_));
-  launch_silu_mul(scratch, act, n, I, out, act, s);
+  // The gate/up product has read xq_ by now (stream order): the SiLU kernel may overwrite it.
+  launch_silu_mul(scratch, act, n, I, out, act, s, quantize_out ? xq_ : nullptr, quantize_out ? xs_ : nullptr);
   return {};
 }
 

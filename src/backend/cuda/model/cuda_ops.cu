@@ -233,15 +233,25 @@ std::string gemm_fp8(backend::ActDtype act, const std::vector<std::uint8_t>& w, 
   return finish(a);
 }
 
-std::string silu_mul(backend::ActDtype act, const std::vector<float>& gu, int T, int I, std::vector<float>* out) {
+std::string silu_mul(backend::ActDtype act, const std::vector<float>& gu, int T, int I, std::vector<float>* out, std::vector<std::uint8_t>* xq,
+                     std::vector<float>* xs) {
   if (auto e = need_gpu(); !e.empty()) return e;
   Arena a;
   const Act A = static_cast<Act>(act);
   const Act G = A;
   void* g = a.upload_act(gu, G);
-  void* od = a.alloc(static_cast<std::size_t>(T) * I * static_cast<std::size_t>(act_bytes(A)));
-  launch_silu_mul(g, G, T, I, od, A, nullptr);
-  *out = a.download_act(od, A, static_cast<std::size_t>(T) * I);
+  const std::size_t n = static_cast<std::size_t>(T) * I;
+  void* od = a.alloc(n * static_cast<std::size_t>(act_bytes(A)));
+  void* qd = xq ? a.alloc(n) : nullptr;
+  auto* sd = xq ? static_cast<float*>(a.alloc(static_cast<std::size_t>(T) * 4)) : nullptr;
+  launch_silu_mul(g, G, T, I, od, A, nullptr, qd, sd);
+  *out = a.download_act(od, A, n);
+  if (xq) {
+    xq->resize(n);
+    xs->resize(static_cast<std::size_t>(T));
+    cudaMemcpy(xq->data(), qd, n, cudaMemcpyDeviceToHost);
+    cudaMemcpy(xs->data(), sd, xs->size() * 4, cudaMemcpyDeviceToHost);
+  }
   return finish(a);
 }
 

@@ -60,8 +60,10 @@ enum class Fp8Product { kF32, kAct, kAdd, kGateUpSilu };
 std::string gemm_fp8(backend::ActDtype act, const std::vector<std::uint8_t>& w, const std::vector<float>& w_scales, const std::vector<float>& x, int m, int n,
                      int k, Fp8Product kind, bool prepare, std::vector<float>* y);
 
-// gu is uploaded in Gemm::gate_up_dtype(act) (rounded), as the gate / up GEMM leaves it.
-std::string silu_mul(backend::ActDtype act, const std::vector<float>& gu, int T, int I, std::vector<float>* out);
+// gu is uploaded in Gemm::gate_up_dtype(act) (rounded), as the gate / up GEMM leaves it. With xq
+// (I % 16 == 0) the output's rows also come back quantized per token (launch_silu_mul's xq).
+std::string silu_mul(backend::ActDtype act, const std::vector<float>& gu, int T, int I, std::vector<float>* out,
+                     std::vector<std::uint8_t>* xq = nullptr, std::vector<float>* xs = nullptr);
 
 // out[n, I] = silu(x w_gate^T) * (x w_up^T) for w = [w_gate; w_up] of [2I, k] (Gemm::run_gate_up_silu).
 std::string gate_up_silu(backend::ActDtype act, const std::vector<float>& w, const std::vector<float>& x, int I, int n, int k, std::vector<float>* out);

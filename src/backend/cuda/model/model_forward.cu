@@ -38,6 +38,8 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   void* nq = norm_quant ? fp8_xq_.p : nullptr;
   float* nqs = norm_quant ? fp8_xs_.as<float>() : nullptr;
   const void* h_in = norm_quant ? nullptr : h_.p;  // an FP8 product's input after a norm
+  // Past the streaming kernel's rows the SiLU kernel quantizes down_proj's input itself.
+  const bool mlp_quant = fp8 && I % 16 == 0 && T > Gemm::kStreamRows;
   auto product = [&](const DeviceBuffer& w, const DeviceBuffer& scales, const void* in, void* y, int m, int k) {
     return fp8 ? gemm_.run_fp8({w.p, scales.as<float>()}, in, y, prod, m, T, k, act_, stream_) : gemm_.run(w.p, in, y, prod, m, T, k, act_, stream_);
   };
@@ -141,11 +143,11 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
     LMSERVE_TRY(residual_product(L.o, L.o_scale, attn_.p, H, qd));
     launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_, !fused, nq, nqs);
     if (fp8) {
-      LMSERVE_TRY(gemm_.run_gate_up_silu_fp8({L.gate_up.p, L.gate_up_scale.as<float>()}, h_in, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
+      LMSERVE_TRY(gemm_.run_gate_up_silu_fp8({L.gate_up.p, L.gate_up_scale.as<float>()}, h_in, gu_.p, mlp_in_.p, I, T, H, act_, stream_, mlp_quant));
     } else {
       LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
     }
-    LMSERVE_TRY(residual_product(L.down, L.down_scale, mlp_in_.p, H, I));
+    LMSERVE_TRY(residual_product(L.down, L.down_scale, mlp_quant ? nullptr : mlp_in_.p, H, I));
   }
   if (pending) launch_add(x, pending, prod, static_cast<std::int64_t>(T) * H, stream_);
   return {};
