@@ -240,11 +240,15 @@ TEST_P(TensorParallelMatchesOneRank, LogitsAndGreedy) {
       std::vector<float> a(got.prefill.begin() + static_cast<std::ptrdiff_t>(p * V), got.prefill.begin() + static_cast<std::ptrdiff_t>((p + 1) * V));
       std::vector<float> e(want.prefill.begin() + static_cast<std::ptrdiff_t>(p * V), want.prefill.begin() + static_cast<std::ptrdiff_t>((p + 1) * V));
       worst = std::max(worst, rel_l2(a, e));
-      if (c.same_greedy) EXPECT_EQ(argmax(a.data(), V), argmax(e.data(), V)) << "prefill position " << p;
+      if (c.same_greedy) {
+        EXPECT_EQ(argmax(a.data(), V), argmax(e.data(), V)) << "prefill position " << p;
+      }
     }
     for (std::size_t s = 0; s < want.decode.size(); ++s) worst = std::max(worst, rel_l2(got.decode[s], want.decode[s]));
     EXPECT_LE(worst, c.tolerance);
-    if (c.same_greedy) EXPECT_EQ(run(**b, 24).greedy, want.greedy);
+    if (c.same_greedy) {
+      EXPECT_EQ(run(**b, 24).greedy, want.greedy);
+    }
     std::printf("[ tp ] %s kv %s %s TP %d: worst rel-L2 %.3g\n", c.model.c_str(), std::string(kv_dtype_name(c.kv)).c_str(), c.quantization.c_str(),
                 tp, worst);
   }
