@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
+#include <stdexcept>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
@@ -166,6 +168,32 @@ TEST(RankGroup, AllReduceAddsInRankOrderOnEveryRank) {
         for (int r = 0; r < ranks; ++r) ASSERT_EQ(data[static_cast<std::size_t>(r)][i], want) << ranks << " ranks, element " << i;
       }
     }
+  }
+}
+
+// A rank that throws (say, out of memory) must not leave the others waiting in an all-reduce:
+// run() rethrows, and the group refuses every later step at once.
+TEST(RankGroup, ARankThatThrowsFailsTheStepInsteadOfHangingIt) {
+  for (int failing : {0, 1, 3}) {
+    SCOPED_TRACE(failing);
+    cpu::RankGroup g(4);
+    std::vector<std::vector<float>> data(4, std::vector<float>(64, 1.0f));
+    std::atomic<int> reduces{0};
+    auto step = [&](int r) {
+      for (int i = 0; i < 3; ++i) {
+        if (r == failing && i == 1) throw std::runtime_error("rank out of memory");
+        g.all_reduce(r, data[static_cast<std::size_t>(r)].data(), 64);
+        reduces.fetch_add(1);
+      }
+    };
+    try {
+      g.run(step);
+      ADD_FAILURE() << "run() returned";
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "rank out of memory");
+    }
+    EXPECT_LE(reduces.load(), 4 + 3);  // the first all-reduce, and none past the failure
+    EXPECT_THROW(g.run([](int) {}), std::runtime_error);
   }
 }
 

@@ -104,8 +104,12 @@ class CpuBackend final : public Backend {
     LMSERVE_RETURN_IF_ERROR(validate_batch(b, cfg_, kv_, logits.size()));
     if (tp_ == 1) {
       rank_forward(0, b, logits);
-    } else {
+      return Status::ok();
+    }
+    try {
       group_.run([&](int r) { rank_forward(r, b, logits); });
+    } catch (const std::exception& e) {  // e.g. out of memory on one rank: the group is broken from now on
+      return Status(StatusCode::kInternal, std::string("cpu backend: ") + e.what());
     }
     return Status::ok();
   }

@@ -2,8 +2,10 @@
 // host's stand-in for a GPU per rank and NCCL (model/shard.h says what each rank holds).
 #pragma once
 
+#include <atomic>
 #include <barrier>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -18,8 +20,9 @@ class RankGroup {
   int size() const { return ranks_; }
 
   // Runs fn(rank) for every rank at once, rank 0 on the calling thread, and returns when all
-  // have returned (rethrowing what one of ranks 1.. threw). fn must make the same sequence of
-  // all_reduce calls on every rank.
+  // have returned. fn must make the same sequence of all_reduce calls on every rank. When a rank
+  // throws, the others' all_reduce calls throw instead of waiting for it, run() rethrows what that
+  // rank threw, and the group is broken: every later run() throws at once.
   void run(const std::function<void(int)>& fn);
 
   // Called by every rank with its own n floats (the same n): returns with each rank's data the
@@ -31,6 +34,8 @@ class RankGroup {
   int ranks_;
   std::vector<float*> data_;
   std::barrier<> barrier_;
+  std::atomic<bool> broken_{false};
+  std::exception_ptr cause_;  // what the first rank to fail threw (run() rethrows it)
   std::vector<std::unique_ptr<BackgroundTask>> threads_;  // ranks 1..
 };
 
