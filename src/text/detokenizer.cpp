@@ -25,6 +25,20 @@ std::string IncrementalDetokenizer::push(std::int32_t id) {
   // Hold back while the text ends in U+FFFD: the last bytes may complete with the next token.
   if (new_text.size() <= prefix_text.size() || new_text.ends_with(kReplacementUtf8) ||
       !new_text.starts_with(prefix_text)) {
+    // But what the tokens before this one decode to is final when this token's text comes after
+    // it unchanged: bytes that a later byte did not continue can never complete. Emitting it
+    // keeps the window a few tokens long through a run of bytes that never form UTF-8, where
+    // holding everything made each push decode the whole run (quadratic in it).
+    const std::size_t last = ids_.size() - 1;
+    if (last > read_offset_) {
+      std::string before = decode_range(prefix_offset_, last);
+      if (before.size() > prefix_text.size() && before.starts_with(prefix_text) && new_text.size() > before.size() &&
+          new_text.starts_with(before)) {
+        prefix_offset_ = read_offset_;
+        read_offset_ = last;
+        return before.substr(prefix_text.size());
+      }
+    }
     return {};
   }
   prefix_offset_ = read_offset_;

@@ -96,6 +96,40 @@ TEST(Detokenizer, IncompleteTrailingBytesBecomeReplacementAtFinish) {
   EXPECT_EQ(d.finish(), "\xEF\xBF\xBD");
 }
 
+// Bytes that never form UTF-8 are let go as soon as a later byte shows they cannot complete:
+// a long run of them streams out as it comes (each push decodes a window of a few tokens, not
+// the whole run), and the deltas still add up to decode().
+TEST(Detokenizer, ARunOfInvalidBytesStreamsInsteadOfPilingUp) {
+  auto tok = load("models/demo");
+  ASSERT_TRUE(tok);
+  std::vector<std::int32_t> ids;
+  for (unsigned char b : {0xE4, 0xFF, 0x80, 0xC3, 0xE2, 0x82}) {  // lead, never valid, stray continuation, leads
+    auto id = tok->token_to_id(byte_to_unicode()[b]);
+    ASSERT_TRUE(id.has_value());
+    ids.push_back(*id);
+  }
+  std::vector<std::int32_t> run;
+  for (int i = 0; i < 200; ++i) run.insert(run.end(), ids.begin(), ids.end());
+  IncrementalDetokenizer d(tok, false);
+  std::string out;
+  std::size_t emitted_at = 0, pushes = 0;
+  for (auto id : run) {
+    std::string delta = d.push(id);
+    ++pushes;
+    if (!delta.empty()) emitted_at = pushes;
+    out += delta;
+  }
+  EXPECT_GE(emitted_at, run.size() - 3) << "the run was held back to the end";
+  out += d.finish();
+  EXPECT_EQ(out, tok->decode(run, false));
+  // A character that completes after invalid bytes still comes out whole.
+  IncrementalDetokenizer e(tok, false);
+  std::string text;
+  for (unsigned char b : std::string("\xFF\xFE\xE4\xB8\xAD")) text += e.push(*tok->token_to_id(byte_to_unicode()[b]));
+  text += e.finish();
+  EXPECT_EQ(text, "\xEF\xBF\xBD\xEF\xBF\xBD\xE4\xB8\xAD");
+}
+
 TEST(Detokenizer, SentencePieceKeepsTheSpaceBetweenWords) {
   auto tok = load("../shared/data/tokenizers/Llama-2-7b-chat-hf");
   if (!tok) GTEST_SKIP() << "no ../shared tokenizers";
