@@ -23,6 +23,17 @@ namespace ops = cuda::ops;
 
 class Fp8Ops : public ::testing::TestWithParam<Act> {};
 
+// Rows of `out` quantized per token on the device: the scales and e4m3 bytes the CPU
+// reference gives for the same rows, exactly.
+void expect_quantized_as_the_cpu(const std::vector<float>& out, int rows, int k, const std::vector<std::uint8_t>& xq, const std::vector<float>& xs) {
+  std::vector<float> want_q(out.size()), want_s(static_cast<std::size_t>(rows));
+  backend::cpu::quantize_rows_fp8(out.data(), rows, k, want_q.data(), want_s.data());
+  EXPECT_EQ(xs, want_s);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < xq.size(); ++i) differ += fp8_e4m3_to_float(xq[i]) != want_q[i];
+  EXPECT_EQ(differ, 0u);
+}
+
 // Rows of x in act: the device's scales and e4m3 bytes are the CPU's exactly (both divide the
 // same act-rounded values by the same max / 448 and round to nearest even, saturating). A row of
 // zeros has scale 1; a row with one huge value saturates nothing (it sets the scale).
@@ -39,13 +50,8 @@ TEST_P(Fp8Ops, ActivationsQuantizePerTokenAsTheCpu) {
     std::vector<std::uint8_t> xq;
     std::vector<float> xs;
     ASSERT_EQ(ops::quantize_rows_fp8(act, x, n, k, &xq, &xs), "");
-    std::vector<float> want_q(x.size()), want_s(static_cast<std::size_t>(n));
-    backend::cpu::quantize_rows_fp8(x.data(), n, k, want_q.data(), want_s.data());
-    EXPECT_EQ(xs, want_s);
+    expect_quantized_as_the_cpu(x, n, k, xq, xs);
     EXPECT_EQ(xs[0], 1.0f);
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < xq.size(); ++i) differ += fp8_e4m3_to_float(xq[i]) != want_q[i];
-    EXPECT_EQ(differ, 0u);
   }
 }
 
@@ -65,12 +71,7 @@ TEST_P(Fp8Ops, TheNormQuantizesItsOutputAsTheCpu) {
     std::vector<std::uint8_t> xq;
     std::vector<float> xs;
     ASSERT_EQ(ops::add_rmsnorm(act, &x, &delta, nullptr, R, H, w, 1e-5f, &out, &xq, &xs), "");
-    std::vector<float> want_q(out.size()), want_s(static_cast<std::size_t>(R));
-    backend::cpu::quantize_rows_fp8(out.data(), R, H, want_q.data(), want_s.data());
-    EXPECT_EQ(xs, want_s);
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < xq.size(); ++i) differ += fp8_e4m3_to_float(xq[i]) != want_q[i];
-    EXPECT_EQ(differ, 0u);
+    expect_quantized_as_the_cpu(out, R, H, xq, xs);
   }
 }
 
@@ -89,12 +90,7 @@ TEST_P(Fp8Ops, TheSiluQuantizesItsOutputAsTheCpu) {
     ASSERT_EQ(ops::silu_mul(act, gu, T, I, &out, &xq, &xs), "");
     ASSERT_EQ(ops::silu_mul(act, gu, T, I, &plain), "");
     EXPECT_EQ(out, plain) << "the same output as the kernel that does not quantize";
-    std::vector<float> want_q(out.size()), want_s(static_cast<std::size_t>(T));
-    backend::cpu::quantize_rows_fp8(out.data(), T, I, want_q.data(), want_s.data());
-    EXPECT_EQ(xs, want_s);
-    std::size_t differ = 0;
-    for (std::size_t i = 0; i < xq.size(); ++i) differ += fp8_e4m3_to_float(xq[i]) != want_q[i];
-    EXPECT_EQ(differ, 0u);
+    expect_quantized_as_the_cpu(out, T, I, xq, xs);
   }
 }
 

@@ -28,7 +28,7 @@ class CpuBackend final : public Backend {
              const CpuBackendOptions& o)
       : weights_(std::move(w)), cfg_(weights_->config()), kv_(o.kv), tp_(static_cast<int>(shards.size())), group_(tp_),
         inv_freq_(rope_inv_freq(cfg_)), k_scales_(o.k_scales), v_scales_(o.v_scales),
-        host_(group_block_bytes(cfg_, kv_, shards), [](std::size_t n) -> void* { return ::operator new(n, std::nothrow); },
+        block_bytes_(group_block_bytes(cfg_, kv_, shards)), host_(block_bytes_, [](std::size_t n) -> void* { return ::operator new(n, std::nothrow); },
               [](void* p) { ::operator delete(p); }) {
     // One pool per rank, the threads shared out (a rank's pool is used by its own thread only).
     const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -46,11 +46,7 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return cfg_; }
   const KvCacheConfig& kv_config() const override { return kv_; }
   // Every rank's share of a block: one rank's holds its own KV heads.
-  std::uint64_t kv_block_bytes() const override {
-    std::uint64_t n = 0;
-    for (const Rank& r : ranks_) n += 2 * static_cast<std::uint64_t>(cfg_.num_layers) * layer_bytes(r);
-    return n;
-  }
+  std::uint64_t kv_block_bytes() const override { return block_bytes_; }
   MemoryInfo memory() const override {
     MemoryInfo m;
     m.kv_cache_bytes = kv_block_bytes() * static_cast<std::uint64_t>(kv_.num_blocks);
@@ -121,15 +117,14 @@ class CpuBackend final : public Backend {
     std::vector<std::vector<std::byte>> k_cache, v_cache;
   };
 
-  // One rank's K (or V) bytes of one block in one layer.
-  std::size_t layer_bytes(const Rank& r) const {
-    return static_cast<std::size_t>(kv_.block_size * r.w->plan().kv_heads * cfg_.head_dim * kv_dtype_bytes(kv_.dtype));
+  // A rank's K (or V) bytes of one block in one layer.
+  static std::size_t layer_bytes(const ModelConfig& c, const KvCacheConfig& kv, const model::ShardPlan& p) {
+    return static_cast<std::size_t>(kv.block_size * p.kv_heads * c.head_dim * kv_dtype_bytes(kv.dtype));
   }
+  std::size_t layer_bytes(const Rank& r) const { return layer_bytes(cfg_, kv_, r.w->plan()); }
   static std::uint64_t group_block_bytes(const ModelConfig& c, const KvCacheConfig& kv, const std::vector<std::shared_ptr<const model::ShardWeights>>& shards) {
     std::uint64_t n = 0;
-    for (const auto& s : shards) {
-      n += 2 * static_cast<std::uint64_t>(c.num_layers * kv.block_size * s->plan().kv_heads * c.head_dim * kv_dtype_bytes(kv.dtype));
-    }
+    for (const auto& s : shards) n += 2 * static_cast<std::uint64_t>(c.num_layers) * layer_bytes(c, kv, s->plan());
     return n;
   }
 
@@ -228,6 +223,7 @@ class CpuBackend final : public Backend {
   std::vector<Rank> ranks_;
   bool recording_ = false;
   std::vector<float> k_amax_, v_amax_;
+  std::uint64_t block_bytes_;  // kv_block_bytes(): every rank's share
   HostBlockChunks host_;
 };
 

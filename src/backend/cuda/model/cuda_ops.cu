@@ -72,6 +72,14 @@ std::string need_gpu() {
   return {};
 }
 
+// Rows quantized per token on the device (n e4m3 bytes, `rows` scales) into xq and xs.
+void download_quantized(const void* qd, const float* sd, std::size_t n, int rows, std::vector<std::uint8_t>* xq, std::vector<float>* xs) {
+  xq->resize(n);
+  xs->resize(static_cast<std::size_t>(rows));
+  cudaMemcpy(xq->data(), qd, n, cudaMemcpyDeviceToHost);
+  cudaMemcpy(xs->data(), sd, xs->size() * 4, cudaMemcpyDeviceToHost);
+}
+
 // The KV pointer table kernels read: [K, V] for layer 0.
 void* const* kv_table(Arena& a, void* k, void* v) {
   std::vector<void*> ptrs = {k, v};
@@ -110,12 +118,7 @@ std::string add_rmsnorm(backend::ActDtype act, std::vector<float>* x, const std:
   auto* sd = xq ? static_cast<float*>(a.alloc(static_cast<std::size_t>(R) * 4)) : nullptr;
   launch_add_rmsnorm(xd, dd, P, rd, R, hidden, wd, A, eps, od, nullptr, false, qd, sd);
   *out = a.download_act(od, A, n);
-  if (xq) {
-    xq->resize(n);
-    xs->resize(static_cast<std::size_t>(R));
-    cudaMemcpy(xq->data(), qd, n, cudaMemcpyDeviceToHost);
-    cudaMemcpy(xs->data(), sd, xs->size() * 4, cudaMemcpyDeviceToHost);
-  }
+  if (xq) download_quantized(qd, sd, n, R, xq, xs);
   cudaMemcpy(x->data(), xd, x->size() * 4, cudaMemcpyDeviceToHost);
   return finish(a);
 }
@@ -188,10 +191,7 @@ std::string quantize_rows_fp8(backend::ActDtype act, const std::vector<float>& x
   void* qd = a.alloc(static_cast<std::size_t>(n) * k);
   auto* sd = static_cast<float*>(a.alloc(static_cast<std::size_t>(n) * 4));
   launch_quantize_rows_fp8(xd, A, n, k, qd, sd, nullptr);
-  xq->resize(static_cast<std::size_t>(n) * k);
-  xs->resize(static_cast<std::size_t>(n));
-  cudaMemcpy(xq->data(), qd, xq->size(), cudaMemcpyDeviceToHost);
-  cudaMemcpy(xs->data(), sd, xs->size() * 4, cudaMemcpyDeviceToHost);
+  download_quantized(qd, sd, static_cast<std::size_t>(n) * k, n, xq, xs);
   return finish(a);
 }
 
@@ -246,12 +246,7 @@ std::string silu_mul(backend::ActDtype act, const std::vector<float>& gu, int T,
   auto* sd = xq ? static_cast<float*>(a.alloc(static_cast<std::size_t>(T) * 4)) : nullptr;
   launch_silu_mul(g, G, T, I, od, A, nullptr, qd, sd);
   *out = a.download_act(od, A, n);
-  if (xq) {
-    xq->resize(n);
-    xs->resize(static_cast<std::size_t>(T));
-    cudaMemcpy(xq->data(), qd, n, cudaMemcpyDeviceToHost);
-    cudaMemcpy(xs->data(), sd, xs->size() * 4, cudaMemcpyDeviceToHost);
-  }
+  if (xq) download_quantized(qd, sd, n, T, xq, xs);
   return finish(a);
 }
 
