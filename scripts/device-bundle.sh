@@ -6,7 +6,10 @@
 # own, which resolve there), and a Llama 3 tokenizer for the 8B-shaped benchmarks — stripped
 # and packed, because a call carries 64 MiB at most with the checkout. scripts/device-check.sh and scripts/device-bench.sh unpack it into
 # .device/bundle on the GPU machine by themselves.
-# Usage: [TESTS="backend_compare_test engine_e2e_test"] [TOKENIZER=DIR] [NAME=bundle]
+# TOOLS="nginx wrk" adds this machine's programs of those names (and their libraries) to bin/,
+# for runs that need them there (scripts/gateway-overhead.sh: PATH=.device/bundle/bin:$PATH);
+# LIBS="/usr/lib/.../libx.so.2" adds those libraries to lib/ (one to LD_PRELOAD there, say).
+# Usage: [TESTS="backend_compare_test engine_e2e_test"] [TOKENIZER=DIR] [NAME=bundle] [TOOLS=...] [LIBS=...]
 #        scripts/device-bundle.sh [PRESET]   (default release; build it first)
 # NAME=x packs .device/carry/x.tar.gz instead, so that two builds (say main and a branch) travel
 # in one call; the device scripts take BUNDLE=.device/carry/x.tar.gz.
@@ -24,6 +27,10 @@ name=${NAME:-bundle}
 rm -rf "$dest" ".device/carry/$name.tar.gz"
 mkdir -p "$dest/bin" "$dest/tests" "$dest/lib" .device/carry
 cp "$build/lmserve" "$dest/bin/"
+for t in ${TOOLS:-}; do
+  f=$(command -v "$t") || { echo "device-bundle: no program $t here (scripts/install-deps.sh)" >&2; exit 1; }
+  cp -L "$f" "$dest/bin/"
+done
 for t in $tests; do
   f=$(find "$build/tests" -type f -executable -name "$t" | head -1)
   [[ -n $f ]] || { echo "device-bundle: no test binary $t in $build/tests" >&2; exit 1; }
@@ -36,6 +43,7 @@ for f in "$dest"/bin/* "$dest"/tests/*; do
 done | sort -u | while read -r name path; do
   [[ $name =~ $system_lib ]] || cp -L "$path" "$dest/lib/$name"
 done
+for l in ${LIBS:-}; do cp -L "$l" "$dest/lib/"; done
 strip "$dest"/bin/* "$dest"/tests/* "$dest"/lib/* 2>/dev/null || true
 if [[ -d $tokenizer ]]; then
   mkdir -p "$dest/tok"

@@ -11,6 +11,9 @@
 #
 # BUILD_B=DIR adds a second gateway (DIR/lmserve, on the same cores, target "gateway_b"): an A/B
 # of two builds in the same run, since two runs on the GPU machine may land on different hosts.
+# LMSERVE=FILE, LMSERVE_B=FILE and FAKE=FILE name the binaries directly (a device bundle's);
+# B_PRELOAD=LIB runs gateway B with LD_PRELOAD=LIB (an allocator, say) for an A/B of one build.
+# With POLICY=1 and a B, B also runs with the policies on (target "gateway_pb").
 # POLICY=1 adds the same build with issue #30's policies on (target "gateway_p"): an API key with
 # rpm/tpm limits (every client sends it), the audit trail (in the run's temporary directory), the
 # default guard rules and a tenant regex.
@@ -30,7 +33,6 @@ FAKE_CPUS=${FAKE_CPUS:-$CLIENT_CPUS}  # the fake replica's
 WRK_THREADS=${WRK_THREADS:-1}
 FAKE_THREADS=${FAKE_THREADS:-1}
 PROXY_WORKERS=${PROXY_WORKERS:-1}   # nginx worker_processes and the gateway's io_threads
-BUILD_B=${BUILD_B:-}
 UP_PORT=${UP_PORT:-19181}
 NGINX_PORT=${NGINX_PORT:-19182}
 GW_PORT=${GW_PORT:-19183}
@@ -40,9 +42,13 @@ POLICY=${POLICY:-}
 CHUNKS=${CHUNKS:-16}
 REPEAT=${REPEAT:-3}  # rounds over all targets, interleaved; the table gives each figure's median
 
-fake=$BUILD/tests/gateway/lmserve_fake_upstream_server
-lmserve=$BUILD/lmserve
-for f in "$fake" "$lmserve"; do [[ -x $f ]] || { echo "gateway-overhead: build $f first" >&2; exit 1; }; done
+fake=${FAKE:-$BUILD/tests/gateway/lmserve_fake_upstream_server}
+lmserve=${LMSERVE:-$BUILD/lmserve}
+lmserve_b=${LMSERVE_B:-${BUILD_B:+$BUILD_B/lmserve}}
+B_PRELOAD=${B_PRELOAD:-}
+[[ -z $B_PRELOAD || -n $lmserve_b ]] || lmserve_b=$lmserve
+GWPB_PORT=${GWPB_PORT:-19186}
+for f in "$fake" "$lmserve" ${lmserve_b:+"$lmserve_b"}; do [[ -x $f ]] || { echo "gateway-overhead: build $f first" >&2; exit 1; }; done
 for t in nginx wrk taskset python3; do command -v $t >/dev/null || { echo "gateway-overhead: needs $t (scripts/install-deps.sh)" >&2; exit 1; }; done
 # One HTTP exchange with python3 (the GPU machine has no curl).
 http() {  # METHOD URL [BODY]
@@ -113,14 +119,17 @@ pids+=($!)
 gateway_pid=$!
 targets="direct:$UP_PORT nginx:$NGINX_PORT gateway:$GW_PORT"
 gateway_b_pid=""
-if [[ -n $BUILD_B ]]; then
-  taskset -c "$PROXY_CPU" "$BUILD_B/lmserve" --log-level warning gateway --config "$work/gateway.yaml" --port "$GWB_PORT" >"$work/gateway_b.log" 2>&1 &
+# Gateway B: another binary, or the same one under B_PRELOAD.
+b_env=(env ${B_PRELOAD:+LD_PRELOAD=$B_PRELOAD})
+if [[ -n $lmserve_b ]]; then
+  taskset -c "$PROXY_CPU" "${b_env[@]}" "$lmserve_b" --log-level warning gateway --config "$work/gateway.yaml" --port "$GWB_PORT" >"$work/gateway_b.log" 2>&1 &
   pids+=($!)
   gateway_b_pid=$!
   targets="$targets gateway_b:$GWB_PORT"
 fi
 
 gateway_p_pid=""
+gateway_pb_pid=""
 auth_header=""
 if [[ -n $POLICY ]]; then
   head -c 48 /dev/urandom | base64 >"$work/key.secret"
@@ -141,9 +150,17 @@ CONF
   pids+=($!)
   gateway_p_pid=$!
   targets="$targets gateway_p:$GWP_PORT"
+  if [[ -n $lmserve_b ]]; then
+    sed -e "s#^listen: .*#listen: 127.0.0.1:$GWPB_PORT#" -e "s#^audit: .*#audit: {dir: $work/audit_b}#" "$work/gateway_p.yaml" >"$work/gateway_pb.yaml"
+    taskset -c "$PROXY_CPU" "${b_env[@]}" "$lmserve_b" --log-level warning gateway --config "$work/gateway_pb.yaml" >"$work/gateway_pb.log" 2>&1 &
+    pids+=($!)
+    gateway_pb_pid=$!
+    targets="$targets gateway_pb:$GWPB_PORT"
+  fi
 fi
 
-ports="$UP_PORT $NGINX_PORT $GW_PORT"; [[ -n $BUILD_B ]] && ports="$ports $GWB_PORT"; [[ -n $POLICY ]] && ports="$ports $GWP_PORT"
+ports="$UP_PORT $NGINX_PORT $GW_PORT"; [[ -n $lmserve_b ]] && ports="$ports $GWB_PORT"; [[ -n $POLICY ]] && ports="$ports $GWP_PORT"
+[[ -n $POLICY && -n $lmserve_b ]] && ports="$ports $GWPB_PORT"
 for port in $ports; do
   for _ in $(seq 100); do http GET "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 0.05; done
 done
@@ -167,7 +184,7 @@ done
 nginx_workers=$(pgrep -P "$nginx_master" | tr '\n' ' ')
 # CPU seconds processes have used (user + system, every thread), from /proc.
 cpu_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + ($14 + $15) / hz }' "/proc/$p/stat"); done; echo "$t"; }
-declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid [gateway_b]=$gateway_b_pid [gateway_p]=$gateway_p_pid)
+declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid [gateway_b]=$gateway_b_pid [gateway_p]=$gateway_p_pid [gateway_pb]=$gateway_pb_pid)
 
 results="$work/results.txt"
 for round in $(seq "$REPEAT"); do
@@ -208,17 +225,17 @@ for line in open(sys.argv[1]):
 med = lambda xs, i: statistics.median(x[i] for x in xs)
 rows = {k: (med(v, 0), med(v, 1), med(v, 2), sum(x[3] for x in v), ";".join(x[4] for x in v if x[4]), med(v, 5)) for k, v in runs.items()}
 print(f"wrk -d{sys.argv[2]}s; medians of {len(next(iter(runs.values())))} interleaved rounds")
-print(f"{'conns':>5} {'mode':7} {'target':8} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10}  errors")
+print(f"{'conns':>5} {'mode':7} {'target':10} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10}  errors")
 for conns in order:
     for mode in ("plain", "stream"):
         d = rows[(conns, mode, "direct")]
-        for name in [n for n in ("direct", "nginx", "gateway", "gateway_b", "gateway_p") if (conns, mode, n) in rows]:
+        for name in [n for n in ("direct", "nginx", "gateway", "gateway_b", "gateway_p", "gateway_pb") if (conns, mode, n) in rows]:
             r = rows[(conns, mode, name)]
             add = "" if name == "direct" else f"{r[1]-d[1]:8.3f} {r[2]-d[2]:8.3f}"
             cpu = "" if name == "direct" else f"{r[5]:10.1f}"
-            print(f"{conns:>5} {mode:7} {name:8} {r[0]:10.0f} {r[1]:8.3f} {r[2]:8.3f} {add:>17} {cpu:>10}  {r[3]} {r[4]}")
+            print(f"{conns:>5} {mode:7} {name:10} {r[0]:10.0f} {r[1]:8.3f} {r[2]:8.3f} {add:>17} {cpu:>10}  {r[3]} {r[4]}")
 print("each round, req/s (CPU us/req):")
 for (conns, mode, name), v in runs.items():
     if name != "direct":
-        print(f"  {conns:>5} {mode:7} {name:9} " + "  ".join(f"{x[0]:.0f} ({x[5]:.1f})" for x in v))
+        print(f"  {conns:>5} {mode:7} {name:10} " + "  ".join(f"{x[0]:.0f} ({x[5]:.1f})" for x in v))
 PY

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/backend.h"
@@ -90,6 +91,37 @@ inline SwapRoundTrip swap_round_trip(backend::Backend& b) {
   run(prompt, 0, {6, 7});
   r.direct = run(next, 20, {6, 7});
   r.in_one_call = run(next, 20, {9, 10});
+  return r;
+}
+
+// A 21-token prompt's logits at every position, then `steps` decode steps of one sequence: the
+// logits of each and the greedy tokens chosen. With `fed`, decode step s is given fed[s] instead
+// of the greedy token, so that two backends are compared over the same context. Shared by the
+// tensor-parallel tests (CPU and CUDA: TP N against TP 1).
+struct GreedyPass {
+  std::vector<float> prefill;
+  std::vector<std::vector<float>> decode;
+  std::vector<std::int32_t> greedy;
+};
+
+inline std::int32_t argmax_of(const float* v, std::int64_t n) { return static_cast<std::int32_t>(std::max_element(v, v + n) - v); }
+
+inline GreedyPass greedy_pass(backend::Backend& b, int steps, const std::vector<std::int32_t>* fed = nullptr) {
+  const std::int64_t V = b.config().vocab_size;
+  BackendSequence seq(b);
+  std::vector<std::int32_t> prompt, all;
+  for (std::int32_t i = 0; i < 21; ++i) {
+    prompt.push_back((i * 97 + 5) % static_cast<std::int32_t>(V));
+    all.push_back(i);
+  }
+  GreedyPass r;
+  r.prefill = seq.step(prompt, all);
+  std::int32_t next = argmax_of(&r.prefill[(prompt.size() - 1) * static_cast<std::size_t>(V)], V);
+  for (int s = 0; s < steps; ++s) {
+    r.greedy.push_back(next);
+    r.decode.push_back(seq.step({fed ? (*fed)[static_cast<std::size_t>(s)] : next}, {0}));
+    next = argmax_of(r.decode.back().data(), V);
+  }
   return r;
 }
 

@@ -26,17 +26,22 @@ void ModelOptions::add_to(CLI::App& app) {
   app.add_option("--block-size", block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--num-kv-blocks", num_kv_blocks, "KV blocks to allocate (0: sized for the request)");
   app.add_option("--threads", threads, "CPU threads (0: all cores)");
-  add_tensor_parallel_option(app, &tensor_parallel_size);
+  add_tensor_parallel_option(app, &tensor_parallel_size, &tp_all_reduce);
   app.add_option("--gpu-memory-utilization", gpu_memory_utilization, "share of GPU memory to use (CUDA backend)")->capture_default_str();
   app.add_flag("--enforce-eager", enforce_eager, "no CUDA graphs (CUDA backend)");
   app.add_flag("--host-sampling", host_sampling, "sample every token on the host from the logits (CUDA backend; default: on the GPU)");
   add_tuning_cache_option(app, &tuning_cache);
 }
 
-void add_tensor_parallel_option(CLI::App& app, int* size) {
+void add_tensor_parallel_option(CLI::App& app, int* size, std::string* all_reduce) {
   app.add_option("--tensor-parallel-size", *size,
                  "ranks one model is split across (attention heads, KV heads, MLP features and vocabulary): on the CPU backend threads "
-                 "that add their partial sums in memory; the CUDA backend takes 1 for now")
+                 "that add their partial sums in memory, on the CUDA backend a GPU each")
+      ->capture_default_str();
+  app.add_option("--tensor-parallel-all-reduce", *all_reduce,
+                 "CUDA backend, more than one rank: peer (a one-shot all-reduce over NVLink peer access) or nccl (NCCL, loaded from "
+                 "libnccl.so.2)")
+      ->check(CLI::IsMember({"peer", "nccl"}))
       ->capture_default_str();
 }
 
@@ -119,7 +124,6 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
         return error(StatusCode::kInvalidArgument, "--tensor-parallel-size " + std::to_string(tensor_parallel_size) + " needs as many GPUs; " +
                                                        std::to_string(visible) + " visible (CUDA_VISIBLE_DEVICES)");
       }
-      return error(StatusCode::kInvalidArgument, "--tensor-parallel-size above 1 is not supported by the CUDA backend yet (use --device cpu)");
     }
   }
   Loaded out;
@@ -140,6 +144,8 @@ Result<ModelOptions::Loaded> ModelOptions::load(std::int64_t default_kv_tokens) 
   if (!kv) return error(kv.error());
   if (use_cuda) {
     backend::CudaBackendOptions co;
+    co.tensor_parallel_size = tensor_parallel_size;
+    co.nccl = tp_all_reduce == "nccl";
     co.kv_dtype = *kv;
     co.block_size = block_size;
     co.num_blocks = num_kv_blocks;

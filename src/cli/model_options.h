@@ -28,8 +28,9 @@ std::uint64_t swap_space_bytes(double gib);
 // --async-scheduling / --no-async-scheduling (EngineOptions::async_scheduling), as serve and
 // bench throughput take it: on by default.
 void add_async_scheduling_option(CLI::App& app, bool* on);
-// --tensor-parallel-size N (ModelOptions::tensor_parallel_size), as serve and the model commands take it.
-void add_tensor_parallel_option(CLI::App& app, int* size);
+// --tensor-parallel-size N and --tensor-parallel-all-reduce (ModelOptions), as serve and the
+// model commands take them.
+void add_tensor_parallel_option(CLI::App& app, int* size, std::string* all_reduce);
 // --tuning-cache DIR (ModelOptions::tuning_cache).
 void add_tuning_cache_option(CLI::App& app, std::string* dir);
 
@@ -45,8 +46,9 @@ struct ModelOptions {
   std::int64_t num_kv_blocks = 0;  // 0: enough for `default_kv_tokens`
   int threads = 0;
   // Ranks of one model (model/shard.h): on the CPU threads with an in-memory all-reduce; on CUDA
-  // GPUs of this host (not built yet: more than 1 is refused there).
+  // a GPU of this host each, their collectives over peer pointers ("peer") or NCCL ("nccl").
   int tensor_parallel_size = 1;
+  std::string tp_all_reduce = "peer";
   // CUDA backend: the memory plan and the largest step it is planned for.
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;

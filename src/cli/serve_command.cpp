@@ -68,7 +68,7 @@ Command add_serve_command(CLI::App& app) {
   app.add_option("--block-size", o->model.block_size, "KV block size in tokens")->capture_default_str();
   app.add_option("--num-kv-blocks", o->model.num_kv_blocks, "KV blocks (0: from max-num-seqs x max-model-len, at most 65536)");
   app.add_option("--threads", o->model.threads, "CPU backend threads (0: all cores)")->capture_default_str();
-  add_tensor_parallel_option(app, &o->model.tensor_parallel_size);
+  add_tensor_parallel_option(app, &o->model.tensor_parallel_size, &o->model.tp_all_reduce);
   app.add_option("--step-timeout", o->step_timeout_s,
                  "seconds a step may run before the watchdog fails the engine (every request in flight ends with an error; 0: no watchdog)")
       ->capture_default_str();

@@ -206,35 +206,9 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-std::int32_t argmax(const float* v, std::int64_t n) { return static_cast<std::int32_t>(std::max_element(v, v + n) - v); }
-
-// A prompt's logits at every position, then `steps` decode steps: the logits of each and the
-// greedy tokens chosen. With `fed`, decode step s is given fed[s] instead of the greedy token, so
-// that two backends are compared over the same context.
-struct Pass {
-  std::vector<float> prefill;
-  std::vector<std::vector<float>> decode;
-  std::vector<std::int32_t> greedy;
-};
-
-Pass run(Backend& b, int steps, const std::vector<std::int32_t>* fed = nullptr) {
-  const std::int64_t V = b.config().vocab_size;
-  lmserve::testing::BackendSequence seq(b);
-  std::vector<std::int32_t> prompt, all;
-  for (std::int32_t i = 0; i < 21; ++i) {
-    prompt.push_back((i * 97 + 5) % static_cast<std::int32_t>(V));
-    all.push_back(i);
-  }
-  Pass r;
-  r.prefill = seq.step(prompt, all);
-  std::int32_t next = argmax(&r.prefill[(prompt.size() - 1) * static_cast<std::size_t>(V)], V);
-  for (int s = 0; s < steps; ++s) {
-    r.greedy.push_back(next);
-    r.decode.push_back(seq.step({fed ? (*fed)[static_cast<std::size_t>(s)] : next}, {0}));
-    next = argmax(r.decode.back().data(), V);
-  }
-  return r;
-}
+using Pass = lmserve::testing::GreedyPass;
+using lmserve::testing::greedy_pass;
+std::int32_t argmax(const float* v, std::int64_t n) { return lmserve::testing::argmax_of(v, n); }
 
 struct Case {
   std::string model;
@@ -256,13 +230,13 @@ TEST_P(TensorParallelMatchesOneRank, LogitsAndGreedy) {
   ASSERT_TRUE(w);
   auto one = make_cpu_backend(w, {.kv = {c.kv, 16, 16}, .threads = 2});
   ASSERT_TRUE(one) << one.error().to_string();
-  const Pass want = run(**one, 24);
+  const Pass want = greedy_pass(**one, 24);
   const std::int64_t V = w->config().vocab_size;
   for (int tp : {2, 4}) {
     SCOPED_TRACE("TP " + std::to_string(tp));
     auto b = make_cpu_backend(w, {.kv = {c.kv, 16, 16}, .threads = 2, .tensor_parallel_size = tp});
     ASSERT_TRUE(b) << b.error().to_string();
-    const Pass got = run(**b, 24, &want.greedy);  // the same context as TP 1's
+    const Pass got = greedy_pass(**b, 24, &want.greedy);  // the same context as TP 1's
     double worst = 0;
     for (std::size_t p = 0; p * V < want.prefill.size(); ++p) {
       std::vector<float> a(got.prefill.begin() + static_cast<std::ptrdiff_t>(p * V), got.prefill.begin() + static_cast<std::ptrdiff_t>((p + 1) * V));
@@ -275,7 +249,7 @@ TEST_P(TensorParallelMatchesOneRank, LogitsAndGreedy) {
     for (std::size_t s = 0; s < want.decode.size(); ++s) worst = std::max(worst, rel_l2(got.decode[s], want.decode[s]));
     EXPECT_LE(worst, c.tolerance);
     if (c.same_greedy) {
-      EXPECT_EQ(run(**b, 24).greedy, want.greedy);
+      EXPECT_EQ(greedy_pass(**b, 24).greedy, want.greedy);
     }
     std::printf("[ tp ] %s kv %s %s TP %d: worst rel-L2 %.3g\n", c.model.c_str(), std::string(kv_dtype_name(c.kv)).c_str(), c.quantization.c_str(),
                 tp, worst);

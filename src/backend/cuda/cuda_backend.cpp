@@ -9,6 +9,8 @@
 #include <cstring>
 #include <random>
 
+#include "backend/cpu/rank_group.h"
+#include "backend/cuda/comm/tp_group.h"
 #include "backend/cuda/model/device_model.h"
 #include "backend/device/host_swap.h"
 #include "backend/device/tuning_cache.h"
@@ -16,6 +18,7 @@
 #include "common/numeric.h"
 #include "common/progress.h"
 #include "common/startup.h"
+#include "model/shard.h"
 
 namespace lmserve::backend {
 namespace {
@@ -63,14 +66,17 @@ class CudaBackend final : public Backend {
     std::int64_t tokens = 0, seqs = 0, max_model_len = 0;
     bool device_sampling = false;  // rows of a mode other than kHost are sampled on the device
   };
-  CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::unique_ptr<cuda::DeviceModel> m, KvCacheConfig kv, MemoryInfo mem, Limits limits)
-      : weights_(std::move(w)), model_(std::move(m)), kv_(kv), mem_(mem), limits_(limits),
-        host_(backend::kv_block_bytes(weights_->config(), kv_.dtype, kv_.block_size), cuda::alloc_mapped_host, cuda::free_mapped_host) {}
+  // One device model per tensor-parallel rank (one at TP 1), each rank's KV block
+  // `rank_block_bytes` (a host swap block holds rank 0's, then rank 1's, ...).
+  CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::vector<std::unique_ptr<cuda::DeviceModel>> ranks, std::shared_ptr<cuda::TpGroup> group,
+              std::unique_ptr<cpu::RankGroup> threads, KvCacheConfig kv, MemoryInfo mem, Limits limits, std::uint64_t rank_block_bytes)
+      : weights_(std::move(w)), ranks_(std::move(ranks)), group_(std::move(group)), threads_(std::move(threads)), kv_(kv), mem_(mem), limits_(limits),
+        rank_block_bytes_(rank_block_bytes), host_(rank_block_bytes * ranks_.size(), cuda::alloc_mapped_host, cuda::free_mapped_host) {}
 
   std::string_view name() const override { return "cuda"; }
   const model::ModelConfig& config() const override { return weights_->config(); }
   const KvCacheConfig& kv_config() const override { return kv_; }
-  std::uint64_t kv_block_bytes() const override { return backend::kv_block_bytes(config(), kv_.dtype, kv_.block_size); }
+  std::uint64_t kv_block_bytes() const override { return rank_block_bytes_ * ranks_.size(); }
   MemoryInfo memory() const override { return mem_; }
 
   Status forward(const Batch& b, std::span<float> logits) override {
@@ -87,7 +93,7 @@ class CudaBackend final : public Backend {
   Status supply_masks(std::span<const std::uint64_t> masks) override {
     const std::size_t words = mask_words(config().vocab_size);
     if (masks.size() % words != 0) return Status(StatusCode::kInvalidArgument, "supply_masks: not a whole number of masks");
-    std::string e = model_->supply_masks(masks.data(), static_cast<int>(masks.size() / words));
+    std::string e = ranks_[0]->supply_masks(masks.data(), static_cast<int>(masks.size() / words));  // rank 0 samples
     if (!e.empty()) return Status(StatusCode::kInvalidArgument, "cuda: " + e);
     return Status::ok();
   }
@@ -131,7 +137,8 @@ class CudaBackend final : public Backend {
       in.sample = specs.data();
       in.sampled_tokens = b.sampled_tokens.data();
     }
-    std::string e = model_->prepare(in);
+    std::string e;
+    for (std::size_t r = 0; r < ranks_.size() && e.empty(); ++r) e = ranks_[r]->prepare(in);  // host staging, each rank's own
     staging_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
     return Status::ok();
@@ -142,16 +149,21 @@ class CudaBackend final : public Backend {
     patch_index_.resize(patches.size());
     patch_token_.resize(patches.size());
     for (std::size_t i = 0; i < patches.size(); ++i) patch_index_[i] = patches[i].index, patch_token_[i] = patches[i].token;
-    std::string e = model_->launch(patch_index_.data(), patch_token_.data(), static_cast<int>(patches.size()));
+    // At once on every rank: a launch may wait for its own step (a large head in chunks), which
+    // waits for the other ranks' collectives.
+    const Status s = on_ranks([&](int r) { return ranks_[static_cast<std::size_t>(r)]->launch(patch_index_.data(), patch_token_.data(), static_cast<int>(patches.size())); });
     staging_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
-    return Status::ok();
+    return s;
   }
 
   Status wait() override {
     const auto t0 = std::chrono::steady_clock::now();
     cuda::StepTimes t;
-    std::string e = model_->finish(&t);
+    std::string e;
+    for (std::size_t r = ranks_.size(); r-- > 0;) {  // rank 0, which has the results, last
+      std::string er = ranks_[r]->finish(r == 0 ? &t : nullptr);
+      if (e.empty()) e = er;
+    }
     // The device model's launch() counts waits for chunks of a large head as device time.
     staging_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - t.device_seconds;
     if (!e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
@@ -175,8 +187,13 @@ class CudaBackend final : public Backend {
         swap_ids_.push_back(c.device);
         swap_host_.push_back(reinterpret_cast<char*>(host_.block(c.host)));
       }
-      if (std::string e = model_->swap(swap_ids_.data(), swap_host_.data(), static_cast<int>(list.size()), out); !e.empty()) {
-        return Status(StatusCode::kInternal, "cuda: " + e);
+      for (std::size_t r = 0; r < ranks_.size(); ++r) {  // each rank's part of the host block
+        if (r > 0) {
+          for (char*& h : swap_host_) h += rank_block_bytes_;
+        }
+        if (std::string e = ranks_[r]->swap(swap_ids_.data(), swap_host_.data(), static_cast<int>(list.size()), out); !e.empty()) {
+          return Status(StatusCode::kInternal, "cuda: " + e);
+        }
       }
     }
     return Status::ok();
@@ -185,6 +202,20 @@ class CudaBackend final : public Backend {
   std::uint64_t host_swap_bytes() const override { return host_.bytes(); }
 
  private:
+  // fn(rank) on every rank at once (on the calling thread at TP 1); the first error, named by rank.
+  Status on_ranks(const std::function<std::string(int)>& fn) {
+    std::vector<std::string> errors(ranks_.size());
+    if (ranks_.size() == 1) {
+      errors[0] = fn(0);
+    } else {
+      threads_->run([&](int r) { errors[static_cast<std::size_t>(r)] = fn(r); });
+    }
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+      if (!errors[r].empty()) return Status(StatusCode::kInternal, "cuda: " + (ranks_.size() > 1 ? "rank " + std::to_string(r) + ": " : std::string()) + errors[r]);
+    }
+    return Status::ok();
+  }
+
   static cuda::SampleSpec to_spec(const RowSampling& r) {
     cuda::SampleSpec s;
     s.mode = r.mode == RowSampling::Mode::kGreedy ? 1 : (r.mode == RowSampling::Mode::kRandom ? 2 : 0);
@@ -214,10 +245,13 @@ class CudaBackend final : public Backend {
   }
 
   std::shared_ptr<const model::ModelWeights> weights_;
-  std::unique_ptr<cuda::DeviceModel> model_;
+  std::vector<std::unique_ptr<cuda::DeviceModel>> ranks_;
+  std::shared_ptr<cuda::TpGroup> group_;      // the ranks' collectives (each rank holds it too)
+  std::unique_ptr<cpu::RankGroup> threads_;   // a host thread per rank (TP > 1)
   KvCacheConfig kv_;
   MemoryInfo mem_;
   Limits limits_;
+  std::uint64_t rank_block_bytes_;
   std::vector<std::int32_t> start_, len_, ctx_;
   std::vector<const std::int32_t*> tables_;
   std::vector<cuda::SampleSpec> specs_[2];
@@ -229,8 +263,10 @@ class CudaBackend final : public Backend {
   double staging_s_ = 0;  // prepare(), launch() and wait() less the waits for the device (staging_seconds_total)
 };
 
-Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType act) {
+// A rank's share of the weights (the whole model at TP 1) to its device model.
+Status upload(cuda::DeviceModel& m, const model::ShardWeights& w, model::DType act) {
   const auto& c = w.config();
+  const model::ShardPlan& sp = w.plan();
   Progress progress("weights to device", static_cast<double>(w.bytes()), Progress::Unit::kBytes);  // by layers (the bulk of the bytes)
   auto put = [&](Slot slot, std::int64_t layer, std::int64_t at, const model::Tensor& t) -> Status {
     const std::int64_t n = t.numel(), piece = 64ll << 20;
@@ -268,12 +304,12 @@ Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType a
     return Status::ok();
   };
   auto projection = [&](Slot slot, Slot scale_slot, std::int64_t layer, std::int64_t row, const model::Tensor& t) -> Status {
-    return w.fp8() ? put_fp8(slot, scale_slot, layer, row, t) : put(slot, layer, row * t.shape[1], t);
+    return w.model().fp8() ? put_fp8(slot, scale_slot, layer, row, t) : put(slot, layer, row * t.shape[1], t);
   };
   LMSERVE_RETURN_IF_ERROR(put(Slot::kEmbed, -1, 0, w.embed_tokens()));
   LMSERVE_RETURN_IF_ERROR(put(Slot::kFinalNorm, -1, 0, w.final_norm()));
   if (!c.tie_word_embeddings) LMSERVE_RETURN_IF_ERROR(put(Slot::kLmHead, -1, 0, w.lm_head()));
-  const std::int64_t qrows = c.num_heads * c.head_dim, kvrows = c.num_kv_heads * c.head_dim;
+  const std::int64_t qrows = sp.heads * c.head_dim, kvrows = sp.kv_heads * c.head_dim;
   for (std::int64_t l = 0; l < c.num_layers; ++l) {
     const auto& L = w.layers()[static_cast<std::size_t>(l)];
     LMSERVE_RETURN_IF_ERROR(put(Slot::kInputNorm, l, 0, L.input_norm));
@@ -292,7 +328,7 @@ Status upload(cuda::DeviceModel& m, const model::ModelWeights& w, model::DType a
     }
     LMSERVE_RETURN_IF_ERROR(projection(Slot::kO, Slot::kOScale, l, 0, L.o_proj));
     LMSERVE_RETURN_IF_ERROR(projection(Slot::kGateUp, Slot::kGateUpScale, l, 0, L.gate_proj));
-    LMSERVE_RETURN_IF_ERROR(projection(Slot::kGateUp, Slot::kGateUpScale, l, c.intermediate_size, L.up_proj));
+    LMSERVE_RETURN_IF_ERROR(projection(Slot::kGateUp, Slot::kGateUpScale, l, sp.intermediate, L.up_proj));
     LMSERVE_RETURN_IF_ERROR(projection(Slot::kDown, Slot::kDownScale, l, 0, L.down_proj));
     progress.set(static_cast<double>(w.bytes()) * static_cast<double>(l + 1) / static_cast<double>(c.num_layers));
   }
@@ -311,7 +347,21 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   if (o.max_num_seqs < 1 || o.max_num_batched_tokens < 1) {
     return error(StatusCode::kInvalidArgument, "cuda backend: max_num_seqs and max_num_batched_tokens must be positive");
   }
-  if (!cuda::kernels_support(c.head_dim, c.num_heads / c.num_kv_heads) || c.head_dim / 2 > 128) {
+  const int tp = o.tensor_parallel_size;
+  LMSERVE_RETURN_IF_ERROR(model::check_tensor_parallel(c, tp));
+  std::vector<int> devices = o.devices;
+  for (int r = 0; devices.empty() && r < tp; ++r) devices.push_back(o.device + r);
+  if (static_cast<int>(devices.size()) != tp || tp > cuda::TpGroup::kMaxRanks) {
+    return error(StatusCode::kInvalidArgument, "cuda backend: one GPU per tensor-parallel rank, at most " + std::to_string(cuda::TpGroup::kMaxRanks));
+  }
+  std::vector<std::shared_ptr<const model::ShardWeights>> shards;
+  for (int r = 0; r < tp; ++r) {
+    auto sh = model::ShardWeights::make(weights, tp, r);
+    if (!sh) return error(sh.error());
+    shards.push_back(std::move(*sh));
+  }
+  const model::ShardPlan& sp = shards[0]->plan();  // every rank's shape (the vocabulary ranges aside)
+  if (!cuda::kernels_support(c.head_dim, sp.heads / sp.kv_heads) || c.head_dim / 2 > 128) {
     return error(StatusCode::kInvalidArgument, "cuda backend: head_dim " + std::to_string(c.head_dim) + " with " +
                                                    std::to_string(c.num_heads / c.num_kv_heads) +
                                                    " query heads per KV head is not supported (head_dim 16/32/64/128, up to 16 per group)");
@@ -320,10 +370,10 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   cuda::ModelDims d;
   d.vocab = c.vocab_size;
   d.hidden = c.hidden_size;
-  d.intermediate = c.intermediate_size;
+  d.intermediate = sp.intermediate;
   d.layers = c.num_layers;
-  d.heads = c.num_heads;
-  d.kv_heads = c.num_kv_heads;
+  d.heads = sp.heads;
+  d.kv_heads = sp.kv_heads;
   d.head_dim = c.head_dim;
   d.eps = static_cast<float>(c.rms_norm_eps);
   d.act = act_of(act);
@@ -332,15 +382,34 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   d.tied = c.tie_word_embeddings;
   d.fp8_weights = weights->fp8();
   d.inv_freq = rope_inv_freq(c);
-  if (d.fp8_weights && (c.hidden_size % 16 != 0 || (c.num_heads * c.head_dim) % 16 != 0 || c.intermediate_size % 16 != 0)) {
-    return error(StatusCode::kInvalidArgument, "cuda backend: FP8 weights need hidden_size, num_heads x head_dim and intermediate_size divisible by 16");
+  if (d.fp8_weights && (c.hidden_size % 16 != 0 || (d.heads * c.head_dim) % 16 != 0 || d.intermediate % 16 != 0)) {
+    return error(StatusCode::kInvalidArgument, "cuda backend: FP8 weights need hidden_size, num_heads x head_dim and intermediate_size (a rank's) divisible by 16");
   }
+  const std::int64_t step_tokens = std::max(o.max_num_batched_tokens, o.max_num_seqs);
+  std::shared_ptr<cuda::TpGroup> group;
   std::string err;
-  auto m = cuda::create_device_model(o.device, d, &err);
-  if (!m) return error(StatusCode::kUnavailable, "cuda backend: " + err);
+  if (tp > 1) {
+    std::int64_t widest = 0;
+    for (const auto& sh : shards) {
+      d.vocab_ranges.push_back(sh->plan().vocab_begin);
+      widest = std::max(widest, sh->plan().vocab_end - sh->plan().vocab_begin);
+    }
+    d.vocab_ranges.push_back(c.vocab_size);
+    const auto rows_h = static_cast<std::size_t>(step_tokens * c.hidden_size);
+    group = cuda::TpGroup::create(devices, rows_h * static_cast<std::size_t>(model::dtype_bytes(act)), rows_h * 4,
+                                  static_cast<std::size_t>(o.max_num_seqs * widest) * 4,
+                                  o.nccl ? cuda::TpGroup::Transport::kNccl : cuda::TpGroup::Transport::kPeer, &err);
+    if (!group) return error(StatusCode::kUnavailable, "cuda backend: tensor parallelism: " + err);
+  }
+  std::vector<std::unique_ptr<cuda::DeviceModel>> ranks;
   {
     StartupPhase phase("weights_to_device");
-    LMSERVE_RETURN_IF_ERROR(upload(*m, *weights, act));
+    for (int r = 0; r < tp; ++r) {
+      auto m = cuda::create_device_model(devices[static_cast<std::size_t>(r)], d, &err, group, r);
+      if (!m) return error(StatusCode::kUnavailable, "cuda backend: " + err);
+      LMSERVE_RETURN_IF_ERROR(upload(*m, *shards[static_cast<std::size_t>(r)], act));
+      ranks.push_back(std::move(m));
+    }
   }
 
   cuda::PlanOptions p;
@@ -375,14 +444,40 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   }
   std::unique_ptr<TuningCache> tuning;
   if (!o.tuning_cache.empty()) {
-    const auto id = cuda::device_identity(o.device);
+    const auto id = cuda::device_identity(devices[0]);
     tuning = TuningCache::open(o.tuning_cache, {id.name, id.multiprocessors, id.compute_capability, id.driver, id.runtime, id.cublaslt,
                                                 std::string(build_info().version) + " " + std::string(build_info().git_commit)});
     if (!tuning->note().empty()) spdlog::info("tuning cache {}: {}", tuning->file().string(), tuning->note());
     p.algo_cache = tuning.get();
   }
-  cuda::MemoryPlan plan;
-  const std::string plan_error = m->plan(p, &plan);
+  // Every rank plans at once (its dummy steps meet the others'), with its own KV heads' scales.
+  std::unique_ptr<cpu::RankGroup> threads = tp > 1 ? std::make_unique<cpu::RankGroup>(tp) : nullptr;
+  std::vector<cuda::MemoryPlan> plans(static_cast<std::size_t>(tp));
+  std::vector<std::string> plan_errors(static_cast<std::size_t>(tp));
+  auto plan_rank = [&](int r) {
+    cuda::PlanOptions pr = p;
+    if (tp > 1 && !p.k_scales.empty()) {
+      const model::ShardPlan& rp = shards[static_cast<std::size_t>(r)]->plan();
+      pr.k_scales.clear();
+      pr.v_scales.clear();
+      for (std::int64_t l = 0; l < c.num_layers; ++l) {
+        for (std::int64_t h = rp.first_kv_head; h < rp.first_kv_head + rp.kv_heads; ++h) {
+          pr.k_scales.push_back(p.k_scales[static_cast<std::size_t>(l * c.num_kv_heads + h)]);
+          pr.v_scales.push_back(p.v_scales[static_cast<std::size_t>(l * c.num_kv_heads + h)]);
+        }
+      }
+    }
+    plan_errors[static_cast<std::size_t>(r)] = ranks[static_cast<std::size_t>(r)]->plan(pr, &plans[static_cast<std::size_t>(r)]);
+  };
+  if (threads) {
+    threads->run(plan_rank);
+  } else {
+    plan_rank(0);
+  }
+  std::string plan_error;
+  for (int r = 0; r < tp && plan_error.empty(); ++r) {
+    if (!plan_errors[static_cast<std::size_t>(r)].empty()) plan_error = (tp > 1 ? "rank " + std::to_string(r) + ": " : std::string()) + plan_errors[static_cast<std::size_t>(r)];
+  }
   if (tuning) {
     spdlog::info("tuning cache {}: {} GEMM algorithms reused, {} timed", tuning->file().string(), tuning->hits(), tuning->misses());
     if (Status s = tuning->save(); !s.is_ok()) spdlog::warn("{}", s.message());
@@ -391,16 +486,23 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
     const bool no_memory = e.find("no GPU memory left") != std::string::npos || e.find("out of memory") != std::string::npos;
     return error(no_memory ? StatusCode::kResourceExhausted : StatusCode::kInternal, "cuda backend: " + e);
   }
+  // The group's memory (every rank's GPU) and the blocks every rank holds.
   MemoryInfo mem;
-  mem.total_bytes = plan.total;
-  mem.weight_bytes = plan.weights;
-  mem.activation_bytes = plan.activations;
-  mem.graph_bytes = plan.graphs;
-  mem.kv_cache_bytes = plan.kv;
-  mem.used_bytes = plan.weights + plan.activations + plan.graphs + plan.kv;
-  KvCacheConfig kv{o.kv_dtype, o.block_size, plan.num_blocks};
+  std::int64_t blocks = plans[0].num_blocks;
+  for (const cuda::MemoryPlan& plan : plans) {
+    mem.total_bytes += plan.total;
+    mem.weight_bytes += plan.weights;
+    mem.activation_bytes += plan.activations;
+    mem.graph_bytes += plan.graphs;
+    mem.kv_cache_bytes += plan.kv;
+    blocks = std::min(blocks, plan.num_blocks);
+  }
+  mem.used_bytes = mem.weight_bytes + mem.activation_bytes + mem.graph_bytes + mem.kv_cache_bytes;
+  KvCacheConfig kv{o.kv_dtype, o.block_size, blocks};
   const CudaBackend::Limits limits{std::max(p.max_tokens, p.max_seqs), p.max_seqs, p.max_model_len, p.device_sampling};
-  return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(m), kv, mem, limits));
+  const std::uint64_t rank_block_bytes =
+      2 * static_cast<std::uint64_t>(c.num_layers * o.block_size * sp.kv_heads * c.head_dim) * static_cast<std::uint64_t>(kv_dtype_bytes(o.kv_dtype));
+  return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(ranks), std::move(group), std::move(threads), kv, mem, limits, rank_block_bytes));
 }
 
 }  // namespace lmserve::backend

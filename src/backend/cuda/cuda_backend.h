@@ -24,6 +24,12 @@ namespace lmserve::backend {
 
 struct CudaBackendOptions {
   int device = 0;
+  // Tensor parallelism (model/shard.h, cuda/comm/tp_group.h): rank r on GPU devices[r] (empty:
+  // device + r), a host thread each; the KV cache has the blocks every rank can hold. The engine
+  // sees one backend.
+  int tensor_parallel_size = 1;
+  std::vector<int> devices;
+  bool nccl = false;  // the ranks' collectives through NCCL (else over peer pointers: cuda/comm/tp_group.h)
   KvDtype kv_dtype = KvDtype::kBFloat16;
   int block_size = 16;
   std::int64_t num_blocks = 0;  // 0: what the memory plan leaves

@@ -17,12 +17,16 @@ int act_bytes(Act a) { return a == Act::kF32 ? 4 : 2; }
 namespace {
 
 template <Act A>
-__global__ void embed_kernel(const void* table, const std::int32_t* tokens, int H, float* x) {
+__global__ void embed_kernel(const void* table, const std::int32_t* tokens, int H, std::int64_t begin, std::int64_t rows, float* x) {
   pdl_wait();
   pdl_release();
-  const std::int64_t row = static_cast<std::int64_t>(tokens[blockIdx.x]) * H;
+  const std::int64_t token = static_cast<std::int64_t>(tokens[blockIdx.x]) - begin;
   float* out = x + static_cast<std::int64_t>(blockIdx.x) * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = act_load<A>(table, row + i);
+  if (token < 0 || token >= rows) {  // another rank's row
+    for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = 0.0f;
+    return;
+  }
+  for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = act_load<A>(table, token * H + i);
 }
 
 template <Act G>
@@ -362,7 +366,13 @@ __global__ void fill_kernel(float* p, float v, std::int64_t n) {
 
 void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s) {
   if (T == 0) return;
-  LMSERVE_WITH_ACT(act, A, (launch_pdl(embed_kernel<A>, dim3(T), dim3(256), 0, s, table, tokens, H, x)));
+  launch_embed_rows(table, act, tokens, T, H, 0, INT64_MAX, x, s);
+}
+
+void launch_embed_rows(const void* table, Act act, const std::int32_t* tokens, int T, int H, std::int64_t begin, std::int64_t rows, float* x,
+                       cudaStream_t s) {
+  if (T == 0) return;
+  LMSERVE_WITH_ACT(act, A, (launch_pdl(embed_kernel<A>, dim3(T), dim3(256), 0, s, table, tokens, H, begin, rows, x)));
 }
 
 void launch_add(float* x, const void* delta, Act delta_act, std::int64_t n, cudaStream_t s) {

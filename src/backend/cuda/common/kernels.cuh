@@ -35,6 +35,10 @@ inline constexpr int kMmaRows = 128;
 
 // x[t, :] = float(table[tokens[t], :]).
 void launch_embed(const void* table, Act act, const std::int32_t* tokens, int T, int H, float* x, cudaStream_t s);
+// A tensor-parallel rank's share (model/shard.h): table holds the rows of tokens begin ..
+// begin + rows - 1; x[t, :] = float(table[tokens[t] - begin, :]) for those tokens, zeros for the rest.
+void launch_embed_rows(const void* table, Act act, const std::int32_t* tokens, int T, int H, std::int64_t begin, std::int64_t rows, float* x,
+                       cudaStream_t s);
 
 // x[t, :] += delta[t, :] for t < T.
 // x[i] += delta[i], delta in delta_act (the act, or float32 for a float32 delta).

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "backend/cuda/gemm/gemm.cuh"
 #include "backend/cuda/common/kernels.cuh"
 #include "backend/cuda/measure/step_report.cuh"
+#include "backend/cuda/comm/tp_group.h"
 
 // Early returns of a string error from a CUDA call (and, device_util.cuh's LMSERVE_TRY, from a
 // call that returns one).
@@ -36,7 +38,10 @@ struct LayerBuffers {
 
 class CudaModel final : public DeviceModel {
  public:
-  CudaModel(int device, ModelDims d) : device_(device), d_(std::move(d)), act_(static_cast<Act>(d_.act)) {}
+  CudaModel(int device, ModelDims d, std::shared_ptr<TpGroup> group, int rank)
+      : device_(device), d_(std::move(d)), act_(static_cast<Act>(d_.act)), tp_(std::move(group)), rank_(rank),
+        vocab_begin_(d_.vocab_ranges.empty() ? 0 : d_.vocab_ranges[static_cast<std::size_t>(rank)]),
+        vocab_rows_(d_.vocab_ranges.empty() ? d_.vocab : d_.vocab_ranges[static_cast<std::size_t>(rank) + 1] - vocab_begin_) {}
   ~CudaModel() override;
   std::string init();
   std::string set_weight(Slot slot, std::int64_t layer, std::int64_t offset, const void* host, std::size_t bytes) override;
@@ -93,7 +98,9 @@ class CudaModel final : public DeviceModel {
   // buffers the step uses.
   std::string prepare_gemms();
 
-  bool sampling_on(const StepInput& in) const { return o_.device_sampling && in.sample && in.sampled_tokens && in.num_rows > 0; }
+  // Rank 0 (the only one at TP 1) has the whole logits and hands the step's results back.
+  bool sampling_on(const StepInput& in) const { return rank_ == 0 && o_.device_sampling && in.sample && in.sampled_tokens && in.num_rows > 0; }
+  std::string plan_rank(const PlanOptions& o, MemoryPlan* out);
 
   // Sequences of `seq_len` pseudo-random tokens filling `tokens`, one logits row each.
   std::string run_dummy(int tokens, int seq_len);
@@ -104,6 +111,11 @@ class CudaModel final : public DeviceModel {
   int device_;
   ModelDims d_;
   Act act_;
+  // Tensor parallelism (create_device_model): the group, this rank, its embedding / LM head rows.
+  std::shared_ptr<TpGroup> tp_;
+  int rank_ = 0;
+  std::int64_t vocab_begin_ = 0, vocab_rows_ = 0;
+  DeviceBuffer tp_sum_;  // the all-reduced o_proj / down output (float32), which the next norm adds
   Kv kv_ = Kv::kF32;
   PlanOptions o_;
   cudaStream_t stream_ = nullptr;

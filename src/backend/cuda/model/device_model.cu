@@ -72,9 +72,9 @@ std::string CudaModel::init() {
     LMSERVE_TRY(b.alloc(rows * cols));
     return scales.alloc(rows * 4);
   };
-  LMSERVE_TRY(add(embed_, d_.vocab * H));
+  LMSERVE_TRY(add(embed_, vocab_rows_ * H));  // the rank's rows (all of them at TP 1)
   LMSERVE_TRY(add(final_norm_, H));
-  if (!d_.tied) LMSERVE_TRY(add(lm_head_, d_.vocab * H));
+  if (!d_.tied) LMSERVE_TRY(add(lm_head_, vocab_rows_ * H));
   layers_.resize(static_cast<std::size_t>(d_.layers));
   for (auto& L : layers_) {
     LMSERVE_TRY(add(L.input_norm, H));
@@ -120,6 +120,7 @@ std::string CudaModel::set_weight(Slot slot, std::int64_t layer, std::int64_t of
   const std::size_t element = scale ? 4 : (projection && d_.fp8_weights ? 1 : static_cast<std::size_t>(act_bytes(act_)));
   const std::size_t at = static_cast<std::size_t>(offset) * element;
   if (!b || !b->p || at + bytes > b->bytes) return "weight upload outside its buffer (slot " + std::to_string(static_cast<int>(slot)) + ")";
+  LMSERVE_CUDA_TRY(cudaSetDevice(device_));  // a tensor-parallel group's ranks share the loading thread
   // Through two pinned halves: host threads fill one (a copy from pageable memory, page-cache
   // pages faulted in by several threads at once) while the other goes to the device. A plain
   // cudaMemcpy from pageable memory ran at ~1.3 GB/s on the H200 machine.
@@ -155,6 +156,12 @@ std::string CudaModel::set_weight(Slot slot, std::int64_t layer, std::int64_t of
 }
 
 std::string CudaModel::plan(const PlanOptions& o, MemoryPlan* out) {
+  std::string e = plan_rank(o, out);
+  if (!e.empty() && tp_) tp_->fail();  // the other ranks stop at their next meeting instead of waiting
+  return e;
+}
+
+std::string CudaModel::plan_rank(const PlanOptions& o, MemoryPlan* out) {
   LMSERVE_CUDA_TRY(cudaSetDevice(device_));
   if (upload_stage_) {  // the weights are on the device: set_weight's staging is not needed again
     LMSERVE_CUDA_TRY(cudaFreeHost(upload_stage_));
@@ -176,6 +183,8 @@ std::string CudaModel::plan(const PlanOptions& o, MemoryPlan* out) {
     gemm_.set_algo_cache(nullptr);  // plans made later (a bucket's exact n) are not timed
     if (!e.empty()) return e;
   }
+  // The dummy steps from here on meet the other ranks on the device: their tuning first.
+  if (tp_ && !tp_->meet()) return "another rank of the tensor-parallel group failed to start";
   std::optional<StartupPhase> profile_phase(std::in_place, "activation_profile");
 
   // The activation peak: a maximal dummy batch on a temporary KV arena.
@@ -216,6 +225,7 @@ std::string CudaModel::plan(const PlanOptions& o, MemoryPlan* out) {
   }
   num_blocks_ = blocks;
 
+  if (tp_ && !tp_->meet()) return "another rank of the tensor-parallel group failed to start";  // (calibration runs collectives)
   if (kv_ == Kv::kE4M3) LMSERVE_TRY(set_scales(o));
   out->total = total;
   out->weights = weight_bytes_;
@@ -373,10 +383,10 @@ std::string CudaModel::describe(std::size_t total) const {
 std::string CudaModel::enqueue_fetch(Step& s, int r0, int R) {
   const std::size_t V = static_cast<std::size_t>(d_.vocab);
   s.fetch_r0 = r0;
-  s.fetch_rows = R;
+  s.fetch_rows = rank_ == 0 ? R : 0;  // only rank 0 has the results
   s.fetch_tokens = sampling_on(s.in);
   s.fetch_logits = !s.fetch_tokens || host_rows_;
-  if (R <= 0) return {};
+  if (s.fetch_rows <= 0) return {};
   if (s.fetch_tokens) {
     LMSERVE_CUDA_TRY(cudaMemcpyAsync(host_tokens_, sampled_.p, static_cast<std::size_t>(R) * 4, cudaMemcpyDeviceToHost, stream_));
   }
@@ -428,7 +438,10 @@ std::string CudaModel::allocate_activations() {
     gemm_.set_fp8_scratch(fp8_xq_.p, fp8_xs_.as<float>());
   }
   LMSERVE_TRY(hrows_.alloc(R * H * a));
-  LMSERVE_TRY(logits_.alloc(R * static_cast<std::size_t>(d_.vocab) * 4));
+  // The whole logits: rank 0's (the others' LM head writes their range into the group's buffer).
+  const std::size_t logit_rows = rank_ == 0 ? R : 0;
+  LMSERVE_TRY(logits_.alloc(logit_rows * static_cast<std::size_t>(d_.vocab) * 4));
+  if (tp_) LMSERVE_TRY(tp_sum_.alloc(T * H * 4));
   LMSERVE_TRY(sampled_.alloc(R * 4));
   if (o_.device_sampling) {
     mask_words_ = (static_cast<std::size_t>(d_.vocab) + 63) / 64;
@@ -467,7 +480,8 @@ std::string CudaModel::allocate_activations() {
   off_tables_ = take(static_cast<std::size_t>(max_seqs_) * static_cast<std::size_t>(std::max(1, max_blocks_per_seq_)) * 4);
   LMSERVE_TRY(meta_.alloc(off));
   LMSERVE_CUDA_TRY(cudaHostAlloc(&stage_, off, cudaHostAllocDefault));
-  LMSERVE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_logits_), R * static_cast<std::size_t>(d_.vocab) * 4, cudaHostAllocDefault));
+  LMSERVE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_logits_), std::max<std::size_t>(logit_rows * static_cast<std::size_t>(d_.vocab) * 4, 4),
+                                 cudaHostAllocDefault));
   LMSERVE_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&host_tokens_), R * 4, cudaHostAllocDefault));
   if (o_.device_sampling) LMSERVE_CUDA_TRY(cudaHostAlloc(&mask_stage_, mask_rows_off_ + R * mask_words_ * 8, cudaHostAllocDefault));
   // Decode graphs use identity items and rows: item i = token i of sequence i.
@@ -570,11 +584,10 @@ std::string CudaModel::prepare_gemms() {
   const Act prod = act_;  // the layer products come out in the act
   // o_proj and down as the step runs them where cuBLASLt runs them (more than Gemm::kStreamRows
   // rows): added into x_ (float32; the timing runs change it, and every forward pass starts by
-  // writing it).
-  const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.p, stream_}, prod},
-                              {H, qd, {L.o.p, attn_.p, x_.p, stream_, true}, Act::kF32},
-                              {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, prod},
-                              {H, I, {L.down.p, mlp_in_.p, x_.p, stream_, true}, Act::kF32}};
+  // writing it); with tensor parallelism, partial sums in the act for the all-reduce.
+  const Product residual_o = tp_ ? Product{H, qd, {L.o.p, attn_.p, out_.p, stream_}, prod} : Product{H, qd, {L.o.p, attn_.p, x_.p, stream_, true}, Act::kF32};
+  const Product residual_down = tp_ ? Product{H, I, {L.down.p, mlp_in_.p, out_.p, stream_}, prod} : Product{H, I, {L.down.p, mlp_in_.p, x_.p, stream_, true}, Act::kF32};
+  const Product products[] = {{qkvd, H, {L.qkv.p, h_.p, qkv_.p, stream_}, prod}, residual_o, {2 * I, H, {L.gate_up.p, h_.p, gu_.p, stream_}, prod}, residual_down};
   Progress progress("tuning GEMMs", 5, Progress::Unit::kCount, "products");  // the layer's four and the LM head
   if (d_.fp8_weights) {
     // The same products on the quantized inputs (their scratch, any values) and FP8 weights.
@@ -593,8 +606,8 @@ std::string CudaModel::prepare_gemms() {
       progress.add(1);
     }
   }
-  const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), stream_};
-  LMSERVE_TRY(gemm_.prepare(static_cast<int>(d_.vocab), H, act_, max_seqs_, &head));
+  const Gemm::Operands head{d_.tied ? embed_.p : lm_head_.p, hrows_.p, tp_ ? tp_->gather_buffer(rank_) : logits_.as<float>(), stream_};
+  LMSERVE_TRY(gemm_.prepare(static_cast<int>(vocab_rows_), H, act_, max_seqs_, &head));
   progress.add(1);
   return {};
 }
@@ -657,6 +670,10 @@ std::string CudaModel::capture_graphs() {
   };
   for (int b : buckets_) {
     // Warm up (cuBLASLt plans for this shape), then capture one decode step of b sequences.
+    // Ranks of a group start each warm-up together (TpGroup: no rank may be inside a call that
+    // waits for the whole device, such as instantiating a graph, while another's collectives run
+    // on a GPU they share).
+    if (tp_ && !tp_->meet()) return "another rank of the tensor-parallel group failed to start";
     LMSERVE_TRY(run_dummy(b, 1));
     LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
     lap(&seconds[0]);
@@ -761,8 +778,13 @@ DeviceIdentity device_identity(int device) {
   return id;
 }
 
-std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& dims, std::string* error) {
-  auto m = std::make_unique<CudaModel>(device, dims);
+std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& dims, std::string* error, std::shared_ptr<TpGroup> group, int rank) {
+  const std::size_t ranks = group ? static_cast<std::size_t>(group->size()) : 1;
+  if (rank < 0 || static_cast<std::size_t>(rank) >= ranks || (group && dims.vocab_ranges.size() != ranks + 1) || (!group && !dims.vocab_ranges.empty())) {
+    *error = "create_device_model: a rank of its group, with one vocabulary range per rank";
+    return nullptr;
+  }
+  auto m = std::make_unique<CudaModel>(device, dims, std::move(group), rank);
   if (std::string e = m->init(); !e.empty()) {
     *error = e;
     return nullptr;

@@ -17,6 +17,8 @@ class AlgoCache;
 
 namespace lmserve::cuda {
 
+class TpGroup;
+
 // How the device decides one logits row (backend.h, RowSampling): mode 0 leaves it to the
 // host (token -1), 1 takes the argmax (ties: the lowest id), 2 draws from softmax(logits /
 // temperature) restricted to the top_k largest logits (ties with the k-th kept), then to the
@@ -43,6 +45,11 @@ struct ModelDims {
   // row (the k*Scale slots); the activations quantized per token before each (Gemm, "FP8 weights").
   bool fp8_weights = false;
   std::vector<float> inv_freq;
+  // Tensor parallelism (model/shard.h; create_device_model's group): heads, kv_heads and
+  // intermediate are the rank's share, `vocab` stays the whole vocabulary (the logits' width), and
+  // rank k's rows of the embedding and LM head are vocab_ranges[k] .. vocab_ranges[k + 1] - 1.
+  // Empty: one rank, every row.
+  std::vector<std::int64_t> vocab_ranges;
 };
 
 // Where set_weight puts a tensor. Fused: kQkv = [q; k; v] rows, kGateUp = [gate; up] rows.
@@ -145,8 +152,13 @@ class DeviceModel {
 void* alloc_mapped_host(std::size_t bytes);
 void free_mapped_host(void* p);
 
-// Selects `device`, allocates the weight buffers for `dims`.
-std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& dims, std::string* error);
+// Selects `device`, allocates the weight buffers for `dims`. With a tensor-parallel group
+// (comm/tp_group.h) the model is rank `rank` of it: its o_proj and down products and its
+// embedding rows are all-reduced over the group, its logits gathered on rank 0, and only rank 0
+// samples and hands results back (the others' finish() only waits). Every rank's plan() and
+// steps must run at once, each on its own host thread.
+std::unique_ptr<DeviceModel> create_device_model(int device, const ModelDims& dims, std::string* error,
+                                                 std::shared_ptr<TpGroup> group = nullptr, int rank = 0);
 
 bool kernels_support(std::int64_t head_dim, std::int64_t group);
 

@@ -29,8 +29,14 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   // Not at one or two rows: there the weight-streaming kernel's last step would wait on the
   // residual's load, for a norm kernel that moves a few KB (docs/perf.md, "residual in the
   // epilogue").
-  const bool fused = T > Gemm::kStreamRows;
+  // With tensor parallelism (tp_) o_proj and down write this rank's partial sums into the group's
+  // buffers (alternating), the all-reduce adds them up into tp_sum_ (float32), and the next norm
+  // adds that to x_; nothing is fused or folded across them.
+  const bool fused = !tp_ && T > Gemm::kStreamRows;
   float* x = x_.as<float>();
+  void* const layer_sum = tp_ ? tp_sum_.p : out_.p;  // what the next norm adds to x_, in sum_act
+  const Act sum_act = tp_ ? Act::kF32 : prod;
+  const std::int64_t rows_h = static_cast<std::int64_t>(T) * H;
   // With FP8 weights every product quantizes its input per token first (Gemm, "FP8 weights").
   const bool fp8 = d_.fp8_weights;
   // The norms before QKV and gate/up quantize their output for those products themselves.
@@ -43,7 +49,11 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   auto product = [&](const DeviceBuffer& w, const DeviceBuffer& scales, const void* in, void* y, int m, int k) {
     return fp8 ? gemm_.run_fp8({w.p, scales.as<float>()}, in, y, prod, m, T, k, act_, stream_) : gemm_.run(w.p, in, y, prod, m, T, k, act_, stream_);
   };
-  auto residual_product = [&](const DeviceBuffer& w, const DeviceBuffer& scales, const void* in, int m, int k) {
+  auto residual_product = [&](const DeviceBuffer& w, const DeviceBuffer& scales, const void* in, int m, int k, int which) {
+    if (tp_) {
+      LMSERVE_TRY(product(w, scales, in, tp_->product_buffer(rank_, which), m, k));
+      return tp_->all_reduce(rank_, which, d_.act, tp_sum_.as<float>(), rows_h, stream_);
+    }
     if (!fused) return product(w, scales, in, out_.p, m, k);
     return fp8 ? gemm_.run_add_fp8({w.p, scales.as<float>()}, in, x, m, T, k, act_, stream_) : gemm_.run_add(w.p, in, x, m, T, k, act_, stream_);
   };
@@ -51,15 +61,21 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
   // o_proj and down add into x and leave g = x * w and partial sums of squares in h_ and
   // fold_ss_, and QKV and gate/up scale their sums by the norm's inverse RMS; no norm kernel
   // runs in a layer. The final norm (head) stays.
-  const bool fold = !fp8 && Gemm::can_fold(T, H, act_) && Gemm::can_fold(T, qd, act_) && Gemm::can_fold(T, I, act_);
-  const void* pending = fused || fold ? nullptr : out_.p;  // what the next norm adds to x_ first
+  const bool fold = !tp_ && !fp8 && Gemm::can_fold(T, H, act_) && Gemm::can_fold(T, qd, act_) && Gemm::can_fold(T, I, act_);
+  const void* pending = fused || fold ? nullptr : layer_sum;  // what the next norm adds to x_ first
   Gemm::NormFold nf;
   nf.H = H;
   nf.eps = d_.eps;
   nf.g = h_.p;
   nf.in_partials = fold_ss_.as<float>();
   nf.out_partials = fold_ss_.as<float>();
-  launch_embed(embed_.p, act_, tokens, T, H, x, stream_);
+  if (tp_) {  // the rank's vocabulary rows (zeros for the other tokens), added up over the ranks
+    auto* rows = static_cast<float*>(tp_->product_buffer(rank_, 2));
+    launch_embed_rows(embed_.p, act_, tokens, T, H, vocab_begin_, vocab_rows_, rows, stream_);
+    LMSERVE_TRY(tp_->all_reduce(rank_, 2, backend::ActDtype::kFloat32, x, rows_h, stream_));
+  } else {
+    launch_embed(embed_.p, act_, tokens, T, H, x, stream_);
+  }
   if (fold) {
     launch_norm_fold_start(x, T, H, layers_[0].input_norm.p, act_, h_.p, fold_ss_.as<float>(), stream_);
     nf.in_parts = 1;
@@ -70,7 +86,7 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
       LMSERVE_TRY(gemm_.run_folded(L.qkv.p, h_.p, qkv_.p, prod, qkvd, T, H, act_, nf, stream_));
     } else {
       // Unfused, x was last written by the norm before the product(s) that precede this norm.
-      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, prod, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_, !fused && l > 0, nq, nqs);
+      launch_add_rmsnorm(x, l == 0 ? nullptr : pending, sum_act, nullptr, T, H, L.input_norm.p, act_, d_.eps, h_.p, stream_, !fused && l > 0, nq, nqs);
       LMSERVE_TRY(product(L.qkv, L.qkv_scale, fp8 ? h_in : h_.p, qkv_.p, qkvd, H));
     }
     QkvRopeArgs r;
@@ -140,23 +156,30 @@ std::string CudaModel::enqueue_layers(int T, const char* items, int num_items, i
       }
       continue;
     }
-    LMSERVE_TRY(residual_product(L.o, L.o_scale, attn_.p, H, qd));
-    launch_add_rmsnorm(x, pending, prod, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_, !fused, nq, nqs);
+    LMSERVE_TRY(residual_product(L.o, L.o_scale, attn_.p, H, qd, 0));
+    launch_add_rmsnorm(x, pending, sum_act, nullptr, T, H, L.post_norm.p, act_, d_.eps, h_.p, stream_, !fused, nq, nqs);
     if (fp8) {
       LMSERVE_TRY(gemm_.run_gate_up_silu_fp8({L.gate_up.p, L.gate_up_scale.as<float>()}, h_in, gu_.p, mlp_in_.p, I, T, H, act_, stream_, mlp_quant));
     } else {
       LMSERVE_TRY(gemm_.run_gate_up_silu(L.gate_up.p, h_.p, gu_.p, mlp_in_.p, I, T, H, act_, stream_));
     }
-    LMSERVE_TRY(residual_product(L.down, L.down_scale, mlp_quant ? nullptr : mlp_in_.p, H, I));
+    LMSERVE_TRY(residual_product(L.down, L.down_scale, mlp_quant ? nullptr : mlp_in_.p, H, I, 1));
   }
-  if (pending) launch_add(x, pending, prod, static_cast<std::int64_t>(T) * H, stream_);
+  if (pending) launch_add(x, pending, sum_act, rows_h, stream_);
   return {};
 }
 
 std::string CudaModel::enqueue_head(const std::int32_t* rows, int R, const SampleSpec* specs) {
   const int H = static_cast<int>(d_.hidden);
   launch_add_rmsnorm(x_.as<float>(), nullptr, Act::kF32, rows, R, H, final_norm_.p, act_, d_.eps, hrows_.p, stream_);
-  LMSERVE_TRY(gemm_.run(d_.tied ? embed_.p : lm_head_.p, hrows_.p, logits_.as<float>(), static_cast<int>(d_.vocab), R, H, act_, stream_));
+  const void* head = d_.tied ? embed_.p : lm_head_.p;
+  if (tp_) {  // the rank's vocabulary range, gathered into rank 0's logits
+    LMSERVE_TRY(gemm_.run(head, hrows_.p, tp_->gather_buffer(rank_), static_cast<int>(vocab_rows_), R, H, act_, stream_));
+    LMSERVE_TRY(tp_->gather_rows(rank_, logits_.as<float>(), R, d_.vocab_ranges, stream_));
+    if (rank_ != 0) return {};
+  } else {
+    LMSERVE_TRY(gemm_.run(head, hrows_.p, logits_.as<float>(), static_cast<int>(d_.vocab), R, H, act_, stream_));
+  }
   // Part of every head (and so of every graph) when device sampling is on: a few passes over
   // the logits, small next to the lm_head GEMM; rows of mode 0 return at once.
   if (o_.device_sampling) launch_sample(logits_.as<float>(), R, static_cast<int>(d_.vocab), specs, sampled_.as<std::int32_t>(), stream_);
