@@ -4,7 +4,7 @@
 # that never meets its peers ends its step with a device error after 60 s, which poisons that
 # process's CUDA context: the tests after it would fail for nothing), then the rest of
 # backend_compare (TP 1). On one GPU the ranks share it; with GPUS >= 2 (nvidia-h200-x2) the
-# 8B-shaped benches of TP 1 and TP 2 follow (BENCH=0 skips them).
+# 8B-shaped benches of TP 1 and TP 2 and a 70B-shaped b1 at TP 2 follow (BENCH=0 skips them).
 # Usage: [GPUS=2] [TP_AR="peer nccl"] scripts/device-tp.sh
 set -uo pipefail
 source "$(dirname "$0")/device-env.sh"
@@ -31,5 +31,9 @@ if [[ ${GPUS:-1} -ge 2 && ${BENCH:-1} == 1 ]]; then
       row "128/128 TP $tp $ar" "rc=$? $(grep -iE 'tok/s|tokens/s' "$OUT/t128_tp${tp}_$ar.log" | tail -1)"
     done
   done
+  # Llama-3.1-70B's shape in bf16 (141 GB of weights): loads and serves only split over two GPUs.
+  big=(--model tests/fixtures/configs/llama-3.1-70b --tokenizer $B/tok --load-format dummy --device cuda --tensor-parallel-size 2)
+  timeout 400 $B/bin/lmserve bench latency "${big[@]}" --batch-size 1 --input-len 128 --output-len 128 > "$OUT/b1_70b_tp2.log" 2>&1
+  row "70B b1 TP 2" "rc=$? $(grep -iE 'step|avg' "$OUT/b1_70b_tp2.log" | tail -1)"
 fi
 echo "== figures"; cat "$OUT/tp_figures.txt" 2>/dev/null

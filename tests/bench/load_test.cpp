@@ -291,6 +291,25 @@ TEST(Plan, WeightsPoolAndGpusByLittlesLaw) {
   EXPECT_FALSE(gpu_preset("TPU"));
 }
 
+// The architecture-only configs that benches load with --load-format dummy have the shapes of
+// the planner's presets of the same name.
+TEST(Plan, TheBenchConfigsAreThePresets) {
+  for (const char* name : {"llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b"}) {
+    SCOPED_TRACE(name);
+    auto file = model::load_config(std::filesystem::path(LMSERVE_SOURCE_DIR) / "tests/fixtures/configs" / name);
+    auto preset = model_preset(name);
+    ASSERT_TRUE(file && preset);
+    EXPECT_EQ(file->vocab_size, preset->vocab_size);
+    EXPECT_EQ(file->hidden_size, preset->hidden_size);
+    EXPECT_EQ(file->intermediate_size, preset->intermediate_size);
+    EXPECT_EQ(file->num_layers, preset->num_layers);
+    EXPECT_EQ(file->num_heads, preset->num_heads);
+    EXPECT_EQ(file->num_kv_heads, preset->num_kv_heads);
+    EXPECT_EQ(file->head_dim, preset->head_dim);
+    EXPECT_EQ(file->num_parameters(), preset->num_parameters());
+  }
+}
+
 // The activation reserve is the CUDA backend's step buffers (backend::step_buffer_bytes, which
 // the backend allocates from too) for the step's tokens, logits for every sequence, the cuBLASLt
 // workspace and 0.5 GiB of context. At the Llama-3.1-8B shape a token's buffers are 144 KiB with

@@ -130,6 +130,9 @@ TEST(Cli, UsageErrorsExitTwo) {
   r = run("serve --port 0 --device cpu --tensor-parallel-size 3 --model " + (lmserve::testing::source_dir() / "models/demo").string());
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("--tensor-parallel-size 3: does not divide the model's 4 attention heads"), std::string::npos) << r.output;
+  r = run("generate --device cpu --tensor-parallel-all-reduce ring --prompt x --model " + (lmserve::testing::source_dir() / "models/demo").string());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--tensor-parallel-all-reduce: ring not in {peer,nccl}"), std::string::npos) << r.output;
 }
 
 std::string model_dir() { return (lmserve::testing::source_dir() / "models/demo").string(); }
