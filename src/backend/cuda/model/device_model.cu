@@ -183,13 +183,14 @@ std::string CudaModel::plan_rank(const PlanOptions& o, MemoryPlan* out) {
     gemm_.set_algo_cache(nullptr);  // plans made later (a bucket's exact n) are not timed
     if (!e.empty()) return e;
   }
-  // The dummy steps from here on meet the other ranks on the device: their tuning first.
-  if (tp_ && !tp_->meet()) return "another rank of the tensor-parallel group failed to start";
   std::optional<StartupPhase> profile_phase(std::in_place, "activation_profile");
 
   // The activation peak: a maximal dummy batch on a temporary KV arena.
   const std::int64_t tmp_blocks = (max_tokens_ + o.block_size - 1) / o.block_size + 1;
   LMSERVE_TRY(allocate_kv(tmp_blocks, &tmp_kv_));
+  // The dummy steps from here on meet the other ranks on the device: their tuning and
+  // allocations first (TpGroup::meet).
+  if (tp_ && !tp_->meet()) return "another rank of the tensor-parallel group failed to start";
   LMSERVE_TRY(run_dummy(max_tokens_, static_cast<int>(std::min<std::int64_t>(max_tokens_, max_model_len_))));
   LMSERVE_CUDA_TRY(cudaStreamSynchronize(stream_));
   std::size_t free_after = 0;
