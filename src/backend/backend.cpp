@@ -45,8 +45,8 @@ int kv_dtype_bytes(KvDtype d) {
   }
 }
 
-std::uint64_t kv_block_bytes(const model::ModelConfig& c, KvDtype dtype, int block_size) {
-  return static_cast<std::uint64_t>(2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * kv_dtype_bytes(dtype));
+std::uint64_t kv_block_bytes(const model::ModelConfig& c, KvDtype dtype, int block_size, std::int64_t kv_heads) {
+  return static_cast<std::uint64_t>(2 * c.num_layers * block_size * (kv_heads > 0 ? kv_heads : c.num_kv_heads) * c.head_dim * kv_dtype_bytes(dtype));
 }
 
 Status Backend::prepare(const Batch& batch, std::span<float> logits) {

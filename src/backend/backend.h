@@ -194,8 +194,9 @@ class Backend {
 // 64-bit words of one token mask over a vocabulary of `vocab` tokens.
 inline std::size_t mask_words(std::int64_t vocab) { return static_cast<std::size_t>((vocab + 63) / 64); }
 
-// Bytes one KV block needs for `config` with `dtype` and `block_size` (all layers, K and V).
-std::uint64_t kv_block_bytes(const model::ModelConfig& config, KvDtype dtype, int block_size);
+// Bytes one KV block needs for `config` with `dtype` and `block_size` (all layers, K and V), for
+// `kv_heads` KV heads (0: the model's; a tensor-parallel rank's share: model/shard.h).
+std::uint64_t kv_block_bytes(const model::ModelConfig& config, KvDtype dtype, int block_size, std::int64_t kv_heads = 0);
 
 // The checks every backend makes before touching the cache: InvalidArgument ("batch: ...") for
 // ids, slots, blocks, positions or logits rows out of range, or a logits buffer of the wrong size.

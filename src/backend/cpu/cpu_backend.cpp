@@ -124,7 +124,7 @@ class CpuBackend final : public Backend {
   std::size_t layer_bytes(const Rank& r) const { return layer_bytes(cfg_, kv_, r.w->plan()); }
   static std::uint64_t group_block_bytes(const ModelConfig& c, const KvCacheConfig& kv, const std::vector<std::shared_ptr<const model::ShardWeights>>& shards) {
     std::uint64_t n = 0;
-    for (const auto& s : shards) n += 2 * static_cast<std::uint64_t>(c.num_layers) * layer_bytes(c, kv, s->plan());
+    for (const auto& s : shards) n += backend::kv_block_bytes(c, kv.dtype, kv.block_size, s->plan().kv_heads);
     return n;
   }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "backend/cpu/rank_group.h"
@@ -59,6 +60,22 @@ std::vector<std::byte> as_act(const model::Tensor& t, std::int64_t offset, std::
   return out;
 }
 
+// fn(rank) for every rank at once on `threads` (on the calling thread for one rank): the first
+// error, named by its rank when there are several.
+std::string on_ranks(cpu::RankGroup* threads, int ranks, const std::function<std::string(int)>& fn) {
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  if (ranks == 1) {
+    errors[0] = fn(0);
+  } else {
+    threads->run([&](int r) { errors[static_cast<std::size_t>(r)] = fn(r); });
+  }
+  for (int r = 0; r < ranks; ++r) {
+    const std::string& e = errors[static_cast<std::size_t>(r)];
+    if (!e.empty()) return ranks > 1 ? "rank " + std::to_string(r) + ": " + e : e;
+  }
+  return {};
+}
+
 class CudaBackend final : public Backend {
  public:
   // The largest step the memory plan was made for (as the device model applies them).
@@ -68,9 +85,9 @@ class CudaBackend final : public Backend {
   };
   // One device model per tensor-parallel rank (one at TP 1), each rank's KV block
   // `rank_block_bytes` (a host swap block holds rank 0's, then rank 1's, ...).
-  CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::vector<std::unique_ptr<cuda::DeviceModel>> ranks, std::shared_ptr<cuda::TpGroup> group,
-              std::unique_ptr<cpu::RankGroup> threads, KvCacheConfig kv, MemoryInfo mem, Limits limits, std::uint64_t rank_block_bytes)
-      : weights_(std::move(w)), ranks_(std::move(ranks)), group_(std::move(group)), threads_(std::move(threads)), kv_(kv), mem_(mem), limits_(limits),
+  CudaBackend(std::shared_ptr<const model::ModelWeights> w, std::vector<std::unique_ptr<cuda::DeviceModel>> ranks, std::unique_ptr<cpu::RankGroup> threads,
+              KvCacheConfig kv, MemoryInfo mem, Limits limits, std::uint64_t rank_block_bytes)
+      : weights_(std::move(w)), ranks_(std::move(ranks)), threads_(std::move(threads)), kv_(kv), mem_(mem), limits_(limits),
         rank_block_bytes_(rank_block_bytes), host_(rank_block_bytes * ranks_.size(), cuda::alloc_mapped_host, cuda::free_mapped_host) {}
 
   std::string_view name() const override { return "cuda"; }
@@ -151,9 +168,12 @@ class CudaBackend final : public Backend {
     for (std::size_t i = 0; i < patches.size(); ++i) patch_index_[i] = patches[i].index, patch_token_[i] = patches[i].token;
     // At once on every rank: a launch may wait for its own step (a large head in chunks), which
     // waits for the other ranks' collectives.
-    const Status s = on_ranks([&](int r) { return ranks_[static_cast<std::size_t>(r)]->launch(patch_index_.data(), patch_token_.data(), static_cast<int>(patches.size())); });
+    const std::string e = on_ranks(threads_.get(), static_cast<int>(ranks_.size()), [&](int r) {
+      return ranks_[static_cast<std::size_t>(r)]->launch(patch_index_.data(), patch_token_.data(), static_cast<int>(patches.size()));
+    });
     staging_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return s;
+    if (!e.empty()) return Status(StatusCode::kInternal, "cuda: " + e);
+    return Status::ok();
   }
 
   Status wait() override {
@@ -202,20 +222,6 @@ class CudaBackend final : public Backend {
   std::uint64_t host_swap_bytes() const override { return host_.bytes(); }
 
  private:
-  // fn(rank) on every rank at once (on the calling thread at TP 1); the first error, named by rank.
-  Status on_ranks(const std::function<std::string(int)>& fn) {
-    std::vector<std::string> errors(ranks_.size());
-    if (ranks_.size() == 1) {
-      errors[0] = fn(0);
-    } else {
-      threads_->run([&](int r) { errors[static_cast<std::size_t>(r)] = fn(r); });
-    }
-    for (std::size_t r = 0; r < errors.size(); ++r) {
-      if (!errors[r].empty()) return Status(StatusCode::kInternal, "cuda: " + (ranks_.size() > 1 ? "rank " + std::to_string(r) + ": " : std::string()) + errors[r]);
-    }
-    return Status::ok();
-  }
-
   static cuda::SampleSpec to_spec(const RowSampling& r) {
     cuda::SampleSpec s;
     s.mode = r.mode == RowSampling::Mode::kGreedy ? 1 : (r.mode == RowSampling::Mode::kRandom ? 2 : 0);
@@ -245,8 +251,7 @@ class CudaBackend final : public Backend {
   }
 
   std::shared_ptr<const model::ModelWeights> weights_;
-  std::vector<std::unique_ptr<cuda::DeviceModel>> ranks_;
-  std::shared_ptr<cuda::TpGroup> group_;      // the ranks' collectives (each rank holds it too)
+  std::vector<std::unique_ptr<cuda::DeviceModel>> ranks_;  // each holds the group of their collectives (TP > 1)
   std::unique_ptr<cpu::RankGroup> threads_;   // a host thread per rank (TP > 1)
   KvCacheConfig kv_;
   MemoryInfo mem_;
@@ -363,7 +368,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   const model::ShardPlan& sp = shards[0]->plan();  // every rank's shape (the vocabulary ranges aside)
   if (!cuda::kernels_support(c.head_dim, sp.heads / sp.kv_heads) || c.head_dim / 2 > 128) {
     return error(StatusCode::kInvalidArgument, "cuda backend: head_dim " + std::to_string(c.head_dim) + " with " +
-                                                   std::to_string(c.num_heads / c.num_kv_heads) +
+                                                   std::to_string(sp.heads / sp.kv_heads) +
                                                    " query heads per KV head is not supported (head_dim 16/32/64/128, up to 16 per group)");
   }
   const model::DType act = weights->dtype();
@@ -453,8 +458,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   // Every rank plans at once (its dummy steps meet the others'), with its own KV heads' scales.
   std::unique_ptr<cpu::RankGroup> threads = tp > 1 ? std::make_unique<cpu::RankGroup>(tp) : nullptr;
   std::vector<cuda::MemoryPlan> plans(static_cast<std::size_t>(tp));
-  std::vector<std::string> plan_errors(static_cast<std::size_t>(tp));
-  auto plan_rank = [&](int r) {
+  const std::string plan_error = on_ranks(threads.get(), tp, [&](int r) {
     cuda::PlanOptions pr = p;
     if (tp > 1 && !p.k_scales.empty()) {
       const model::ShardPlan& rp = shards[static_cast<std::size_t>(r)]->plan();
@@ -467,17 +471,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
         }
       }
     }
-    plan_errors[static_cast<std::size_t>(r)] = ranks[static_cast<std::size_t>(r)]->plan(pr, &plans[static_cast<std::size_t>(r)]);
-  };
-  if (threads) {
-    threads->run(plan_rank);
-  } else {
-    plan_rank(0);
-  }
-  std::string plan_error;
-  for (int r = 0; r < tp && plan_error.empty(); ++r) {
-    if (!plan_errors[static_cast<std::size_t>(r)].empty()) plan_error = (tp > 1 ? "rank " + std::to_string(r) + ": " : std::string()) + plan_errors[static_cast<std::size_t>(r)];
-  }
+    return ranks[static_cast<std::size_t>(r)]->plan(pr, &plans[static_cast<std::size_t>(r)]);
+  });
   if (tuning) {
     spdlog::info("tuning cache {}: {} GEMM algorithms reused, {} timed", tuning->file().string(), tuning->hits(), tuning->misses());
     if (Status s = tuning->save(); !s.is_ok()) spdlog::warn("{}", s.message());
@@ -500,9 +495,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(std::shared_ptr<const model::
   mem.used_bytes = mem.weight_bytes + mem.activation_bytes + mem.graph_bytes + mem.kv_cache_bytes;
   KvCacheConfig kv{o.kv_dtype, o.block_size, blocks};
   const CudaBackend::Limits limits{std::max(p.max_tokens, p.max_seqs), p.max_seqs, p.max_model_len, p.device_sampling};
-  const std::uint64_t rank_block_bytes =
-      2 * static_cast<std::uint64_t>(c.num_layers * o.block_size * sp.kv_heads * c.head_dim) * static_cast<std::uint64_t>(kv_dtype_bytes(o.kv_dtype));
-  return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(ranks), std::move(group), std::move(threads), kv, mem, limits, rank_block_bytes));
+  const std::uint64_t rank_block_bytes = backend::kv_block_bytes(c, o.kv_dtype, o.block_size, sp.kv_heads);
+  return std::unique_ptr<Backend>(new CudaBackend(std::move(weights), std::move(ranks), std::move(threads), kv, mem, limits, rank_block_bytes));
 }
 
 }  // namespace lmserve::backend
