@@ -1,7 +1,11 @@
 #include "backend/device/devices.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <string>
 #include <thread>
+
+#include "backend/cuda/cuda_backend.h"
 
 #include "backend/device/device_memory.h"
 #include "backend/device/gpu_power.h"
@@ -9,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include "common/build_info.h"
+#include "model/weights.h"
+#include "test_paths.h"
 
 namespace lmserve {
 namespace {
@@ -55,6 +61,25 @@ namespace lmserve {
 namespace {
 
 // The monitor with a fake sampler: what the admission limit and /metrics read.
+// Tensor-parallel ranks on one GPU deadlock under CUDA's lazy module loading (cuda/comm/tp_group.h),
+// so the backend refuses them, naming the setting, unless this process loads modules eagerly.
+TEST(Devices, RanksSharingAGpuNeedEagerModuleLoading) {
+  if (probe_devices().devices.empty()) GTEST_SKIP() << "no GPU";
+  if (const char* m = std::getenv("CUDA_MODULE_LOADING"); m && std::string(m) == "EAGER") GTEST_SKIP() << "modules load eagerly here";
+  auto w = model::ModelWeights::load(lmserve::testing::source_dir() / "tests/fixtures/models/tiny-llama3", {.dtype = "float32"});
+  ASSERT_TRUE(w) << w.error().to_string();
+  backend::CudaBackendOptions o;
+  o.tensor_parallel_size = 2;
+  o.devices = {0, 0};
+  o.num_blocks = 8;
+  o.max_num_seqs = 2;
+  o.max_num_batched_tokens = 64;
+  o.max_model_len = 64;
+  auto b = backend::make_cuda_backend(*w, o);
+  ASSERT_FALSE(b);
+  EXPECT_NE(b.error().message().find("CUDA_MODULE_LOADING=EAGER"), std::string::npos) << b.error().to_string();
+}
+
 TEST(DeviceMemoryMonitor, SamplesEveryPeriodAndReportsTheFullestDevice) {
   std::atomic<std::uint64_t> used{10};
   GpuMemorySampler fake = [&](int d) -> std::optional<GpuMemorySample> {

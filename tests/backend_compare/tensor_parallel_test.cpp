@@ -7,6 +7,8 @@
 // whose ranks quantize their shares the same way), device sampling and the swap space.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -24,6 +26,10 @@ namespace {
 
 using backend::Backend;
 using backend::KvDtype;
+
+// The ranks here share GPU 0, which needs CUDA to load every module when this process first
+// touches the GPU (cuda/comm/tp_group.h), before any test runs.
+[[maybe_unused]] const bool kEagerModules = setenv("CUDA_MODULE_LOADING", "EAGER", 1) == 0;
 
 std::shared_ptr<const model::ModelWeights> load(const std::string& name, const std::string& dtype, const std::string& quantization = "none") {
   const auto root = lmserve::testing::source_dir();

@@ -226,6 +226,35 @@ std::string TpGroup::nccl_gather(int rank, float* out, int rows, const std::vect
   return {};
 }
 
+namespace {
+
+// Ranks on one GPU wait for each other inside their collectives' kernels. With CUDA's lazy module
+// loading (the default), a kernel's first launch loads its module, which waits for everything on
+// the GPU: a rank launching, say, a cuBLASLt kernel for a new shape would wait for its peer's
+// all-reduce, which waits for this rank's. So such a group needs every module loaded when the
+// context is made (CUDA_MODULE_LOADING=EAGER in the environment). Ranks on distinct GPUs do not:
+// a load waits only for its own GPU, whose collectives' peers have launched theirs already.
+std::string check_shared_gpus(const std::vector<int>& devices) {
+  std::vector<int> sorted = devices;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) return {};
+  if (cudaError_t e = cudaSetDevice(devices[0]); e != cudaSuccess) return std::string("cudaSetDevice: ") + cudaGetErrorString(e);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    return "ranks sharing a GPU need to know CUDA's module loading mode, which this driver does not tell";
+  }
+  int mode = 0;  // CUmoduleLoadingMode: 1 eager, 2 lazy
+  if (reinterpret_cast<int (*)(int*)>(fn)(&mode) != 0 || mode != 1) {
+    return "ranks sharing a GPU need CUDA's eager module loading (CUDA_MODULE_LOADING=EAGER in the environment): a module "
+           "loaded lazily waits for the whole GPU, where another rank's collective waits for this one";
+  }
+  return {};
+}
+
+}  // namespace
+
 std::shared_ptr<TpGroup> TpGroup::create(const std::vector<int>& devices, std::size_t product_bytes, std::size_t embed_bytes,
                                          std::size_t gather_bytes, Transport transport, std::string* error) {
   auto fail = [&](const std::string& what, cudaError_t e) -> std::shared_ptr<TpGroup> {
@@ -235,8 +264,16 @@ std::shared_ptr<TpGroup> TpGroup::create(const std::vector<int>& devices, std::s
   if (devices.empty() || devices.size() > static_cast<std::size_t>(kMaxRanks)) {
     return fail("a tensor-parallel group has 1 to " + std::to_string(kMaxRanks) + " ranks", cudaSuccess);
   }
+  if (std::string e = check_shared_gpus(devices); !e.empty()) return fail(e, cudaSuccess);
   std::shared_ptr<TpGroup> g(new TpGroup());
   g->transport_ = transport;
+  // A waiting collective's blocks hold their SMs. Where m ranks share a GPU, m - 1 of them may
+  // wait while the last still has a GEMM to run before its collective: with every SM holding a
+  // waiting block, that GEMM's blocks (a whole SM's registers each) would never start. So ranks
+  // sharing a GPU take 1/m of the blocks each, leaving most SMs free.
+  int sharing = 1;
+  for (int d : devices) sharing = std::max(sharing, static_cast<int>(std::count(devices.begin(), devices.end(), d)));
+  g->blocks_ = std::max(1, kBlocks / sharing);
   for (int d : devices) {
     for (int peer : devices) {
       if (transport == Transport::kNccl) break;  // NCCL finds its own way between the GPUs
@@ -324,7 +361,7 @@ std::string TpGroup::all_reduce(int rank, int which, backend::ActDtype act, floa
   }
   auto* self = static_cast<Signals*>(ranks_[static_cast<std::size_t>(rank)].signals);
   const Act a = static_cast<Act>(act);
-  LMSERVE_WITH_ACT(a, A, (launch_pdl(all_reduce_kernel<A>, dim3(kBlocks), dim3(kThreads), 0, stream, p, self, size(), rank, out, n)));
+  LMSERVE_WITH_ACT(a, A, (launch_pdl(all_reduce_kernel<A>, dim3(blocks_), dim3(kThreads), 0, stream, p, self, size(), rank, out, n)));
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return std::string("all-reduce: ") + cudaGetErrorString(e);
   return {};
 }
@@ -340,7 +377,7 @@ std::string TpGroup::gather_rows(int rank, float* out, int rows, const std::vect
   }
   for (std::size_t k = 0; k < ranges.size(); ++k) v.begin[k] = ranges[k];
   auto* self = static_cast<Signals*>(ranks_[static_cast<std::size_t>(rank)].signals);
-  launch_pdl(gather_kernel, dim3(kBlocks), dim3(kThreads), 0, stream, p, self, size(), rank, out, rows, v);
+  launch_pdl(gather_kernel, dim3(blocks_), dim3(kThreads), 0, stream, p, self, size(), rank, out, rows, v);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return std::string("gather: ") + cudaGetErrorString(e);
   return {};
 }

@@ -4,7 +4,7 @@
 // the backend (cuda_backend.cpp, g++) makes the group and the device model (CUDA) enqueues its
 // collectives on its stream. Two transports, chosen when the group is made:
 //  - kPeer: a one-shot all-reduce over peer pointers (below). Two ranks may share one GPU (tests
-//    do, on a one-GPU machine).
+//    do, on a one-GPU machine) when CUDA loads its modules eagerly (create() checks).
 //  - kNccl: NCCL's all-reduce and send/receive, NCCL loaded at run time (libnccl.so.2: the GPU
 //    machine's own, as CUDA's libraries), one communicator per rank; one GPU per rank.
 //
@@ -86,6 +86,7 @@ class TpGroup {
   std::string nccl_all_reduce(int rank, int which, backend::ActDtype act, float* out, std::int64_t n, CUstream_st* stream) const;
   std::string nccl_gather(int rank, float* out, int rows, const std::vector<std::int64_t>& ranges, CUstream_st* stream) const;
   Transport transport_ = Transport::kPeer;
+  int blocks_ = 0;  // kPeer: each collective's grid (tp_group.cu's kBlocks, less for ranks sharing a GPU)
   std::unique_ptr<Nccl> nccl_;
   std::vector<Rank> ranks_;
   std::mutex mu_;
