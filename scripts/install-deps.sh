@@ -19,6 +19,7 @@ packages=(
   libsqlite3-dev
   libpcre2-dev
   libutf8proc-dev
+  libjemalloc-dev           # the lmserve binary's allocator (LMSERVE_JEMALLOC)
   libgtest-dev libgmock-dev
   libbenchmark-dev
   clang libclang-rt-14-dev  # libFuzzer targets (scripts/run-fuzz.sh)

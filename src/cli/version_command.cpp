@@ -1,3 +1,6 @@
+#include <dlfcn.h>
+
+#include <cstddef>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -14,6 +17,19 @@ std::string cuda_version_string(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }
 
+// The process's malloc: jemalloc when it is linked in (LMSERVE_JEMALLOC) or preloaded, found by its
+// control interface; otherwise the C library's.
+std::string allocator_string() {
+  using Mallctl = int (*)(const char*, void*, std::size_t*, void*, std::size_t);
+  auto mallctl = reinterpret_cast<Mallctl>(dlsym(RTLD_DEFAULT, "mallctl"));
+  const char* version = nullptr;
+  std::size_t size = sizeof(version);
+  if (mallctl != nullptr && mallctl("version", &version, &size, nullptr, 0) == 0 && version != nullptr) {
+    return std::string("jemalloc ") + version;
+  }
+  return "libc malloc";
+}
+
 }  // namespace
 
 Command add_version_command(CLI::App& app) {
@@ -24,6 +40,7 @@ Command add_version_command(CLI::App& app) {
     std::printf("lmserve %s (commit %s, %s, %s)\n", std::string(b.version).c_str(),
                 std::string(b.git_commit).c_str(), std::string(b.build_type).c_str(),
                 std::string(b.compiler).c_str());
+    std::printf("allocator: %s\n", allocator_string().c_str());
     DeviceProbe probe = probe_devices();
     if (b.cuda) {
       std::printf("cuda: compiled (nvcc %s, architectures %s), runtime %s, driver %s\n",

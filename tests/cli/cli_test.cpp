@@ -61,6 +61,18 @@ TEST(Cli, VersionPrintsBuildAndDevices) {
   EXPECT_EQ(run("--version").output, "0.1.0\n");
 }
 
+// A binary configured with LMSERVE_JEMALLOC runs on jemalloc (the link could silently keep libc's
+// malloc, say with --as-needed); one without runs on the C library's.
+TEST(Cli, VersionNamesTheAllocatorItRunsOn) {
+  CommandRun r = run("version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (LMSERVE_TEST_JEMALLOC) {
+    EXPECT_NE(r.output.find("\nallocator: jemalloc 5."), std::string::npos) << r.output;
+  } else {
+    EXPECT_NE(r.output.find("\nallocator: libc malloc\n"), std::string::npos) << r.output;
+  }
+}
+
 // The commit a binary reports is the one it was built from, also after commits built
 // incrementally (the hash used to be taken when CMake configured the tree, and went stale).
 TEST(Cli, VersionNamesTheCommitItWasBuiltFrom) {
