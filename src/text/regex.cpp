@@ -22,26 +22,42 @@ Result<Regex> Regex::compile(std::string_view pattern) {
   return r;
 }
 
+namespace {
+
+// One match-data block per thread, reused by every pattern: find() reads only the whole match's
+// offsets, which a one-pair block holds whatever the pattern's groups (pcre2_match then returns 0,
+// "ovector too small", with the first pair set). Saves an allocation per call.
+pcre2_match_data* thread_match_data() {
+  struct Holder {
+    pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
+    ~Holder() { pcre2_match_data_free(md); }
+  };
+  thread_local Holder h;
+  return h.md;
+}
+
+}  // namespace
+
+std::optional<std::pair<std::size_t, std::size_t>> Regex::find(std::string_view subject, std::size_t from) const {
+  pcre2_match_data* md = thread_match_data();
+  auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
+  std::size_t pos = from;
+  while (pos <= subject.size()) {
+    int rc = pcre2_match(code_.get(), s, subject.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0) return std::nullopt;  // PCRE2_ERROR_NOMATCH, or a resource limit: no further matches
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const std::size_t b = ov[0], e = ov[1];
+    if (e > b) return std::pair{b, e};
+    // Empty match: step over one whole character so we never split a UTF-8 sequence.
+    pos = b + 1;
+    while (pos < subject.size() && (static_cast<unsigned char>(subject[pos]) & 0xC0) == 0x80) ++pos;
+  }
+  return std::nullopt;
+}
+
 std::vector<std::pair<std::size_t, std::size_t>> Regex::find_all(std::string_view subject) const {
   std::vector<std::pair<std::size_t, std::size_t>> out;
-  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
-      pcre2_match_data_create_from_pattern(code_.get(), nullptr), &pcre2_match_data_free);
-  auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
-  std::size_t pos = 0;
-  while (pos <= subject.size()) {
-    int rc = pcre2_match(code_.get(), s, subject.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
-    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: no further matches
-    PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    std::size_t b = ov[0], e = ov[1];
-    if (e > b) {
-      out.emplace_back(b, e);
-      pos = e;
-    } else {
-      // Empty match: step over one whole character so we never split a UTF-8 sequence.
-      pos = b + 1;
-      while (pos < subject.size() && (static_cast<unsigned char>(subject[pos]) & 0xC0) == 0x80) ++pos;
-    }
-  }
+  for (auto m = find(subject, 0); m; m = find(subject, m->second)) out.push_back(*m);
   return out;
 }
 

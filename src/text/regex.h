@@ -7,6 +7,7 @@
 #include <pcre2.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +25,9 @@ class Regex {
   // Non-overlapping matches, left to right, as [begin, end) byte offsets. Empty matches are
   // skipped. `subject` must be valid UTF-8 (the tokenizer guarantees it).
   std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view subject) const;
+  // The first non-empty match that starts at or after byte `from` (a character boundary), as
+  // find_all would give it; find(s, previous->second) walks the same matches without a vector.
+  std::optional<std::pair<std::size_t, std::size_t>> find(std::string_view subject, std::size_t from) const;
 
   const std::string& pattern() const { return pattern_; }
 

@@ -1,10 +1,14 @@
 // The audit trail (gateway/audit.h): a hash chain over segment files that verify_audit() checks,
 // finding a flipped byte, a deleted record, a reordered pair and a missing segment.
 #include "gateway/audit.h"
+#include "gateway/access_log.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <ctime>
+#include <regex>
 #include <filesystem>
 #include <thread>
 #include <fstream>
@@ -17,6 +21,27 @@ namespace lmserve::gateway {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The records' time: ISO 8601 in UTC with milliseconds, the clock's own second (the formatted
+// second is kept per thread and must follow the clock across seconds).
+TEST(UtcNow, IsTheClocksTimeInIso8601) {
+  const std::regex shape(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)");
+  std::string last;
+  for (int i = 0; i < 3; ++i) {
+    const auto before = std::chrono::system_clock::now();
+    const std::string s = utc_now();
+    const auto after = std::chrono::system_clock::now();
+    ASSERT_TRUE(std::regex_match(s, shape)) << s;
+    std::tm tm{};
+    ASSERT_NE(strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm), nullptr) << s;
+    const auto at = std::chrono::system_clock::from_time_t(timegm(&tm)) + std::chrono::milliseconds(std::stoi(s.substr(20, 3)));
+    EXPECT_GE(at, std::chrono::floor<std::chrono::milliseconds>(before)) << s;
+    EXPECT_LE(at, after) << s;
+    EXPECT_GE(s, last);
+    last = s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));  // into the next second at least once
+  }
+}
 
 class AuditTest : public ::testing::Test {
  protected:
