@@ -1,5 +1,7 @@
 #include "gateway/answer.h"
 
+#include <boost/container/small_vector.hpp>
+#include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -38,24 +40,28 @@ void AnswerReader::on_line(std::string_view line) {
 
 namespace {
 
-// The top-level object's `usage`, read without building the document (an answer's text, its
-// choices and their logprobs are only lexed): what take() reads from it, with the same outcome
-// for duplicate keys (the last one counts) and a body that does not parse (nothing).
-class UsageSax : public nlohmann::json_sax<nlohmann::json> {
+// What take() reads of the top-level object's `usage`, fed the events of a parse: the same outcome
+// for duplicate keys (the last one counts), counts that are not non-negative integers (-1), and a
+// `usage` that is not an object.
+class UsageEvents {
  public:
   bool found = false;  // the top level is an object with a `usage` object
   Usage usage;
 
-  bool null() override { return value(); }
-  bool boolean(bool) override { return value(); }
-  bool number_integer(number_integer_t v) override { return count(v); }
-  bool number_unsigned(number_unsigned_t v) override {
-    return v <= static_cast<number_unsigned_t>(std::numeric_limits<std::int64_t>::max()) ? count(static_cast<std::int64_t>(v)) : value();
+  void scalar() {
+    if (depth_ == 1 && field_ == Field::kUsage && found) usage = {}, found = false;  // `usage` not an object (the last one counts)
+    if (depth_ == 2 && in_usage_ && field_ != Field::kOther) set(-1);
+    field_ = Field::kOther;
   }
-  bool number_float(number_float_t, const string_t&) override { return value(); }
-  bool string(string_t&) override { return value(); }
-  bool binary(binary_t&) override { return value(); }
-  bool start_object(std::size_t) override {
+  void count(std::int64_t v) {  // a non-negative integer
+    if (depth_ == 2 && in_usage_ && field_ != Field::kOther) {
+      set(v);
+      field_ = Field::kOther;
+      return;
+    }
+    scalar();
+  }
+  void start_object() {
     nested();
     ++depth_;
     if (depth_ == 2 && field_ == Field::kUsage) {
@@ -64,48 +70,27 @@ class UsageSax : public nlohmann::json_sax<nlohmann::json> {
       in_usage_ = true;
     }
     field_ = Field::kOther;
-    return true;
   }
-  bool end_object() override {
+  void end_object() {
     if (depth_ == 2) in_usage_ = false;
     --depth_;
-    return true;
   }
-  bool start_array(std::size_t) override {
+  void start_array() {
     nested();
     if (depth_ == 1 && field_ == Field::kUsage) usage = {}, found = false;  // `usage` not an object
     ++depth_;
     field_ = Field::kOther;
-    return true;
   }
-  bool end_array() override {
-    --depth_;
-    return true;
-  }
-  bool key(string_t& k) override {
+  void end_array() { --depth_; }
+  void key(std::string_view k) {
     field_ = Field::kOther;
     if (depth_ == 1 && k == "usage") field_ = Field::kUsage;
     if (depth_ == 2 && in_usage_) field_ = k == "prompt_tokens" ? Field::kPrompt : k == "completion_tokens" ? Field::kCompletion : Field::kOther;
-    return true;
   }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+  bool wants_key() const { return depth_ == 1 || (depth_ == 2 && in_usage_); }
 
  private:
   enum class Field { kOther, kUsage, kPrompt, kCompletion };
-  bool value() {
-    if (depth_ == 1 && field_ == Field::kUsage && found) usage = {}, found = false;  // `usage` not an object (the last one counts)
-    if (depth_ == 2 && in_usage_ && field_ != Field::kOther) set(-1);
-    field_ = Field::kOther;
-    return true;
-  }
-  bool count(std::int64_t v) {
-    if (depth_ == 2 && in_usage_ && field_ != Field::kOther) {
-      set(v >= 0 ? v : -1);
-      field_ = Field::kOther;
-      return true;
-    }
-    return value();
-  }
   void nested() {  // an object or array begins
     if (depth_ == 2 && in_usage_ && field_ != Field::kOther) set(-1);  // a count that is not a number
   }
@@ -115,12 +100,294 @@ class UsageSax : public nlohmann::json_sax<nlohmann::json> {
   Field field_ = Field::kOther;
 };
 
+// A JSON answer scanned in place, without a document or a token's copy: accepts exactly what
+// nlohmann::json::parse accepts (RFC 8259, a leading UTF-8 BOM, strings of valid UTF-8 with
+// paired surrogate escapes, nothing after the value but whitespace; any depth, without
+// recursion) and tells `ev` the events UsageEvents needs. A key is decoded only where it can
+// matter and only when it holds an escape.
+class AnswerScan {
+ public:
+  AnswerScan(std::string_view s, UsageEvents& ev) : p_(s.data()), end_(s.data() + s.size()), ev_(ev) {}
+
+  bool run() {
+    if (p_ != end_ && static_cast<unsigned char>(*p_) == 0xEF) {  // a BOM, or nothing
+      if (end_ - p_ < 3 || static_cast<unsigned char>(p_[1]) != 0xBB || static_cast<unsigned char>(p_[2]) != 0xBF) return false;
+      p_ += 3;
+    }
+    boost::container::small_vector<char, 32> open;  // 'o' / 'a' per container open
+    for (;;) {
+      // A value.
+      ws();
+      if (p_ == end_) return false;
+      const char c = *p_;
+      if (c == '{') {
+        ++p_;
+        ev_.start_object();
+        ws();
+        if (p_ != end_ && *p_ == '}') {
+          ++p_;
+          ev_.end_object();
+        } else {
+          open.push_back('o');
+          if (!member_key()) return false;
+          continue;
+        }
+      } else if (c == '[') {
+        ++p_;
+        ev_.start_array();
+        ws();
+        if (p_ != end_ && *p_ == ']') {
+          ++p_;
+          ev_.end_array();
+        } else {
+          open.push_back('a');
+          continue;
+        }
+      } else if (!scalar()) {
+        return false;
+      }
+      // After a value: close what ends here, then the next member or element.
+      for (;;) {
+        ws();
+        if (open.empty()) return p_ == end_;
+        if (p_ == end_) return false;
+        const char close = open.back() == 'o' ? '}' : ']';
+        if (*p_ == close) {
+          ++p_;
+          open.pop_back();
+          if (close == '}') ev_.end_object();
+          else ev_.end_array();
+          continue;
+        }
+        if (*p_ != ',') return false;
+        ++p_;
+        if (open.back() == 'o' && !member_key()) return false;
+        break;
+      }
+    }
+  }
+
+ private:
+  void ws() {
+    while (p_ != end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
+  }
+
+  // `"key" :`, the key told to the events.
+  bool member_key() {
+    ws();
+    if (p_ == end_ || *p_ != '"') return false;
+    const char* begin = p_ + 1;
+    bool escaped = false;
+    if (!string(&escaped)) return false;
+    if (ev_.wants_key()) {
+      if (!escaped) {
+        ev_.key(std::string_view(begin, static_cast<std::size_t>(p_ - 1 - begin)));
+      } else {
+        decoded_.clear();
+        decode(begin, p_ - 1);
+        ev_.key(decoded_);
+      }
+    } else {
+      ev_.key({});
+    }
+    ws();
+    if (p_ == end_ || *p_ != ':') return false;
+    ++p_;
+    return true;
+  }
+
+  bool scalar() {
+    const char c = *p_;
+    if (c == '"') {
+      if (!string(nullptr)) return false;
+      ev_.scalar();
+      return true;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return number();
+    for (std::string_view word : {std::string_view("true"), std::string_view("false"), std::string_view("null")}) {
+      if (c == word[0]) {
+        if (static_cast<std::size_t>(end_ - p_) < word.size() || std::string_view(p_, word.size()) != word) return false;
+        p_ += word.size();
+        ev_.scalar();
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? ; a count only as a non-negative integer that
+  // fits int64 (or -0, which nlohmann reads as the integer 0).
+  bool number() {
+    const bool negative = *p_ == '-';
+    if (negative) ++p_;
+    if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
+    std::uint64_t v = 0;
+    bool overflow = false;
+    if (*p_ == '0') {
+      ++p_;
+    } else {
+      while (p_ != end_ && *p_ >= '0' && *p_ <= '9') {
+        const auto d = static_cast<std::uint64_t>(*p_ - '0');
+        if (v > (static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) - d) / 10) overflow = true;
+        else v = v * 10 + d;
+        ++p_;
+      }
+    }
+    bool integer = true;
+    if (p_ != end_ && *p_ == '.') {
+      integer = false;
+      ++p_;
+      if (!digits()) return false;
+    }
+    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
+      integer = false;
+      ++p_;
+      if (p_ != end_ && (*p_ == '+' || *p_ == '-')) ++p_;
+      if (!digits()) return false;
+    }
+    if (integer && !overflow && (!negative || v == 0)) ev_.count(static_cast<std::int64_t>(v));
+    else ev_.scalar();
+    return true;
+  }
+  bool digits() {
+    const char* from = p_;
+    while (p_ != end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+    return p_ != from;
+  }
+
+  // From the opening quote to past the closing one; false where nlohmann's lexer fails.
+  bool string(bool* escaped) {
+    ++p_;
+    while (p_ != end_) {
+      const auto b = static_cast<unsigned char>(*p_);
+      if (b == '"') {
+        ++p_;
+        return true;
+      }
+      if (b == '\\') {
+        if (escaped != nullptr) *escaped = true;
+        if (!escape(nullptr)) return false;
+        continue;
+      }
+      if (b < 0x20) return false;
+      if (b < 0x80) {
+        ++p_;
+        continue;
+      }
+      if (!utf8()) return false;
+    }
+    return false;
+  }
+
+  // One escape at p_ (the backslash); its code point to `cp` when asked.
+  bool escape(std::uint32_t* cp) {
+    if (end_ - p_ < 2) return false;
+    const char e = p_[1];
+    p_ += 2;
+    std::uint32_t out = 0;
+    switch (e) {
+      case '"': out = '"'; break;
+      case '\\': out = '\\'; break;
+      case '/': out = '/'; break;
+      case 'b': out = '\b'; break;
+      case 'f': out = '\f'; break;
+      case 'n': out = '\n'; break;
+      case 'r': out = '\r'; break;
+      case 't': out = '\t'; break;
+      case 'u': {
+        std::uint32_t u = 0;
+        if (!hex4(&u)) return false;
+        if (u >= 0xDC00 && u <= 0xDFFF) return false;  // a low surrogate alone
+        if (u >= 0xD800 && u <= 0xDBFF) {             // needs its low half next
+          std::uint32_t lo = 0;
+          if (end_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') return false;
+          p_ += 2;
+          if (!hex4(&lo) || lo < 0xDC00 || lo > 0xDFFF) return false;
+          u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+        }
+        out = u;
+        break;
+      }
+      default: return false;
+    }
+    if (cp != nullptr) *cp = out;
+    return true;
+  }
+  bool hex4(std::uint32_t* u) {
+    if (end_ - p_ < 4) return false;
+    for (int i = 0; i < 4; ++i, ++p_) {
+      const char h = *p_;
+      const int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+      if (d < 0) return false;
+      *u = *u * 16 + static_cast<std::uint32_t>(d);
+    }
+    return true;
+  }
+
+  // One multi-byte UTF-8 sequence at p_, well-formed (RFC 3629), or false.
+  bool utf8() {
+    const auto b = static_cast<unsigned char>(*p_);
+    int more = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (b >= 0xC2 && b <= 0xDF) more = 1;
+    else if (b == 0xE0) more = 2, lo = 0xA0;
+    else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) more = 2;
+    else if (b == 0xED) more = 2, hi = 0x9F;
+    else if (b == 0xF0) more = 3, lo = 0x90;
+    else if (b >= 0xF1 && b <= 0xF3) more = 3;
+    else if (b == 0xF4) more = 3, hi = 0x8F;
+    else return false;
+    if (end_ - p_ <= more) return false;
+    for (int i = 1; i <= more; ++i) {
+      const auto c = static_cast<unsigned char>(p_[i]);
+      if (c < (i == 1 ? lo : 0x80) || c > (i == 1 ? hi : 0xBF)) return false;
+    }
+    p_ += 1 + more;
+    return true;
+  }
+
+  // A key's bytes between its quotes (already checked) with its escapes decoded, to decoded_.
+  void decode(const char* from, const char* to) {
+    const char* keep = p_;
+    p_ = from;
+    while (p_ < to) {
+      if (*p_ != '\\') {
+        decoded_.push_back(*p_++);
+        continue;
+      }
+      std::uint32_t cp = 0;
+      escape(&cp);
+      if (cp < 0x80) {
+        decoded_.push_back(static_cast<char>(cp));
+      } else if (cp < 0x800) {
+        decoded_.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+        decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+      } else if (cp < 0x10000) {
+        decoded_.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+        decoded_.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+        decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+      } else {
+        decoded_.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+        decoded_.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+        decoded_.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+        decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+      }
+    }
+    p_ = keep;
+  }
+
+  const char* p_;
+  const char* end_;
+  UsageEvents& ev_;
+  std::string decoded_;
+};
+
 }  // namespace
 
 void AnswerReader::read_whole(std::string_view body) {
   if (!collect_) {
-    UsageSax sax;
-    if (nlohmann::json::sax_parse(body, &sax) && sax.found) usage_ = sax.usage;
+    UsageEvents ev;
+    if (AnswerScan(body, ev).run() && ev.found) usage_ = ev.usage;
     return;
   }
   const auto j = nlohmann::json::parse(body, nullptr, false);

@@ -1,7 +1,8 @@
 // libFuzzer target: any bytes as a replica's answer passing through the gateway: the SSE reader
 // (gateway/answer.h) fed the bytes in pieces cut where the input says, the same bytes read as a
 // whole JSON answer, and the audit trail's redaction (gateway/redact.h) of the text collected.
-// The usage read from a stream must not depend on where the reads cut it; nothing may crash.
+// The usage read from a stream must not depend on where the reads cut it; a JSON answer's usage
+// scanned in place must be the parsed document's; nothing may crash.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -23,6 +24,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   AnswerReader whole(true);
   whole.read_whole(body);
+  // The usage scanned in place (no text wanted) is the document's.
+  AnswerReader lean(false);
+  lean.read_whole(body);
+  if (lean.usage().prompt_tokens != whole.usage().prompt_tokens || lean.usage().completion_tokens != whole.usage().completion_tokens) __builtin_trap();
   RedactionCounts counts;
   const std::string redacted = redact(pieces.text() + whole.text() + std::string(body), &counts);
   if (counts.total() < 0 || (counts.total() == 0 && redacted != pieces.text() + whole.text() + std::string(body))) __builtin_trap();

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
 namespace lmserve::gateway {
 namespace {
 
@@ -65,6 +69,37 @@ TEST(AnswerReader, TheUsageReadWithoutADocumentIsTheDocumentsUsage) {
       R"({"usage":{"prompt_tokens":0,"completion_tokens":0}})",
       "",
       "null",
+      // The scanner's lexical edges: what the document's parser accepts and refuses.
+      R"({"us\u0061ge":{"prompt_\u0074okens":4,"completion_tokens":5}})",
+      R"({"usage":{"prompt_tokens":-0,"completion_tokens":1e1}})",
+      R"({"usage":{"prompt_tokens":9223372036854775807,"completion_tokens":9223372036854775808}})",
+      R"({"usage":{"prompt_tokens":-9223372036854775809,"completion_tokens":2E+0}})",
+      R"({"usage":{"prompt_tokens":01,"completion_tokens":2}})",
+      R"({"usage":{"prompt_tokens":1.,"completion_tokens":2}})",
+      R"({"usage":{"prompt_tokens":+1,"completion_tokens":2}})",
+      " \t\r\n{ \"usage\" : { \"prompt_tokens\" : 3 , \"completion_tokens\" : 4 } } \n",
+      "\xEF\xBB\xBF{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}",
+      "\xEF\xBB{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}",
+      R"({"usage":{"prompt_tokens":3,"completion_tokens":4}} x)",
+      R"({"usage":{"prompt_tokens":3,"completion_tokens":4}}{})",
+      R"({"usage":{"prompt_tokens":3,"completion_tokens":4},})",
+      R"({"usage":{"prompt_tokens":3,"completion_tokens":4}],)",
+      R"({"t":"\ud83d\ude00 ok \"\\\/\b\f\n\r\t","usage":{"prompt_tokens":3,"completion_tokens":4}})",
+      R"({"t":"\ud83d","usage":{"prompt_tokens":3,"completion_tokens":4}})",
+      R"({"t":"\ude00","usage":{"prompt_tokens":3,"completion_tokens":4}})",
+      R"({"t":"\x","usage":{"prompt_tokens":3,"completion_tokens":4}})",
+      R"({"t":"\u12G4","usage":{"prompt_tokens":3,"completion_tokens":4}})",
+      "{\"t\":\"\xE4\xBD\xA0\xF0\x9F\x98\x80\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}",
+      "{\"t\":\"\xC0\xAF\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}",
+      "{\"t\":\"\xED\xA0\x80\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}",
+      "{\"t\":\"\xE4\xBD\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}",
+      "{\"t\":\"a\tb\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}",
+      R"({"t":[true,false,null,[],{},[[{"a":[1,2.5,-3]}]]],"usage":{"prompt_tokens":3,"completion_tokens":4}})",
+      R"({"t":tru,"usage":{"prompt_tokens":3,"completion_tokens":4}})",
+      R"({"usage":{"prompt_tokens":3,"completion_tokens":4},"usage":{}})",
+      R"({"usage":{"prompt_tokens":true,"completion_tokens":null}})",
+      R"({"usage":{}})",
+      "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
   };
   for (const char* body : bodies) {
     AnswerReader lean(false), full(true);
@@ -77,6 +112,22 @@ TEST(AnswerReader, TheUsageReadWithoutADocumentIsTheDocumentsUsage) {
   r.read_whole(bodies[0]);
   EXPECT_EQ(r.usage().prompt_tokens, 7);
   EXPECT_EQ(r.usage().completion_tokens, 3);
+  // Both ways of the edges, spelled out: an escaped key is its text; a broken BOM, a lone
+  // surrogate, an overlong UTF-8 form or trailing bytes make the answer no JSON (no usage).
+  auto lean = [](std::string_view body) {
+    AnswerReader a(false);
+    a.read_whole(body);
+    return std::pair{a.usage().prompt_tokens, a.usage().completion_tokens};
+  };
+  using P = std::pair<std::int64_t, std::int64_t>;
+  EXPECT_EQ(lean(R"({"us\u0061ge":{"prompt_\u0074okens":4,"completion_tokens":5}})"), (P{4, 5}));
+  EXPECT_EQ(lean(R"({"usage":{"prompt_tokens":-0,"completion_tokens":1e1}})"), (P{0, -1}));
+  EXPECT_EQ(lean("\xEF\xBB\xBF {\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n"), (P{3, 4}));
+  EXPECT_EQ(lean(R"({"t":"\ud83d\ude00","usage":{"prompt_tokens":3,"completion_tokens":4}})"), (P{3, 4}));
+  EXPECT_EQ(lean("\xEF\xBB{\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}"), (P{-1, -1}));
+  EXPECT_EQ(lean(R"({"t":"\ude00","usage":{"prompt_tokens":3,"completion_tokens":4}})"), (P{-1, -1}));
+  EXPECT_EQ(lean("{\"t\":\"\xC0\xAF\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}"), (P{-1, -1}));
+  EXPECT_EQ(lean(R"({"usage":{"prompt_tokens":3,"completion_tokens":4}} x)"), (P{-1, -1}));
 }
 
 TEST(AnswerReader, AnOverlongLineIsSkippedAndTheNextOneRead) {
