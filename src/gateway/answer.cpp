@@ -1,7 +1,10 @@
 #include "gateway/answer.h"
 
 #include <boost/container/small_vector.hpp>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -218,6 +221,7 @@ class AnswerScan {
   // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? ; a count only as a non-negative integer that
   // fits int64 (or -0, which nlohmann reads as the integer 0).
   bool number() {
+    const char* token = p_;
     const bool negative = *p_ == '-';
     if (negative) ++p_;
     if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
@@ -245,6 +249,8 @@ class AnswerScan {
       if (p_ != end_ && (*p_ == '+' || *p_ == '-')) ++p_;
       if (!digits()) return false;
     }
+    // nlohmann reads what is not an integer of 64 bits as a double and refuses one that overflows.
+    if ((!integer || overflow) && !std::isfinite(std::strtod(std::string(token, p_).c_str(), nullptr))) return false;
     if (integer && !overflow && (!negative || v == 0)) ev_.count(static_cast<std::int64_t>(v));
     else ev_.scalar();
     return true;

@@ -128,6 +128,8 @@ TEST(AnswerReader, TheUsageReadWithoutADocumentIsTheDocumentsUsage) {
   EXPECT_EQ(lean(R"({"t":"\ude00","usage":{"prompt_tokens":3,"completion_tokens":4}})"), (P{-1, -1}));
   EXPECT_EQ(lean("{\"t\":\"\xC0\xAF\",\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}"), (P{-1, -1}));
   EXPECT_EQ(lean(R"({"usage":{"prompt_tokens":3,"completion_tokens":4}} x)"), (P{-1, -1}));
+  EXPECT_EQ(lean(R"({"usage":{"prompt_tokens":3,"completion_tokens":1e400}})"), (P{-1, -1}));  // overflows a double
+  EXPECT_EQ(lean(R"({"usage":{"prompt_tokens":3,"completion_tokens":1e-400}})"), (P{3, -1}));   // underflows to 0: a float
 }
 
 TEST(AnswerReader, AnOverlongLineIsSkippedAndTheNextOneRead) {
