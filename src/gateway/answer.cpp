@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
 #include <limits>
+#include <string>
 #include <nlohmann/json.hpp>
+
+#include "text/utf8.h"
 
 namespace lmserve::gateway {
 
@@ -117,33 +119,23 @@ class AnswerScan {
       if (end_ - p_ < 3 || static_cast<unsigned char>(p_[1]) != 0xBB || static_cast<unsigned char>(p_[2]) != 0xBF) return false;
       p_ += 3;
     }
-    boost::container::small_vector<char, 32> open;  // 'o' / 'a' per container open
+    boost::container::small_vector<char, 32> open;  // '{' / '[' per container open
     for (;;) {
       // A value.
       ws();
       if (p_ == end_) return false;
       const char c = *p_;
-      if (c == '{') {
+      if (c == '{' || c == '[') {
+        const bool object = c == '{';
         ++p_;
-        ev_.start_object();
+        object ? ev_.start_object() : ev_.start_array();
         ws();
-        if (p_ != end_ && *p_ == '}') {
+        if (p_ != end_ && *p_ == (object ? '}' : ']')) {
           ++p_;
-          ev_.end_object();
+          object ? ev_.end_object() : ev_.end_array();
         } else {
-          open.push_back('o');
-          if (!member_key()) return false;
-          continue;
-        }
-      } else if (c == '[') {
-        ++p_;
-        ev_.start_array();
-        ws();
-        if (p_ != end_ && *p_ == ']') {
-          ++p_;
-          ev_.end_array();
-        } else {
-          open.push_back('a');
+          open.push_back(c);
+          if (object && !member_key()) return false;
           continue;
         }
       } else if (!scalar()) {
@@ -154,7 +146,7 @@ class AnswerScan {
         ws();
         if (open.empty()) return p_ == end_;
         if (p_ == end_) return false;
-        const char close = open.back() == 'o' ? '}' : ']';
+        const char close = open.back() == '{' ? '}' : ']';
         if (*p_ == close) {
           ++p_;
           open.pop_back();
@@ -164,7 +156,7 @@ class AnswerScan {
         }
         if (*p_ != ',') return false;
         ++p_;
-        if (open.back() == 'o' && !member_key()) return false;
+        if (open.back() == '{' && !member_key()) return false;
         break;
       }
     }
@@ -280,7 +272,11 @@ class AnswerScan {
         ++p_;
         continue;
       }
-      if (!utf8()) return false;
+      // One multi-byte character, well-formed (RFC 3629: no overlong form, surrogate or > U+10FFFF).
+      char32_t cp = 0;
+      const int n = text::utf8_decode(std::string_view(p_, static_cast<std::size_t>(end_ - p_)), 0, &cp);
+      if (n == 0) return false;
+      p_ += n;
     }
     return false;
   }
@@ -330,28 +326,6 @@ class AnswerScan {
     return true;
   }
 
-  // One multi-byte UTF-8 sequence at p_, well-formed (RFC 3629), or false.
-  bool utf8() {
-    const auto b = static_cast<unsigned char>(*p_);
-    int more = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
-    if (b >= 0xC2 && b <= 0xDF) more = 1;
-    else if (b == 0xE0) more = 2, lo = 0xA0;
-    else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) more = 2;
-    else if (b == 0xED) more = 2, hi = 0x9F;
-    else if (b == 0xF0) more = 3, lo = 0x90;
-    else if (b >= 0xF1 && b <= 0xF3) more = 3;
-    else if (b == 0xF4) more = 3, hi = 0x8F;
-    else return false;
-    if (end_ - p_ <= more) return false;
-    for (int i = 1; i <= more; ++i) {
-      const auto c = static_cast<unsigned char>(p_[i]);
-      if (c < (i == 1 ? lo : 0x80) || c > (i == 1 ? hi : 0xBF)) return false;
-    }
-    p_ += 1 + more;
-    return true;
-  }
-
   // A key's bytes between its quotes (already checked) with its escapes decoded, to decoded_.
   void decode(const char* from, const char* to) {
     const char* keep = p_;
@@ -363,21 +337,7 @@ class AnswerScan {
       }
       std::uint32_t cp = 0;
       escape(&cp);
-      if (cp < 0x80) {
-        decoded_.push_back(static_cast<char>(cp));
-      } else if (cp < 0x800) {
-        decoded_.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-      } else if (cp < 0x10000) {
-        decoded_.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-        decoded_.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-        decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-      } else {
-        decoded_.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-        decoded_.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-        decoded_.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-        decoded_.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-      }
+      text::utf8_append(decoded_, static_cast<char32_t>(cp));
     }
     p_ = keep;
   }
