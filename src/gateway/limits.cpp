@@ -80,7 +80,7 @@ class LocalLimiter : public Limiter {
     const auto delta = used - reserved;
     // Still in the window: it counts what was used. The entries are in admission order, so its
     // time finds it (a scan would be linear in the window's requests, on every request).
-    auto it = std::lower_bound(s.tokens.begin(), s.tokens.end(), admitted_at, [](const Entry& e, Clock::time_point t) { return e.at < t; });
+    auto it = first_at_or_after(s.tokens, admitted_at);
     for (; it != s.tokens.end() && it->at - admitted_at < std::chrono::seconds(1); ++it) {
       if (it->id != request_id) continue;
       it->tokens += delta;
@@ -103,6 +103,22 @@ class LocalLimiter : public Limiter {
     std::int64_t in_flight = 0;
     std::int64_t day = -1, day_tokens = 0;
   };
+
+  // The first entry at `t` or later. A request ends soon after it began, so its entry is near the
+  // back: steps of 1, 2, 4, ... back from the end bound it, and a binary search within them finds
+  // it, touching the window's recent entries rather than the whole of it (a million at 17k
+  // requests a second).
+  static std::deque<Entry>::iterator first_at_or_after(std::deque<Entry>& d, Clock::time_point t) {
+    std::size_t hi = d.size(), step = 1;
+    while (hi > 0) {
+      const std::size_t probe = hi > step ? hi - step : 0;
+      if (d[probe].at < t) return std::lower_bound(d.begin() + static_cast<std::ptrdiff_t>(probe) + 1, d.begin() + static_cast<std::ptrdiff_t>(hi), t, before);
+      hi = probe;
+      step *= 2;
+    }
+    return d.begin();
+  }
+  static bool before(const Entry& e, Clock::time_point t) { return e.at < t; }
 
   static void expire(KeyState& s, Clock::time_point now) {
     while (!s.requests.empty() && s.requests.front() + kWindow <= now) s.requests.pop_front();

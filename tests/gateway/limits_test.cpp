@@ -59,6 +59,21 @@ TEST(Limits, TokensPerMinuteReserveAtAdmissionAndSettleToWhatWasUsed) {
   EXPECT_NE(alone.message.find("this request alone reserves 101"), std::string::npos) << alone.message;
 }
 
+// A settlement finds its own request among thousands in the window, not a neighbour's: the
+// difference shows when the entries leave the window.
+TEST(Limits, ASettlementAmongManyCountsAgainstItsOwnRequest) {
+  auto l = make_local_limiter();
+  const KeyLimits k{.tpm = 500'050};
+  for (int i = 0; i < 5000; ++i) ASSERT_TRUE(l->admit("k", k, static_cast<std::uint64_t>(i + 1), 100, kT0 + milliseconds(i)).admitted);
+  l->settle("k", k, 1001, 100, 0, kT0 + milliseconds(1000));  // used nothing: 499,900 in the window
+  // At 60.999 s the first 1,000 requests (100 each) have left: 399,900 remain, 100,150 fit.
+  const auto t1 = kT0 + milliseconds(60'999);
+  EXPECT_FALSE(l->admit("k", k, 6001, 100'151, t1).admitted);
+  EXPECT_TRUE(l->admit("k", k, 6002, 100'150, t1).admitted);
+  // At 61 s request 1001 leaves with the 0 it settled to: nothing more fits.
+  EXPECT_FALSE(l->admit("k", k, 6003, 1, kT0 + milliseconds(61'000)).admitted);
+}
+
 TEST(Limits, ConcurrencyAndTheDailyQuota) {
   auto l = make_local_limiter();
   const KeyLimits k{.max_concurrency = 2, .daily_tokens = 1000};
