@@ -15,8 +15,8 @@ Result<Regex> Regex::compile(std::string_view pattern) {
     return error(StatusCode::kInvalidArgument, "regex '" + std::string(pattern) + "' does not compile at offset " +
                                                    std::to_string(offset) + ": " + reinterpret_cast<char*>(msg));
   }
-  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; the interpreter is the fallback
   Regex r;
+  r.jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;  // optional speed-up; the interpreter is the fallback
   r.pattern_ = std::string(pattern);
   r.code_ = std::shared_ptr<pcre2_code>(code, CodeDeleter{});
   return r;
@@ -43,7 +43,10 @@ std::optional<std::pair<std::size_t, std::size_t>> Regex::find(std::string_view 
   auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   std::size_t pos = from;
   while (pos <= subject.size()) {
-    int rc = pcre2_match(code_.get(), s, subject.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    // A JIT-compiled pattern goes straight to its machine code (pcre2_jit_match: pcre2_match's
+    // checks of the arguments, a quarter of a short search, are skipped: these are always valid).
+    const int rc = jit_ ? pcre2_jit_match(code_.get(), s, subject.size(), pos, 0, md, nullptr)
+                        : pcre2_match(code_.get(), s, subject.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc < 0) return std::nullopt;  // PCRE2_ERROR_NOMATCH, or a resource limit: no further matches
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const std::size_t b = ov[0], e = ov[1];

@@ -37,6 +37,7 @@ class Regex {
   };
   std::string pattern_;
   std::shared_ptr<pcre2_code> code_;
+  bool jit_ = false;  // JIT-compiled
 };
 
 // Escapes `literal` so that it matches itself as a pattern.
