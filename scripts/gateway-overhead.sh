@@ -22,7 +22,7 @@
 # and SSE streams (16 events each), and the latency each proxy adds at p50/p99. One connection
 # shows the latency a proxy adds to an unloaded request; 32 load it. "CPU us/req" is the proxy
 # process's CPU time (user + system, /proc) per request: its cost whatever the client's core
-# allows, so 1e6 / it is what one core of that proxy can carry.
+# allows, so 1e6 / it is what one core of that proxy can carry; "user" is its user-space part.
 set -euo pipefail
 BUILD=${BUILD:-build/release}
 DURATION=${DURATION:-10}
@@ -67,6 +67,7 @@ PY
 }
 
 work=$(mktemp -d)
+echo "gateway-overhead: files (the audit trail) on $(df -T "$work" | awk 'NR == 2 { print $2 }')"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
@@ -183,7 +184,9 @@ done
 
 nginx_workers=$(pgrep -P "$nginx_master" | tr '\n' ' ')
 # CPU seconds processes have used (user + system, every thread), from /proc.
+# cpu_of PIDS: user + system; usr_of PIDS: user alone.
 cpu_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + ($14 + $15) / hz }' "/proc/$p/stat"); done; echo "$t"; }
+usr_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + $14 / hz }' "/proc/$p/stat"); done; echo "$t"; }
 declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid [gateway_b]=$gateway_b_pid [gateway_p]=$gateway_p_pid [gateway_pb]=$gateway_pb_pid)
 
 results="$work/results.txt"
@@ -195,10 +198,11 @@ for conns in $CONNS; do
       name=${target%%:*}; port=${target##*:}
       taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d1s -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >/dev/null  # warm-up
       pid=${proxy_pid[$name]}
-      before=0; [[ -n $pid ]] && before=$(cpu_of $pid)
+      before=0; ubefore=0; [[ -n $pid ]] && before=$(cpu_of $pid) && ubefore=$(usr_of $pid)
       taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d"${DURATION}s" --latency -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >"$work/out.txt"
-      cpu=0; [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of $pid)" 'BEGIN { print b - a }')
-      echo "$conns $mode $name $cpu $(tr '\n' '|' <"$work/out.txt")" >>"$results"
+      cpu=0; usr=0
+      [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of $pid)" 'BEGIN { print b - a }') && usr=$(awk -v a="$ubefore" -v b="$(usr_of $pid)" 'BEGIN { print b - a }')
+      echo "$conns $mode $name $cpu $usr $(tr '\n' '|' <"$work/out.txt")" >>"$results"
     done
   done
 done
@@ -213,29 +217,29 @@ def ms(v):
     return x / 1000 if m.group(2) == "us" else x * 1000 if m.group(2) == "s" else x
 order = []
 for line in open(sys.argv[1]):
-    conns, mode, name, cpu, text = line.split(" ", 4)
+    conns, mode, name, cpu, usr, text = line.split(" ", 5)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
     p50 = ms(re.search(r"50%\s+(\S+)", text).group(1))
     p99 = ms(re.search(r"99%\s+(\S+)", text).group(1))
     errs = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     sock = re.search(r"Socket errors: (.*?)\|", text)
     total = int(re.search(r"(\d+) requests in", text).group(1))
-    runs.setdefault((conns, mode, name), []).append((rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6))
+    runs.setdefault((conns, mode, name), []).append((rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6, float(usr) / total * 1e6))
     if conns not in order: order.append(conns)
 med = lambda xs, i: statistics.median(x[i] for x in xs)
-rows = {k: (med(v, 0), med(v, 1), med(v, 2), sum(x[3] for x in v), ";".join(x[4] for x in v if x[4]), med(v, 5)) for k, v in runs.items()}
+rows = {k: (med(v, 0), med(v, 1), med(v, 2), sum(x[3] for x in v), ";".join(x[4] for x in v if x[4]), med(v, 5), med(v, 6)) for k, v in runs.items()}
 print(f"wrk -d{sys.argv[2]}s; medians of {len(next(iter(runs.values())))} interleaved rounds")
-print(f"{'conns':>5} {'mode':7} {'target':10} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10}  errors")
+print(f"{'conns':>5} {'mode':7} {'target':10} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10} {'user':>6}  errors")
 for conns in order:
     for mode in ("plain", "stream"):
         d = rows[(conns, mode, "direct")]
         for name in [n for n in ("direct", "nginx", "gateway", "gateway_b", "gateway_p", "gateway_pb") if (conns, mode, n) in rows]:
             r = rows[(conns, mode, name)]
             add = "" if name == "direct" else f"{r[1]-d[1]:8.3f} {r[2]-d[2]:8.3f}"
-            cpu = "" if name == "direct" else f"{r[5]:10.1f}"
+            cpu = "" if name == "direct" else f"{r[5]:10.1f} {r[6]:6.1f}"
             print(f"{conns:>5} {mode:7} {name:10} {r[0]:10.0f} {r[1]:8.3f} {r[2]:8.3f} {add:>17} {cpu:>10}  {r[3]} {r[4]}")
-print("each round, req/s (CPU us/req):")
+print("each round, req/s (CPU us/req, user us/req):")
 for (conns, mode, name), v in runs.items():
     if name != "direct":
-        print(f"  {conns:>5} {mode:7} {name:10} " + "  ".join(f"{x[0]:.0f} ({x[5]:.1f})" for x in v))
+        print(f"  {conns:>5} {mode:7} {name:10} " + "  ".join(f"{x[0]:.0f} ({x[5]:.1f}, {x[6]:.1f})" for x in v))
 PY
