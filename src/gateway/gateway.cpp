@@ -221,9 +221,11 @@ struct Gateway::Impl : http::Application {
       if (admin) return ex.reply(error_response(404, "no such route (the admin routes are on admin_listen)", "not_found"));
       return own_route(ex, *snap);
     }
+    std::shared_ptr<const KeyRecord> key;  // with keys, once authenticated
     if (keys && path.starts_with("/v1/")) {  // OpenAI's API asks for the key on every route
-      auto a = authenticate(req, "");
+      auto a = authenticate(req);
       if (a.refusal) return ex.reply(std::move(*a.refusal));
+      key = std::move(a.key);
     }
     if (path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) {
       if (!readable(req)) return ex.reply(method_not_allowed("GET"));
@@ -254,20 +256,21 @@ struct Gateway::Impl : http::Application {
     if (!fields.model) return refuse(error_response(400, "'model' is required", "invalid_request"), "", "no_model");
     const auto* model = snap->config.find_model(*fields.model);
     if (!model) return refuse(error_response(404, "the model does not exist", "model_not_found"), "", "model_not_found");
-    std::optional<KeyRecord> key;
-    if (keys) {
-      auto a = authenticate(req, model->name);
-      if (a.key) tenant = a.key->tenant;
-      if (a.refusal) {
-        const char* code = a.refusal->status == 403 ? "model_not_allowed" : "invalid_api_key";
-        if (a.key && state->audit) {  // a valid key: the request reached admission, and its refusal is audited
-          auto rec = audit_base("refused", state->next_id(), a.key->tenant, a.key->id, model->name, req);
-          rec.str("error", "model_not_allowed");
-          return refuse_audited(std::move(rec), std::move(*a.refusal), model->name, code);
-        }
-        return refuse(std::move(*a.refusal), model->name, code);
-      }
+    if (keys && !key) {  // a route outside /v1/
+      auto a = authenticate(req);
+      if (a.refusal) return refuse(std::move(*a.refusal), model->name, "invalid_api_key");
       key = std::move(a.key);
+    }
+    if (key) {
+      tenant = key->tenant;
+      if (!key->may_use(model->name)) {
+        auto r = error_response(403, "the API key may not use this model", "model_not_allowed");
+        if (!state->audit) return refuse(std::move(r), model->name, "model_not_allowed");
+        // A valid key: the request reached admission, and its refusal is audited.
+        auto rec = audit_base("refused", state->next_id(), key->tenant, key->id, model->name, req);
+        rec.str("error", "model_not_allowed");
+        return refuse_audited(std::move(rec), std::move(r), model->name, "model_not_allowed");
+      }
     }
     RouteInfo info;
     info.id = state->next_id();
@@ -491,27 +494,24 @@ struct Gateway::Impl : http::Application {
     });
   }
 
-  // The request's key, when keys are on, and the answer that refuses the request if it is refused
-  // (with the key when it is valid but may not do what was asked).
+  // The request's key, or the answer that refuses the request (no key, an unknown, revoked or
+  // expired one). Whether the key may use the model asked for is the caller's to check.
   struct Auth {
-    std::optional<KeyRecord> key;
+    std::shared_ptr<const KeyRecord> key;
     std::optional<http::Response> refusal;
   };
-  Auth authenticate(const http::Request& req, const std::string& model) {
+  Auth authenticate(const http::Request& req) {
     if (!keys) return {};
     auto auth = req.header("authorization");
     constexpr std::string_view kBearer = "Bearer ";
     if (auth.size() <= kBearer.size() || strncasecmp(auth.data(), kBearer.data(), kBearer.size()) != 0) {
       return {.refusal = error_response(401, "an API key is required: Authorization: Bearer sk-lms-...", "invalid_api_key")};
     }
-    auto k = keys->find(std::string(auth.substr(kBearer.size())));
+    auto k = keys->find(auth.substr(kBearer.size()));
     if (!k) return {.refusal = error_response(401, "the API key is not valid", "invalid_api_key")};
     const auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     if (k->revoked_at != 0) return {.refusal = error_response(401, "the API key has been revoked", "invalid_api_key")};
     if (!k->valid_at(now)) return {.refusal = error_response(401, "the API key has expired", "invalid_api_key")};
-    if (!model.empty() && !k->may_use(model)) {
-      return {.key = std::move(k), .refusal = error_response(403, "the API key may not use this model", "model_not_allowed")};
-    }
     return {.key = std::move(k)};
   }
 

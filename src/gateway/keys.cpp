@@ -314,26 +314,29 @@ std::uint64_t KeyIndex::next_instance() {
   return n++;
 }
 
-std::optional<KeyRecord> KeyIndex::find(const std::string& presented) const {
-  if (!looks_like_key(presented) || presented.size() != kPrefixLen + kRandomChars) return std::nullopt;
+std::shared_ptr<const KeyRecord> KeyIndex::find(std::string_view presented) const {
+  if (!presented.starts_with(kPrefix) || presented.size() != kPrefixLen + kRandomChars) return nullptr;
   // The HMAC was a measurable share of a request's cost: each thread remembers its recent keys'.
+  struct Hash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   struct Cache {
     std::uint64_t owner = 0;
-    std::unordered_map<std::string, std::string> digests;
+    std::unordered_map<std::string, std::string, Hash, std::equal_to<>> digests;
   };
   thread_local Cache cache;
   if (cache.owner != instance_ || cache.digests.size() > 4096) cache = {instance_, {}};
-  auto [at, fresh] = cache.digests.try_emplace(presented);
-  if (fresh) at->second = key_digest(secret_, presented);
-  const std::string& digest = at->second;
+  auto at = cache.digests.find(presented);
+  if (at == cache.digests.end()) at = cache.digests.emplace(std::string(presented), key_digest(secret_, std::string(presented))).first;
   std::shared_ptr<const std::map<std::string, KeyRecord>> keys;
   {
     std::lock_guard lock(mu_);
     keys = keys_;
   }
-  auto it = keys->find(digest);
-  if (it == keys->end()) return std::nullopt;
-  return it->second;
+  auto it = keys->find(at->second);
+  if (it == keys->end()) return nullptr;
+  return std::shared_ptr<const KeyRecord>(std::move(keys), &it->second);
 }
 
 }  // namespace lmserve::gateway

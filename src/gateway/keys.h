@@ -90,8 +90,9 @@ class KeyIndex {
  public:
   static Result<std::unique_ptr<KeyIndex>> open(const std::string& db_path, const std::string& secret_path);
   Status refresh();
-  // The key's record if it exists (valid or not: the caller tells expired and revoked apart).
-  std::optional<KeyRecord> find(const std::string& presented) const;
+  // The key's record if it exists (valid or not: the caller tells expired and revoked apart),
+  // shared with the index's table of the time (no copy; a refresh does not change it).
+  std::shared_ptr<const KeyRecord> find(std::string_view presented) const;
 
  private:
   static std::uint64_t next_instance();
