@@ -63,9 +63,10 @@ void State::audit_then(boost::asio::io_context& io, std::string record, std::fun
     // Posted now, it runs after the handlers already queued: those of this turn's events.
     boost::asio::post(io, [this, &io] {
       auto& t = tl_audit;
-      audit->append(std::move(t.records), [&io, thens = std::move(t.thens), fail_closed = audit_fail_closed](const Status& st) {
+      audit->append(std::move(t.records), [&io, thens = std::move(t.thens), fail_closed = audit_fail_closed](const Status& st) mutable {
         if (!st.is_ok()) spdlog::error("gateway: {} audit record(s) not written: {}", thens.size(), st.message());
-        boost::asio::post(io, [thens, ok = st.is_ok() || !fail_closed] {
+        // Moved, not copied: each continuation holds a request's routing state.
+        boost::asio::post(io, [thens = std::move(thens), ok = st.is_ok() || !fail_closed] {
           for (const auto& each : thens) {
             if (each) each(ok);
           }
