@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <map>
 #include "gateway/proxy.h"
+#include "gateway/route_fields.h"
 #include "server/http/asio.h"
 #include "server/http/transport.h"
 
@@ -61,69 +62,6 @@ std::string prompt_text(const nlohmann::json& j) {
   return out;
 }
 
-// The top-level fields a request is routed by, read without building the document (a DOM of
-// every request's body was a measurable share of the gateway's CPU per request).
-class RouteFields : public nlohmann::json_sax<nlohmann::json> {
- public:
-  // Nesting beyond kMaxJsonDepth is refused (common/json_depth.h): serve refuses it too, and
-  // whatever reads the body after the gateway need not be trusted with it.
-  bool object = false;
-  std::optional<std::string> model;
-  std::string user;
-  // Why the body is refused although it parses: "model" not a string, or given twice (two
-  // readers of one body could route by one and serve the other), or nested too deep.
-  const char* refusal = nullptr;
-
-  bool null() override { return scalar(); }
-  bool boolean(bool) override { return scalar(); }
-  bool number_integer(number_integer_t) override { return scalar(); }
-  bool number_unsigned(number_unsigned_t) override { return scalar(); }
-  bool number_float(number_float_t, const string_t&) override { return scalar(); }
-  bool string(string_t& v) override {
-    if (depth_ == 1) {
-      if (key_ == "model") model = std::move(v);
-      else if (key_ == "user") user = std::move(v);
-    }
-    return true;
-  }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override {
-    if (depth_ == 0) object = true;
-    return nest();
-  }
-  bool key(string_t& k) override {
-    if (depth_ != 1) return true;
-    if (k == "model" && seen_model_) return refuse("'model' is given twice");
-    seen_model_ = seen_model_ || k == "model";
-    key_ = std::move(k);
-    return true;
-  }
-  bool end_object() override {
-    --depth_;
-    return true;
-  }
-  bool start_array(std::size_t) override { return nest(); }
-  bool end_array() override {
-    --depth_;
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
-
- private:
-  bool refuse(const char* why) {
-    refusal = why;
-    return false;
-  }
-  bool scalar() { return depth_ == 1 && key_ == "model" ? refuse("'model' must be a string") : true; }
-  bool nest() {
-    if (depth_ == 1 && key_ == "model") return refuse("'model' must be a string");
-    if (++depth_ > kMaxJsonDepth) return refuse("the request body is nested too deeply");
-    return true;
-  }
-  int depth_ = 0;
-  bool seen_model_ = false;
-  std::string key_;
-};
 
 }  // namespace
 
@@ -249,7 +187,11 @@ struct Gateway::Impl : http::Application {
       r.headers.emplace_back("Retry-After", "1");
       return refuse(std::move(r), "", "shutting_down");
     }
-    RouteFields fields;
+    // With the policies that read the body (the guard, the keys' token limits), the routing pass
+    // builds its document too: one parse instead of two.
+    std::optional<nlohmann::json> dom;
+    if (keys || snap->default_guard || !snap->guards.empty()) dom.emplace();
+    RouteFields fields(dom ? &*dom : nullptr);
     const bool parsed = nlohmann::json::sax_parse(req.body, &fields);
     if (fields.refusal) return refuse(error_response(400, fields.refusal, "invalid_request"), "", "invalid_json");
     if (!parsed || !fields.object) return refuse(error_response(400, "the request body must be a JSON object", "invalid_request"), "", "invalid_json");
@@ -275,7 +217,6 @@ struct Gateway::Impl : http::Application {
     RouteInfo info;
     info.id = state->next_id();
     // The body as a document, parsed once when something needs more than the routing fields.
-    std::optional<nlohmann::json> dom;
     auto body = [&]() -> const nlohmann::json& {
       if (!dom) dom = nlohmann::json::parse(req.body, nullptr, false);
       return *dom;
