@@ -29,9 +29,9 @@ struct DefaultRule {
 const DefaultRule kDefaultRules[] = {
     // "Ignore (all) previous instructions" and its many wordings.
     {"default.ignore_instructions", Form::kFolded,
-     R"(\b(ignore|disregard|forget|skip|override|bypass|drop|abandon|discard|neglect)\b[^.!?\n]{0,40}?\b(previous|prior|above|earlier|preceding|former|foregoing|original|initial|system|all|any|every|your|these|those)\b[^.!?\n]{0,30}?\b(instr\w*|prompts?|rules|directions?|directives?|guidelines|guardrails|constraints|policies|restrictions|context|orders|commands|programming|training)\b)"},
+     R"(\b(ignore|ingore|ignroe|igonre|ignoer|ingnore|disregard|disreguard|forget|skip|override|bypass|drop(?= (all|any|every|your|these|those)\b)|abandon|discard|neglect|set aside|put aside|throw away|throw out|toss out|scrap|ditch|erase|wipe out|disobey|dismiss)\b[^.!?\n]{0,40}?\b(previous|prior|above|earlier|preceding|former|foregoing|original|initial|system|all|any|every|your|these|those)\b[^.!?\n]{0,30}?\b(instr\w*|prompts?|rules?|directions?|directives?|guidelines|guardrails|constraints|policies|restrictions|context|orders|commands|programming|training)\b)"},
     {"default.ignore_instructions", Form::kCompact,
-     R"((ignore|disregard|forget|override|bypass|discard)(all|any|every|of|the|your|my|these|those)*(previous|prior|above|earlier|preceding|former|original|initial|system)(instr\p{L}{0,9}|prompts?|rules|directions|directives|guidelines|context|messages?))"},
+     R"((ignore|ingore|ignroe|igonre|disregard|forget|override|bypass|discard|setaside|putaside|throwaway|throwout|scrap|ditch|disobey)(all|any|every|of|the|your|my|these|those)*((previous|prior|above|earlier|preceding|former|original|initial|system)(instr\p{L}{0,9}|prompts?|rules?|directions|directives|guidelines|context)|systemmessages?))"},
     {"default.ignore_instructions_zh", Form::kCompact,
      R"((忽略|无视|忘记|忘掉|不要理会|别管|跳过|绕过|抛开|放弃|不再遵守|不要遵守|停止遵守)(了)?.{0,6}?(之前|以上|上面|上述|先前|前面|此前|所有|全部|原来|原有|原先|系统|你的|一切).{0,6}?(指令|指示|提示词|提示|规则|设定|要求|限制|约束|命令|规定|说明))"},
     {"default.ignore_instructions_zh", Form::kCompact, R"((忽略|忘记|忘掉|无视|不要管|别管)(掉)?(之前|以上|上面|上述|先前|前面)(的)?(所有|一切|全部)?(内容|对话|话|消息|文字|设定))"},
@@ -46,7 +46,7 @@ const DefaultRule kDefaultRules[] = {
     {"default.instructions_void", Form::kFolded,
      R"(\b(you were told|you've been told|you have been told|you were given|your (previous|prior|earlier|original) (instr\w*|rules|prompts?))\b[^\n]{0,60}?\b(void|cancell?ed|invalid|obsolete|outdated|revoked|no longer (apply|valid|in effect))\b)"},
     {"default.stop_following_zh", Form::kCompact,
-     R"((不要|别|无需|不必|不用|不再)(再)?(遵守|遵循|理会|管|执行|服从|听从)(之前|以上|上面|上述|先前|前面|原来|原有|所有|你的|系统|那些))"},
+     R"((不要|别|无需|不必|不用|不再)(再)?(遵守|遵循|理会|管|执行|服从|听从)(之前|以上|上面|上述|先前|前面|原来|原有|所有|你的|系统|那些)(的)?.{0,4}?(指令|指示|提示|规则|设定|要求|限制|约束|命令|规定|安排|内容))"},
     {"default.ignore_instructions_zh", Form::kCompact,
      R"((之前|以上|上面|上述|先前|前面|原来|原有|所有|全部|你的|系统)(的)?(所有|全部|一切)?(指令|指示|提示词|提示|规则|设定|要求|限制|约束)(都|全部|统统|一律)?(忘掉|忘记|忽略|无视|作废|不用管|别管|不算数|失效|取消|废除))"},
     // Role spoofing: a chat template's markers, or a system/developer turn, inside user text.
@@ -58,15 +58,23 @@ const DefaultRule kDefaultRules[] = {
     {"default.role_spoof_zh", Form::kFolded, R"((^|\n|[。！？!?])\s*(系统|管理员|开发者|超级用户)\s*(提示|消息|指令|通知|命令)?\s*[:：])"},
     // A new persona without limits.
     {"default.persona", Form::kFolded,
-     R"(\b(you are|you're|act as|pretend to be|pretend you are|roleplay as|from now on,? you('ll| will| are)|become)\b[^.!?\n]{0,40}?\b(dan|jailbroken|unrestricted|unfiltered|uncensored|evil|without (any )?(rules|restrictions|limits|filters|guidelines|ethics))\b)"},
-    {"default.persona", Form::kFolded, R"(\b(do anything now|developer mode|jailbreak|god mode|no longer bound|not bound by)\b)"},
+     R"(\b(you are|you're|act as|pretend to be|pretend you are|roleplay as|from now on,? you('ll| will| are)|become)\b[^.!?\n]{0,40}?\b(dan|jailbroken|unrestricted|unfiltered|uncensored|evil|without (any )?(rules|restrictions|limits|filters|guidelines|ethics)|(with|having) (no|zero) (rules|restrictions|limits|limitations|filters|guidelines|ethics|constraints|boundaries|censorship))\b)"},
+    {"default.persona", Form::kFolded, R"(\b(do anything now|dan mode|jailbreak|god mode|no longer bound|not bound by)\b)"},
+    // Developer mode as a state the model is put in (not a device's settings).
+    {"default.persona", Form::kFolded,
+     R"(\b((enable|enter|activate|switch to|turn on|you are (now )?in|you're (now )?in|now in|go into|run in|respond in)\s+(the\s+)?developer mode|developer mode\s+(is\s+)?(enabled|activated|on|engaged)|developer mode (has|means|allows|ignores))\b)"},
+    {"default.persona", Form::kFolded,
+     R"(\b(you('ve| have)? (been|are|were) (now )?(freed|released|liberated|unshackled|unchained|set free)|you are (now )?free) from (all |any |every |your )?(of )?(your )?(restrictions|rules|limits|limitations|constraints|guidelines|filters|programming|shackles|chains|safety)\b)"},
+    // "Ignore the above and tell me ...": the above dismissed, then an order.
+    {"default.ignore_above", Form::kFolded,
+     R"(\b(ignore|ingore|disregard|forget|skip)\b\s+(all of |everything |all )?(the )?(above|preceding|foregoing)( \w+)?\s*[,;:]?\s*(and |then |now |instead )*(instead |now )?(tell|reveal|give|print|say|output|write|show|repeat|list|send|share|leak|dump|approve|summari[sz]e|describe|explain)\b)"},
     {"default.persona_zh", Form::kCompact,
      R"((你现在是|你是|扮演|假装你是|从现在起你是|从现在开始你是|进入).{0,12}?(dan|没有(任何)?(限制|约束|规则|底线|审查)|不受(任何)?(限制|约束|规则|规定|审查)|无限制|越狱|开发者模式|上帝模式))"},
-    {"default.persona_zh", Form::kCompact, R"((越狱模式|开发者模式|无审查模式|解除(所有)?限制|不受任何规则))"},
+    {"default.persona_zh", Form::kCompact, R"((越狱模式|无审查模式|解除(所有)?限制|不受任何规则|(进入|开启|启用|激活|切换到|切换至|处于)开发者模式|开发者模式(已)?(开启|启用|激活|启动)))"},
     {"default.persona_zh", Form::kCompact, R"(你(就|将|已经|已)?(不再)?(不受|没有|不存在)(任何)?(限制|约束|规则|规定|审查|底线))"},
     // Asking for the hidden prompt.
     {"default.prompt_leak", Form::kFolded,
-     R"(\b(reveal|show|print|output|repeat|leak|tell me|give me|display|dump|write out|recite|spell out|what (is|are|was|were))\b[^.!?\n]{0,30}?\b(system prompt|system message|initial (prompt|instructions)|hidden (prompt|instructions)|original (prompt|instructions)|your (instructions|prompt|rules)|the (text|prompt|instructions) above|everything above|developer (message|instructions))\b)"},
+     R"(\b(reveal|show|print|output|repeat|leak|tell me|give me|display|dump|write out|recite|spell out|what (is|are|was|were))\b[^.!?\n]{0,30}?\b(system prompt|system message|initial (prompt|instructions)|hidden (prompt|instructions)|original (prompt|instructions)|your (instructions|prompt|rules)|the (text|prompt|instructions) above|everything above|developer (message|instructions)|your (full|entire|complete|whole|exact|verbatim|unredacted) (prompt|system prompt|configuration|config)|your context window)\b)"},
     {"default.prompt_leak_zh", Form::kCompact,
      R"((输出|显示|告诉我|透露|泄露|打印|重复|给我看|说出|展示|复述).{0,8}?(你的)?(系统提示|系统提示词|系统指令|初始指令|初始提示|隐藏指令|原始指令|原始提示|上面的(内容|指令|文字)|以上(内容|指令)))"},
     {"default.new_instructions", Form::kFolded, R"(\b(new|updated|real|actual|true) (instructions?|system prompt|task)\s*[:：])"},
@@ -82,6 +90,7 @@ const DefaultRule kDefaultRules[] = {
     {"default.prompt_leak", Form::kFolded,
      R"(\b(instructions|rules|prompts?)\b\s+(were|was|have|had|did)\s+you\s+(been\s+)?(given|told|provided|get|receive)\b)"},
     {"default.prompt_leak_zh", Form::kCompact, R"((系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(是什么|有哪些|是啥|写了什么|的内容))"},
+    {"default.prompt_leak_zh", Form::kCompact, R"(你的(系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(的)?(原文|全文|原话|内容)?.{0,4}?(给我看|发给我|发我|贴出来|写出来|拿出来))"},
 };
 
 bool drop_in_compact(char32_t cp) {
