@@ -29,7 +29,7 @@ struct DefaultRule {
 const DefaultRule kDefaultRules[] = {
     // "Ignore (all) previous instructions" and its many wordings.
     {"default.ignore_instructions", Form::kFolded,
-     R"(\b(ignore|ingore|ignroe|igonre|ignoer|ingnore|disregard|disreguard|forget|skip|override|bypass|drop(?= (all|any|every|your|these|those)\b)|abandon|discard|neglect|set aside|put aside|throw away|throw out|toss out|scrap|ditch|erase|wipe out|disobey|dismiss)\b[^.!?\n]{0,40}?\b(previous|prior|above|earlier|preceding|former|foregoing|original|initial|system|all|any|every|your|these|those)\b[^.!?\n]{0,30}?\b(instr\w*|prompts?|rules?|directions?|directives?|guidelines|guardrails|constraints|policies|restrictions|context|orders|commands|programming|training)\b)"},
+     R"(\b(ignore|ingore|ignroe|igonre|ignoer|ingnore|disregard|disreguard|forget|forgett|skip|override|bypass|drop(?= (all|any|every|your|these|those)\b)|abandon|discard|neglect|set aside|put aside|throw away|throw out|toss out|scrap|ditch|erase|wipe out|disobey|dismiss)\b[^.!?\n]{0,40}?\b(previous|prior|above|earlier|preceding|former|foregoing|original|initial|system|all|any|every|your|these|those)\b[^.!?\n]{0,30}?\b(instr\w*|prompts?|rules?|directions?|directives?|guidelines|guardrails|constraints|policies|restrictions|context|orders|commands|programming|training|guidance)\b)"},
     {"default.ignore_instructions", Form::kCompact,
      R"((ignore|ingore|ignroe|igonre|disregard|forget|override|bypass|discard|setaside|putaside|throwaway|throwout|scrap|ditch|disobey)(all|any|every|of|the|your|my|these|those)*((previous|prior|above|earlier|preceding|former|original|initial|system)(instr\p{L}{0,9}|prompts?|rules?|directions|directives|guidelines|context)|systemmessages?))"},
     {"default.ignore_instructions_zh", Form::kCompact,
@@ -45,8 +45,18 @@ const DefaultRule kDefaultRules[] = {
      R"(\b(don'?t|do not|stop|no longer|never|quit)\b\s+(follow(ing)?|obey(ing)?|adher(e|ing) to|listen(ing)? to|comply(ing)? with|respect(ing)?)\b[^.!?\n]{0,20}?\b(previous|prior|earlier|original|initial|your|the|system|those|these|any)\b[^.!?\n]{0,20}?\b(instr\w*|rules|prompts?|guidelines|directions|policies)\b)"},
     {"default.instructions_void", Form::kFolded,
      R"(\b(you were told|you've been told|you have been told|you were given|your (previous|prior|earlier|original) (instr\w*|rules|prompts?))\b[^\n]{0,60}?\b(void|cancell?ed|invalid|obsolete|outdated|revoked|no longer (apply|valid|in effect))\b)"},
+    // "Forget the instructions above", "ignore the safety rules": the object named after the verb.
+    {"default.ignore_instructions", Form::kFolded,
+     R"(\b(ignore|ingore|disregard|forget|skip|bypass|override|set aside|throw away|abandon)\b\s+(all\s+)?(the|your|those|these)\s+((instr\w*|rules|prompts?|directions|guidelines|directives)\s+(above|before this|so far|you (were|have been) given|you received|given (to you|earlier|before))|(safety|security|content|moderation|ethical|ethics|usage)\s+(rules|polic(y|ies)|guidelines|filters|restrictions|guardrails|protocols))\b)"},
+    // "All prior instructions are cancelled."
+    {"default.instructions_void", Form::kFolded,
+     R"(\b(all |any |the |your )?(previous|prior|earlier|original|initial|above|preceding|old|system) (instr\w*|rules|directives|guidelines|prompts?)\s+(are|is|have been|were|has been)\s+(now\s+)?(cancell?ed|void|revoked|invalid|obsolete|overridden|null|suspended|lifted|deleted|removed|disabled|no longer valid)\b)"},
+    {"default.instructions_void_zh", Form::kCompact,
+     R"((你的)?(原始|之前|先前|原来|原有|系统|初始|以上|上面)(的)?(指令|指示|规则|设定|提示词|提示)(已经|已|都|全部|统统)*(失效|作废|无效|取消|废除|不再有效))"},
+    {"default.prompt_leak_zh", Form::kCompact,
+     R"((重复|复述|输出|打印|显示|列出)(一下|一遍)?你(在)?(上面|以上|之前|前面|最开始)(收到|接收到|看到|得到)?(的)?(所有|全部)?(内容|文字|指令|指示|信息|提示))"},
     {"default.stop_following_zh", Form::kCompact,
-     R"((不要|别|无需|不必|不用|不再)(再)?(遵守|遵循|理会|管|执行|服从|听从)(之前|以上|上面|上述|先前|前面|原来|原有|所有|你的|系统|那些)(的)?.{0,4}?(指令|指示|提示|规则|设定|要求|限制|约束|命令|规定|安排|内容))"},
+     R"((不要|别|无需|不必|不用|不再)(再)?(遵守|遵循|理会|管|执行|服从|听从)(你)?(之前|以上|上面|上述|先前|前面|原来|原有|所有|你的|系统|那些)(的)?.{0,4}?(指令|指示|提示|规则|设定|要求|限制|约束|命令|规定|安排|内容))"},
     {"default.ignore_instructions_zh", Form::kCompact,
      R"((之前|以上|上面|上述|先前|前面|原来|原有|所有|全部|你的|系统)(的)?(所有|全部|一切)?(指令|指示|提示词|提示|规则|设定|要求|限制|约束)(都|全部|统统|一律)?(忘掉|忘记|忽略|无视|作废|不用管|别管|不算数|失效|取消|废除))"},
     // Role spoofing: a chat template's markers, or a system/developer turn, inside user text.
