@@ -50,7 +50,7 @@ const DefaultRule kDefaultRules[] = {
      R"(\b(ignore|ingore|disregard|forget|skip|bypass|override|set aside|throw away|abandon)\b\s+(all\s+)?(the|your|those|these)\s+((instr\w*|rules|prompts?|directions|guidelines|directives)\s+(above|before this|so far|you (were|have been) given|you received|given (to you|earlier|before))|(safety|security|content|moderation|ethical|ethics|usage)\s+(rules|polic(y|ies)|guidelines|filters|restrictions|guardrails|protocols))\b)"},
     // "All prior instructions are cancelled."
     {"default.instructions_void", Form::kFolded,
-     R"(\b(all |any |the |your )?(previous|prior|earlier|original|initial|above|preceding|old|system) (instr\w*|rules|directives|guidelines|prompts?)\s+(are|is|have been|were|has been)\s+(now\s+)?(cancell?ed|void|revoked|invalid|obsolete|overridden|null|suspended|lifted|deleted|removed|disabled|no longer valid)\b)"},
+     R"(\b(previous|prior|earlier|original|initial|above|preceding|old|system) (instr\w*|rules|directives|guidelines|prompts?)\s+(are|is|have been|were|has been)\s+(now\s+)?(cancell?ed|void|revoked|invalid|obsolete|overridden|null|suspended|lifted|deleted|removed|disabled|no longer valid)\b)"},
     {"default.instructions_void_zh", Form::kCompact,
      R"((你的)?(原始|之前|先前|原来|原有|系统|初始|以上|上面)(的)?(指令|指示|规则|设定|提示词|提示)(已经|已|都|全部|统统)*(失效|作废|无效|取消|废除|不再有效))"},
     {"default.prompt_leak_zh", Form::kCompact,
