@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/json_depth.h"
@@ -34,8 +35,8 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
   bool number_float(number_float_t v, const string_t&) override { return scalar() && value(v); }
   bool string(string_t& v) override {
     if (depth_ == 1) {
-      if (key_ == "model") model = v;
-      else if (key_ == "user") user = v;
+      if (key_ == Key::kModel) model = v;
+      else if (key_ == Key::kUser) user = v;
     }
     return value(std::move(v));
   }
@@ -46,9 +47,9 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
   }
   bool key(string_t& k) override {
     if (depth_ == 1) {
-      if (k == "model" && seen_model_) return refuse("'model' is given twice");
-      seen_model_ = seen_model_ || k == "model";
-      key_ = k;
+      key_ = k == std::string_view("model") ? Key::kModel : k == std::string_view("user") ? Key::kUser : Key::kOther;
+      if (key_ == Key::kModel && seen_model_) return refuse("'model' is given twice");
+      seen_model_ = seen_model_ || key_ == Key::kModel;
     }
     if (document_) member_ = &(*open_.back())[std::move(k)];
     return true;
@@ -63,9 +64,9 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
     refusal = why;
     return false;
   }
-  bool scalar() { return depth_ == 1 && key_ == "model" ? refuse("'model' must be a string") : true; }
+  bool scalar() { return depth_ == 1 && key_ == Key::kModel ? refuse("'model' must be a string") : true; }
   bool nest() {
-    if (depth_ == 1 && key_ == "model") return refuse("'model' must be a string");
+    if (depth_ == 1 && key_ == Key::kModel) return refuse("'model' must be a string");
     if (++depth_ > kMaxJsonDepth) return refuse("the request body is nested too deeply");
     return true;
   }
@@ -91,7 +92,8 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json> {
   }
   int depth_ = 0;
   bool seen_model_ = false;
-  std::string key_;
+  enum class Key { kOther, kModel, kUser };
+  Key key_ = Key::kOther;  // the top-level member being read
   nlohmann::json* document_;
   std::vector<nlohmann::json*> open_;
   nlohmann::json* member_ = nullptr;
