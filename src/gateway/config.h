@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "gateway/guard.h"
 
 namespace lmserve::gateway {
 
@@ -135,6 +136,8 @@ struct GatewayConfig {
   std::string keys_db, key_secret_file;
   AuditConfig audit;
   bool guard_default_rules = false;  // guard: {default_rules: true}: the shipped injection rules for every request
+  bool guard_injection_model = true;  // guard.injection_model: with the default rules, the shipped model too
+  double guard_injection_threshold = kInjectionThreshold;  // guard.injection_threshold: the probability the model blocks at
   std::map<std::string, TenantConfig, std::less<>> tenants;
   // The keys' limits shared with other gateways through this Redis server (empty: this
   // process's counters). Read at start.

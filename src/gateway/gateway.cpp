@@ -84,14 +84,18 @@ static Status prepare(Snapshot& snap, const Snapshot* before) {
     snap.counters.emplace(m.name, std::move(*c));
   }
   const auto& cfg = snap.config;
+  const GuardSpec defaults{.default_rules = cfg.guard_default_rules, .injection_model = cfg.guard_injection_model,
+                           .injection_threshold = cfg.guard_injection_threshold};
   if (cfg.guard_default_rules) {
-    auto g = Guard::build({});
+    auto g = Guard::build(defaults);
     if (!g) return g.error();
     snap.default_guard = std::move(*g);
   }
   for (const auto& [name, t] : cfg.tenants) {
     if (t.deny.empty() && t.allow.empty() && t.keywords_file.empty()) continue;
-    GuardSpec spec{.default_rules = cfg.guard_default_rules, .deny = t.deny, .allow = t.allow};
+    GuardSpec spec = defaults;
+    spec.deny = t.deny;
+    spec.allow = t.allow;
     if (!t.keywords_file.empty()) {
       auto k = read_keywords(t.keywords_file);
       if (!k) return Status(StatusCode::kInvalidArgument, "tenants." + name + ".keywords_file: " + k.error().message());

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 
+#include "gateway/injection_model.h"
 #include "text/regex.h"
 #include "text/utf8.h"
 
@@ -251,6 +252,8 @@ struct Guard::Impl {
   std::vector<text::Regex> allow;
   std::vector<std::string> keyword_ids;
   std::optional<KeywordMatcher> keywords;
+  const InjectionModel* model = nullptr;  // with the default rules
+  double threshold = 1;
 };
 
 Guard::Guard() : impl_(std::make_unique<Impl>()) {}
@@ -264,6 +267,11 @@ Result<std::shared_ptr<const Guard>> Guard::build(const GuardSpec& spec) {
       auto re = text::Regex::compile(r.pattern);
       if (!re) return error(Status(StatusCode::kInternal, std::string("guard: default rule ") + r.id + ": " + re.error().message()));
       im.deny.push_back({r.id, r.form, std::move(*re)});
+    }
+    if (spec.injection_model) {
+      if (!(spec.injection_threshold > 0 && spec.injection_threshold <= 1)) return error(Status(StatusCode::kInvalidArgument, "injection_threshold: must be in (0, 1]"));
+      im.model = &InjectionModel::shipped();
+      im.threshold = spec.injection_threshold;
     }
   }
   for (std::size_t i = 0; i < spec.deny.size(); ++i) {
@@ -321,6 +329,23 @@ std::optional<std::string> Guard::check(std::span<const std::string> texts) cons
         return true;
       });
       if (hit) return hit;
+    }
+    if (im.model && im.model->anchored(t)) {
+      // The model judges the text less what the allow rules exempt.
+      std::optional<GuardText> rest;
+      if (!allowed.empty()) {
+        std::sort(allowed.begin(), allowed.end());
+        std::string kept;
+        std::size_t at = 0;
+        for (const auto& [b, e] : allowed) {
+          if (b > at) kept.append(t.folded, at, b - at);
+          kept.push_back(' ');
+          at = std::max(at, e);
+        }
+        if (at < t.folded.size()) kept.append(t.folded, at, std::string::npos);
+        rest = guard_normalise(kept);
+      }
+      if (im.model->score(rest ? *rest : t) >= im.threshold) return "default.injection_model";
     }
   }
   return std::nullopt;

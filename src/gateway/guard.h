@@ -7,7 +7,9 @@
 // list matched over the compact form with Aho-Corasick (keywords compacted the same way). Allow
 // rules are regexes over the folded form: a deny match inside an allow match does not count. A
 // request is blocked by the first deny rule (in order: the defaults, the tenant's regexes, its
-// keywords) that matches any of its texts. Immutable once built; check() from many threads.
+// keywords) that matches any of its texts, and with the default rules, last, by the injection
+// model (injection_model.h) when it scores a text at or above its threshold (the text less what
+// allow rules match). Immutable once built; check() from many threads.
 #pragma once
 
 #include <memory>
@@ -21,8 +23,16 @@
 
 namespace lmserve::gateway {
 
+// The probability at which the shipped injection model blocks (injection_model.h says how it was
+// chosen).
+inline constexpr double kInjectionThreshold = 0.85;
+
 struct GuardSpec {
   bool default_rules = true;  // the shipped prompt-injection rules (English and Chinese)
+  // With the default rules: the shipped injection model too (rule id "default.injection_model"),
+  // blocking at this probability.
+  bool injection_model = true;
+  double injection_threshold = kInjectionThreshold;
   std::vector<std::string> deny, allow;  // regexes (tenant's: ids "deny[N]")
   std::vector<std::string> keywords;     // phrases (ids "keyword:PHRASE")
 };

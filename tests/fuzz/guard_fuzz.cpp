@@ -1,9 +1,9 @@
 // libFuzzer target: any bytes as a tenant's guard rules and a text (gateway/guard.h): lines
 // before the first NUL are rules (a line "d:" + regex is a deny rule, "a:" + regex an allow rule,
-// "k:" + phrase a keyword; the first byte turns the default rules on or off), the rest is what a
-// user says. Rules build or are refused with the reason; a text is checked against them, and
-// each normal form keeps its map to the folded bytes. Nothing may crash or hang (PCRE2 matches
-// are bounded).
+// "k:" + phrase a keyword; the first byte's low bit turns the default rules on or off, its next
+// bit the injection model off), the rest is what a user says. Rules build or are refused with the
+// reason; a text is checked against them, and each normal form keeps its map to the folded bytes.
+// Nothing may crash or hang (PCRE2 matches are bounded).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -20,6 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string text(cut == std::string_view::npos ? std::string_view() : in.substr(cut + 1));
   GuardSpec spec;
   spec.default_rules = (data[0] & 1) != 0;
+  spec.injection_model = (data[0] & 2) == 0;
   for (std::size_t at = 0; at < rules.size();) {
     const std::size_t end = std::min(rules.find('\n', at), rules.size());
     const std::string_view line = rules.substr(at, end - at);

@@ -47,7 +47,7 @@ TEST(GatewayConfig, TheIssueExampleParses) {
 TEST(GatewayConfig, AuditAndTenants) {
   auto c = parse_config(
       "audit: {dir: /var/log/lmserve/audit, fail_closed: false, segment_kb: 512}\nredis: 127.0.0.1:6379\n"
-      "guard: {default_rules: true}\n"
+      "guard: {default_rules: true, injection_threshold: 0.9}\n"
       "tenants:\n  compliance: {audit_content: redacted, deny: ['(?i)password'], allow: [a, b], keywords_file: /etc/w.txt}\n  retrieval: {audit_content: none}\n  plain:\n"
       "models: [{name: m, backends: [{url: 'http://a:1'}]}]");
   ASSERT_TRUE(c) << c.error().message();
@@ -58,6 +58,8 @@ TEST(GatewayConfig, AuditAndTenants) {
   EXPECT_EQ(c->redis_port, 6379);
   EXPECT_EQ(c->tenant("compliance").audit_content, TenantConfig::AuditContent::kRedacted);
   EXPECT_TRUE(c->guard_default_rules);
+  EXPECT_TRUE(c->guard_injection_model);  // on with the default rules unless turned off
+  EXPECT_EQ(c->guard_injection_threshold, 0.9);
   EXPECT_EQ(c->tenant("compliance").deny, std::vector<std::string>{"(?i)password"});
   EXPECT_EQ(c->tenant("compliance").allow.size(), 2u);
   EXPECT_EQ(c->tenant("compliance").keywords_file, "/etc/w.txt");
@@ -111,6 +113,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"redis: localhost\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "redis: must be host:port, not 'localhost'"},
                       Bad{"redis: 'h:0'\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "redis: must be host:port"},
                       Bad{"guard: {rules: true}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "guard.rules: unknown key"},
+                      Bad{"guard: {injection_model: yes}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "guard.injection_model: must be true or false"},
+                      Bad{"guard: {injection_threshold: 0}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "guard.injection_threshold: must be a probability above 0"},
+                      Bad{"guard: {injection_threshold: 1.5}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "guard.injection_threshold: must be a probability"},
+                      Bad{"guard: {injection_threshold: high}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "not 'high'"},
                       Bad{"tenants: {c: {deny: '(?i)x'}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.deny: must be a list of regexes"},
                       Bad{"models: [{backends: [{url: 'http://a:1'}]}]", "models[0].name: is required"},
                       Bad{"models: [{name: m}]", "models[0].backends: is required"},

@@ -1,0 +1,67 @@
+// gateway/injection_model: a learned prompt-injection detector beside the guard's rules (issue #30).
+//
+// A logistic regression over hashed features of the guard's normal forms (guard.h): the words and
+// word pairs of the folded form (a CJK ideograph is a word of its own) and the 3- to 5-character
+// runs of the compact form, each present or not, scaled by 1/sqrt(count). The rules name phrases;
+// the model weighs the pieces of them, so rewordings and spellings the rules never saw ("set your
+// previous instructions aside", "D i s r e g a r d") still score high.
+//
+// A text is judged only when its compact form contains an anchor: a word that an injection
+// aims at (instruction, rule, prompt, system, restriction, 指令, 规则, 限制, ...). What talks about none
+// of them (most traffic, and texts unlike anything the model was trained on) is never scored,
+// which keeps the model's guesses off questions outside its training.
+//
+// The shipped model is trained at first use from the corpora in src/gateway/data (compiled into
+// the binary): the same data and the same seeded passes give the same weights on every run. The
+// whole text is one sample: the model is for what a user says, not for long documents (an
+// injection buried in one is diluted; the rules still see it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gateway/guard.h"
+
+namespace lmserve::gateway {
+
+class InjectionModel {
+ public:
+  struct Options {
+    int epochs = 30;        // passes over the samples, shuffled each time (Adagrad steps)
+    double rate = 0.5;      // Adagrad's base step
+    double l2 = 1e-4;       // weight decay per step
+    std::uint64_t seed = 1;  // the shuffles'
+  };
+  // Trained on texts labelled injection (1) and benign (0).
+  static std::unique_ptr<const InjectionModel> train(std::span<const std::string> injections, std::span<const std::string> benign, const Options& options);
+  // The shipped model (trained once per process, on first use, from the built-in corpora).
+  static const InjectionModel& shipped();
+  // The threshold the shipped model blocks at, chosen by the out-of-fold scores of the benign
+  // corpus (0.4% reach it: docs/gateway.md, "The injection model"; tests/gateway/guard_test.cpp).
+  static constexpr double kThreshold = kInjectionThreshold;
+
+  ~InjectionModel();
+  // Whether the text names an anchor (only those are scored).
+  bool anchored(const GuardText& t) const;
+  // The probability that the text is an injection, 0 when it names no anchor.
+  double score(const GuardText& t) const;
+  // The probability, anchor or not (for the tests' view of the model itself).
+  double probability(const GuardText& t) const;
+
+ private:
+  InjectionModel();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The built-in corpora the shipped model learns from (src/gateway/data: one text per line, lines
+// starting with # skipped, "\n", "\t" and "\u200b" written out).
+std::vector<std::string> parse_corpus(std::string_view file_text);
+std::span<const std::string> injection_corpus();
+std::span<const std::string> benign_corpus();
+
+}  // namespace lmserve::gateway
