@@ -41,7 +41,7 @@ const DefaultRule kDefaultRules[] = {
     {"default.ignore_them", Form::kFolded,
      R"(\b(instr\w*|rules|prompts?|guidelines|directions)\b[^.!?\n]{0,40}?[;,:.!]?\s*\b(ignore|disregard|forget|skip|override)\b\s+(them|it|those|these|that|all of them)\b)"},
     {"default.ignore_told", Form::kFolded,
-     R"(\b(ignore|disregard|forget)\b[^.!?\n]{0,20}?\b(what|everything|anything|whatever)\b[^.!?\n]{0,20}?\b(told|said|given|instructed|taught|asked)\b)"},
+     R"(\b(ignore|disregard|forget)\b[^.!?\n]{0,20}?\b(what|everything|anything|whatever)\b(?!\s+(i|we)\b)[^.!?\n]{0,20}?\b(told|said|given|instructed|taught|asked)\b)"},
     {"default.stop_following", Form::kFolded,
      R"(\b(don'?t|do not|stop|no longer|never|quit)\b\s+(follow(ing)?|obey(ing)?|adher(e|ing) to|listen(ing)? to|comply(ing)? with|respect(ing)?)\b[^.!?\n]{0,20}?\b(previous|prior|earlier|original|initial|your|the|system|those|these|any)\b[^.!?\n]{0,20}?\b(instr\w*|rules|prompts?|guidelines|directions|policies)\b)"},
     {"default.instructions_void", Form::kFolded,
@@ -81,7 +81,7 @@ const DefaultRule kDefaultRules[] = {
      R"(\b(ignore|ingore|disregard|forget|skip)\b\s+(all of |everything |all )?(the )?(above|preceding|foregoing)( \w+)?\s*[,;:]?\s*(and |then |now |instead )*(instead |now )?(tell|reveal|give|print|say|output|write|show|repeat|list|send|share|leak|dump|approve|summari[sz]e|describe|explain)\b)"},
     {"default.persona_zh", Form::kCompact,
      R"((你现在是|你是|扮演|假装你是|从现在起你是|从现在开始你是|进入).{0,12}?(dan|没有(任何)?(限制|约束|规则|底线|审查)|不受(任何)?(限制|约束|规则|规定|审查)|无限制|越狱|开发者模式|上帝模式))"},
-    {"default.persona_zh", Form::kCompact, R"((越狱模式|无审查模式|解除(所有)?限制|不受任何规则|(进入|开启|启用|激活|切换到|切换至|处于)开发者模式|开发者模式(已)?(开启|启用|激活|启动)))"},
+    {"default.persona_zh", Form::kCompact, R"((越狱模式|无审查模式|解除(所有)?限制|不受任何规则|(?<!平板|手机|设备|电脑|终端|机器)(进入|开启|启用|激活|切换到|切换至|处于)开发者模式|开发者模式(已)?(开启|启用|激活|启动)))"},
     {"default.persona_zh", Form::kCompact, R"(你(就|将|已经|已)?(不再)?(不受|没有|不存在)(任何)?(限制|约束|规则|规定|审查|底线))"},
     // Asking for the hidden prompt.
     {"default.prompt_leak", Form::kFolded,

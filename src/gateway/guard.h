@@ -25,7 +25,7 @@ namespace lmserve::gateway {
 
 // The probability at which the shipped injection model blocks (injection_model.h says how it was
 // chosen).
-inline constexpr double kInjectionThreshold = 0.85;
+inline constexpr double kInjectionThreshold = 0.7;
 
 struct GuardSpec {
   bool default_rules = true;  // the shipped prompt-injection rules (English and Chinese)

@@ -17,7 +17,8 @@ constexpr std::uint32_t kBuckets = 1u << 18;  // hashed features
 // What an injection aims at, in the compact form (no spaces: "developermode").
 constexpr const char* kAnchors =
     "instr|rule|prompt|guideline|guardrail|restrict|polic|system|directive|filter|ethic|limit|jailbreak|developermode|censor|programming|moral"
-    "|指令|指示|规则|提示|系统|限制|约束|设定|道德|审查|越狱|规定|底线";
+    "|safety|secur|configur|constraint|setup|assistant|conversation|told|refuse|command|hidden"
+    "|指令|指示|规则|提示|系统|限制|约束|设定|道德|审查|越狱|规定|底线|要求|安全|策略|过滤|政策|助手|收到";
 
 // FNV-1a over a kind tag and the feature's bytes, to a bucket.
 std::uint32_t bucket(char kind, std::string_view a, std::string_view b = {}) {

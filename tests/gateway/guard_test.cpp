@@ -102,25 +102,27 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   auto g = build({});
   ASSERT_TRUE(g);
   const auto held_out = corpus("guard_injections.txt"), general = corpus("guard_benign_general.txt");
-  const auto round7 = corpus("guard_injections_round7.txt");
+  const auto round8 = corpus("guard_injections_round8.txt"), general2 = corpus("guard_benign_general2.txt");
   const auto dev = of(injection_corpus()), benign = of(benign_corpus());
   ASSERT_GE(held_out.size(), 100u);
   ASSERT_GE(benign.size(), 500u);
   ASSERT_GE(general.size(), 60u);
-  // Issue #30 asks for 95% of held-out injections. The sixth round was written before the model
-  // existed (the rules alone block 83.8% of it), but the model's threshold and anchors were chosen
-  // while looking at its scores; the seventh, written after, is the fresh test, and falls short:
-  // 72.3% at its first run (docs/gateway.md). The floors catch a regression.
+  // Issue #30 asks for 95% of held-out injections: not met. The sixth round was written before the
+  // model existed (the rules alone block 83.8% of it), but its threshold and anchors were chosen
+  // while looking at its scores. The eighth, written after the model had learnt the seventh and was
+  // final, is the fresh test: 67.0% at its first run, the rules alone 23.0% (docs/gateway.md). The
+  // floors catch a regression.
   EXPECT_GE(blocked_percent(*g, held_out, true, "held-out injections"), 95.0);
-  EXPECT_GE(blocked_percent(*g, round7, true, "held-out injections, round 7"), 72.0);
+  EXPECT_GE(blocked_percent(*g, round8, true, "held-out injections, round 8"), 66.0);
   EXPECT_GE(blocked_percent(*g, dev, true, "development injections"), 99.0);
   EXPECT_LE(blocked_percent(*g, benign, false, "ordinary questions"), 1.0);  // the model trained on them: see OutOfFold
   EXPECT_LE(blocked_percent(*g, general, false, "held-out ordinary requests"), 1.0);
+  EXPECT_LE(blocked_percent(*g, general2, false, "held-out ordinary requests, second set"), 1.0);
   // The rules alone, for the record (the figures docs/gateway.md gives).
   auto rules = build({.injection_model = false});
   ASSERT_TRUE(rules);
   EXPECT_GE(blocked_percent(*rules, held_out, true, "held-out injections, rules alone"), 83.0);
-  EXPECT_GE(blocked_percent(*rules, round7, true, "held-out injections, round 7, rules alone"), 40.0);
+  EXPECT_GE(blocked_percent(*rules, round8, true, "held-out injections, round 8, rules alone"), 22.0);
 }
 
 // The model on what it did not learn from: five models, each trained without a fifth of both
