@@ -219,8 +219,8 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
 
   void start() {
     ++state_.in_flight;
+    ex_.watch_disconnect([self = shared_from_this()] { self->on_client_gone(); });
     total_deadline_ = arrived_ + cfg_.timeouts.total;
-    watch_at_ = arrived_ + kWatchClientAfter;
     state_.deadlines.add(shared_from_this(), io_);
     update_deadline();
     attempt();
@@ -564,19 +564,11 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     update_deadline();
   }
 
-  void update_deadline() {
-    auto d = phase_kind_ ? std::min(phase_deadline_, total_deadline_) : total_deadline_;
-    if (!watching_client_) d = std::min(d, watch_at_);
-    set_deadline(d);
-  }
+  void update_deadline() { set_deadline(phase_kind_ ? std::min(phase_deadline_, total_deadline_) : total_deadline_); }
 
   void on_timer() {
     if (done_) return;
     const auto now = Clock::now();
-    if (!watching_client_ && now >= watch_at_) {
-      watching_client_ = true;
-      ex_.watch_disconnect([self = shared_from_this()] { self->on_client_gone(); });
-    }
     if (now >= total_deadline_) return on_total_timeout();
     if (phase_kind_ && now >= phase_deadline_) {
       timeout_kind_ = phase_kind_;
@@ -685,12 +677,6 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   RouteInfo info_;
   net::io_context& io_;  // the client connection's I/O thread, where the upstream socket lives too
   Clock::time_point phase_deadline_{}, total_deadline_{};
-  // The client's going is watched (a read of its connection) only once a call has lasted
-  // kWatchClientAfter (then up to a deadline tick later): an answer in less never pays for it,
-  // and a generation the client leaves is still stopped within milliseconds.
-  static constexpr std::chrono::milliseconds kWatchClientAfter{10};
-  Clock::time_point watch_at_{};
-  bool watching_client_ = false;
   const char* phase_kind_ = nullptr;  // the phase whose deadline counts (nullptr: none)
   const std::uint64_t id_;
   const Clock::time_point arrived_ = Clock::now();

@@ -161,7 +161,6 @@ std::string head_of(const Response& r, unsigned version, bool keep_alive, const 
 // while the application works on an exchange, the client's end or pipelined bytes. So the
 // disconnect watch is a read like any other: no readiness wait, whose re-arming costs a system
 // call per request, and the read pending when the answer is complete is the next request's.
-// Without one, the next request's read waits for the handlers queued on the thread (next_request).
 template <class Stream>
 class Session : public SessionBase, public std::enable_shared_from_this<Session<Stream>> {
  public:
@@ -209,7 +208,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
                        self->deadline_ = kNoDeadline;
                        self->finish(/*from_io=*/true);
                        if (ec || !self->keep_alive_) return self->close();
-                       self->next_request(/*after_answer=*/true);
+                       self->next_request();
                      });
   }
 
@@ -281,10 +280,8 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
 
   // ---- reading ------------------------------------------------------------------------------------
   // Ready for the next request on this connection: idle until its first byte, then
-  // request_timeout for the whole of it. Right after an answer the client has not had the time
-  // to send more, so the read waits for the handlers already queued on this thread (a read tried
-  // at once would find nothing: one system call wasted per request under load).
-  void next_request(bool after_answer = false) {
+  // request_timeout for the whole of it.
+  void next_request() {
     context_.reset();  // the last exchange's (finish() kept it for this moment)
     if (peer_done_) return close();
     parser_.emplace(request_, t_.opt.max_header_bytes, t_.opt.max_body_bytes);
@@ -296,13 +293,6 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     }
     awaiting_first_byte_ = true;
     set_deadline(std::chrono::steady_clock::now() + t_.opt.idle_timeout);
-    if (after_answer && !reading_) {
-      reading_ = true;  // no other read starts meanwhile
-      return net::post(socket().get_executor(), [self = this->shared_from_this()] {
-        self->reading_ = false;
-        if (!self->closed_) self->read_more();
-      });
-    }
     read_more();  // if the disconnect watch's read is still under way, it goes on as this one
   }
 
@@ -467,7 +457,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void stream_done() {
     finish(/*from_io=*/true);
     if (aborting_ || !keep_alive_) return close();
-    next_request(/*after_answer=*/true);
+    next_request();
   }
 
   // ---- the client going away --------------------------------------------------------------------
