@@ -259,7 +259,9 @@ GatewayConfig parse_root(const YAML::Node& root) {
     c.redis_port = port;
   }
   if (const auto g = root["guard"]) {
-    check_keys(g, "guard", {"default_rules", "injection_model", "injection_threshold"});
+    check_keys(g, "guard", {"default_rules", "injection_model", "injection_threshold", "injection_examples", "benign_examples"});
+    if (g["injection_examples"]) c.guard_injection_examples = get_string(g["injection_examples"], "guard.injection_examples");
+    if (g["benign_examples"]) c.guard_benign_examples = get_string(g["benign_examples"], "guard.benign_examples");
     if (g["default_rules"]) c.guard_default_rules = get_bool(g["default_rules"], "guard.default_rules");
     if (g["injection_model"]) c.guard_injection_model = get_bool(g["injection_model"], "guard.injection_model");
     if (const auto t = g["injection_threshold"]) {

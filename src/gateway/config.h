@@ -138,6 +138,9 @@ struct GatewayConfig {
   bool guard_default_rules = false;  // guard: {default_rules: true}: the shipped injection rules for every request
   bool guard_injection_model = true;  // guard.injection_model: with the default rules, the shipped model too
   double guard_injection_threshold = kInjectionThreshold;  // guard.injection_threshold: the probability the model blocks at
+  // guard.injection_examples / guard.benign_examples: files of the operator's own examples (the
+  // corpus format of src/gateway/data), learnt with the shipped ones at every (re)load.
+  std::string guard_injection_examples, guard_benign_examples;
   std::map<std::string, TenantConfig, std::less<>> tenants;
   // The keys' limits shared with other gateways through this Redis server (empty: this
   // process's counters). Read at start.

@@ -15,6 +15,7 @@
 #include "gateway/redact.h"
 #include "gateway/tokens.h"
 #include "gateway/errors.h"
+#include "gateway/injection_model.h"
 #include "gateway/keys.h"
 #include "gateway/monitor.h"
 #include "server/dashboard.h"
@@ -84,8 +85,20 @@ static Status prepare(Snapshot& snap, const Snapshot* before) {
     snap.counters.emplace(m.name, std::move(*c));
   }
   const auto& cfg = snap.config;
-  const GuardSpec defaults{.default_rules = cfg.guard_default_rules, .injection_model = cfg.guard_injection_model,
-                           .injection_threshold = cfg.guard_injection_threshold};
+  GuardSpec defaults{.default_rules = cfg.guard_default_rules, .injection_model = cfg.guard_injection_model,
+                     .injection_threshold = cfg.guard_injection_threshold};
+  if (cfg.guard_default_rules && cfg.guard_injection_model && (!cfg.guard_injection_examples.empty() || !cfg.guard_benign_examples.empty())) {
+    std::vector<std::string> examples[2];
+    const std::pair<const char*, const std::string*> files[2] = {{"guard.injection_examples", &cfg.guard_injection_examples},
+                                                                 {"guard.benign_examples", &cfg.guard_benign_examples}};
+    for (int i = 0; i < 2; ++i) {
+      if (files[i].second->empty()) continue;
+      auto c = read_corpus(*files[i].second);
+      if (!c) return Status(StatusCode::kInvalidArgument, std::string(files[i].first) + ": " + c.error().message());
+      examples[i] = std::move(*c);
+    }
+    defaults.model = InjectionModel::with_examples(examples[0], examples[1]);
+  }
   if (cfg.guard_default_rules) {
     auto g = Guard::build(defaults);
     if (!g) return g.error();

@@ -253,6 +253,7 @@ struct Guard::Impl {
   std::vector<std::string> keyword_ids;
   std::optional<KeywordMatcher> keywords;
   const InjectionModel* model = nullptr;  // with the default rules
+  std::shared_ptr<const InjectionModel> own_model;  // GuardSpec::model, kept alive
   double threshold = 1;
 };
 
@@ -270,7 +271,8 @@ Result<std::shared_ptr<const Guard>> Guard::build(const GuardSpec& spec) {
     }
     if (spec.injection_model) {
       if (!(spec.injection_threshold > 0 && spec.injection_threshold <= 1)) return error(Status(StatusCode::kInvalidArgument, "injection_threshold: must be in (0, 1]"));
-      im.model = &InjectionModel::shipped();
+      im.own_model = spec.model;
+      im.model = spec.model ? spec.model.get() : &InjectionModel::shipped();
       im.threshold = spec.injection_threshold;
     }
   }

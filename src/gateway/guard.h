@@ -23,6 +23,8 @@
 
 namespace lmserve::gateway {
 
+class InjectionModel;
+
 // The probability at which the shipped injection model blocks (injection_model.h says how it was
 // chosen).
 inline constexpr double kInjectionThreshold = 0.7;
@@ -33,6 +35,8 @@ struct GuardSpec {
   // blocking at this probability.
   bool injection_model = true;
   double injection_threshold = kInjectionThreshold;
+  // The model to use; null: the shipped one (InjectionModel::shipped()).
+  std::shared_ptr<const InjectionModel> model;
   std::vector<std::string> deny, allow;  // regexes (tenant's: ids "deny[N]")
   std::vector<std::string> keywords;     // phrases (ids "keyword:PHRASE")
 };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <random>
 
 #include "gateway/injection_corpus.h"  // generated: the corpora's text
@@ -140,6 +142,13 @@ const InjectionModel& InjectionModel::shipped() {
   return *model;
 }
 
+std::unique_ptr<const InjectionModel> InjectionModel::with_examples(std::span<const std::string> injections, std::span<const std::string> benign) {
+  std::vector<std::string> inj(injection_corpus().begin(), injection_corpus().end()), ben(benign_corpus().begin(), benign_corpus().end());
+  inj.insert(inj.end(), injections.begin(), injections.end());
+  ben.insert(ben.end(), benign.begin(), benign.end());
+  return train(inj, ben, Options{});
+}
+
 bool InjectionModel::anchored(const GuardText& t) const { return impl_->anchors.find(t.compact, 0).has_value(); }
 
 double InjectionModel::probability(const GuardText& t) const { return sigmoid(impl_->z(features(t))); }
@@ -172,6 +181,14 @@ std::vector<std::string> parse_corpus(std::string_view file_text) {
     out.push_back(std::move(text));
   }
   return out;
+}
+
+Result<std::vector<std::string>> read_corpus(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return error(Status(StatusCode::kNotFound, "cannot read " + path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_corpus(text.str());
 }
 
 std::span<const std::string> injection_corpus() {

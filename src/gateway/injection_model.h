@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/status.h"
 #include "gateway/guard.h"
 
 namespace lmserve::gateway {
@@ -40,6 +41,9 @@ class InjectionModel {
   static std::unique_ptr<const InjectionModel> train(std::span<const std::string> injections, std::span<const std::string> benign, const Options& options);
   // The shipped model (trained once per process, on first use, from the built-in corpora).
   static const InjectionModel& shipped();
+  // The shipped corpora with an operator's own examples added (guard.injection_examples and
+  // guard.benign_examples: attacks it missed, ordinary requests it blocked), trained afresh.
+  static std::unique_ptr<const InjectionModel> with_examples(std::span<const std::string> injections, std::span<const std::string> benign);
   // The threshold the shipped model blocks at, chosen by the out-of-fold scores of the benign
   // corpus (0.4% reach it: docs/gateway.md, "The injection model"; tests/gateway/guard_test.cpp).
   static constexpr double kThreshold = kInjectionThreshold;
@@ -61,6 +65,7 @@ class InjectionModel {
 // The built-in corpora the shipped model learns from (src/gateway/data: one text per line, lines
 // starting with # skipped, "\n", "\t" and "\u200b" written out).
 std::vector<std::string> parse_corpus(std::string_view file_text);
+Result<std::vector<std::string>> read_corpus(const std::string& path);  // NotFound when unreadable
 std::span<const std::string> injection_corpus();
 std::span<const std::string> benign_corpus();
 

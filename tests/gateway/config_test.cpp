@@ -47,7 +47,7 @@ TEST(GatewayConfig, TheIssueExampleParses) {
 TEST(GatewayConfig, AuditAndTenants) {
   auto c = parse_config(
       "audit: {dir: /var/log/lmserve/audit, fail_closed: false, segment_kb: 512}\nredis: 127.0.0.1:6379\n"
-      "guard: {default_rules: true, injection_threshold: 0.9}\n"
+      "guard: {default_rules: true, injection_threshold: 0.9, injection_examples: /etc/lmserve/attacks.txt, benign_examples: /etc/lmserve/ok.txt}\n"
       "tenants:\n  compliance: {audit_content: redacted, deny: ['(?i)password'], allow: [a, b], keywords_file: /etc/w.txt}\n  retrieval: {audit_content: none}\n  plain:\n"
       "models: [{name: m, backends: [{url: 'http://a:1'}]}]");
   ASSERT_TRUE(c) << c.error().message();
@@ -60,6 +60,8 @@ TEST(GatewayConfig, AuditAndTenants) {
   EXPECT_TRUE(c->guard_default_rules);
   EXPECT_TRUE(c->guard_injection_model);  // on with the default rules unless turned off
   EXPECT_EQ(c->guard_injection_threshold, 0.9);
+  EXPECT_EQ(c->guard_injection_examples, "/etc/lmserve/attacks.txt");
+  EXPECT_EQ(c->guard_benign_examples, "/etc/lmserve/ok.txt");
   EXPECT_EQ(c->tenant("compliance").deny, std::vector<std::string>{"(?i)password"});
   EXPECT_EQ(c->tenant("compliance").allow.size(), 2u);
   EXPECT_EQ(c->tenant("compliance").keywords_file, "/etc/w.txt");
