@@ -1,14 +1,18 @@
 // lmserve gateway --config FILE: the entry point in front of `serve` replicas (src/gateway/);
-// lmserve gateway keys add|list|revoke|rotate: its API keys (gateway/keys.h).
+// lmserve gateway keys add|list|revoke|rotate: its API keys (gateway/keys.h);
+// lmserve gateway audit verify DIR; lmserve gateway guard check: a text against the guard.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstdio>
+#include <iostream>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "gateway/audit.h"
 #include "gateway/gateway.h"
+#include "gateway/guards.h"
+#include "gateway/injection_model.h"
 #include "gateway/keys.h"
 
 namespace lmserve::cli {
@@ -25,6 +29,39 @@ std::string date_of(std::int64_t t) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+// Each text's verdict under the configuration's guard: exit 0 when all pass, 1 when one is
+// blocked, 2 when the configuration does not load.
+int run_guard_check(const std::string& config, const std::string& tenant, std::vector<std::string> texts) {
+  if (config.empty()) {
+    std::fprintf(stderr, "lmserve gateway guard check: --config is required\n");
+    return 2;
+  }
+  auto c = gateway::load_config(config);
+  auto guards = c ? gateway::build_guards(*c) : Result<gateway::Guards>(error(c.error()));
+  if (!guards) {
+    std::fprintf(stderr, "lmserve gateway guard check: %s\n", guards.error().message().c_str());
+    return 2;
+  }
+  const gateway::Guard* g = guards->for_tenant(tenant);
+  if (texts.empty()) {
+    for (std::string line; std::getline(std::cin, line);) texts.push_back(line);
+  }
+  int rc = 0;
+  for (const auto& t : texts) {
+    const auto hit = g ? g->check(std::vector<std::string>{t}) : std::nullopt;
+    std::string model = "no model";
+    if (const auto* m = g ? g->injection_model() : nullptr) {
+      const auto forms = gateway::guard_normalise(t);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "model %.3f of %.2f%s", m->probability(forms), g->injection_threshold(), m->anchored(forms) ? "" : ", no anchor: not scored");
+      model = buf;
+    }
+    std::printf("%s\t%s\t%s\t%s\n", hit ? "blocked" : "passes", hit ? hit->c_str() : "-", model.c_str(), t.c_str());
+    if (hit) rc = 1;
+  }
+  return rc;
 }
 
 struct KeyOpts {
@@ -138,9 +175,18 @@ Command add_gateway_command(CLI::App& app) {
   auto* verify = audit->add_subcommand("verify", "check a directory's hash chain; name the first record that breaks it");
   verify->add_option("dir", *audit_dir, "the audit directory (the config's audit.dir)")->required();
   verify->callback([which] { *which = "audit verify"; });
+  auto guard_tenant = std::make_shared<std::string>();
+  auto guard_texts = std::make_shared<std::vector<std::string>>();
+  auto* guard = app.add_subcommand("guard", "the content guard: check texts as the configuration's guard would");
+  guard->require_subcommand(1);
+  auto* check = guard->add_subcommand("check", "say of each text whether it passes, the rule that blocks it, and the injection model's probability");
+  check->add_option("--tenant", *guard_tenant, "check as this tenant's requests are (its rules with the defaults)");
+  check->add_option("text", *guard_texts, "the texts (none: one a line from standard input)");
+  check->callback([which] { *which = "guard check"; });
   app.add_option("--port", o->port, "listen on this port instead of the file's `listen` port (0: any free port)");
   app.add_flag("--check", o->check, "validate the configuration, print it back in brief, and exit");
-  return [o, k, which, audit_dir]() {
+  return [o, k, which, audit_dir, guard_tenant, guard_texts]() {
+    if (*which == "guard check") return run_guard_check(o->config, *guard_tenant, *guard_texts);
     if (*which == "audit verify") {
       const auto v = gateway::verify_audit(*audit_dir);
       if (!v.ok) {

@@ -15,7 +15,7 @@
 #include "gateway/redact.h"
 #include "gateway/tokens.h"
 #include "gateway/errors.h"
-#include "gateway/injection_model.h"
+#include "gateway/guards.h"
 #include "gateway/keys.h"
 #include "gateway/monitor.h"
 #include "server/dashboard.h"
@@ -84,40 +84,9 @@ static Status prepare(Snapshot& snap, const Snapshot* before) {
     if (!c) return Status(c.error().code(), "models." + m.name + ".tokenizer: " + c.error().message());
     snap.counters.emplace(m.name, std::move(*c));
   }
-  const auto& cfg = snap.config;
-  GuardSpec defaults{.default_rules = cfg.guard_default_rules, .injection_model = cfg.guard_injection_model,
-                     .injection_threshold = cfg.guard_injection_threshold};
-  if (cfg.guard_default_rules && cfg.guard_injection_model && (!cfg.guard_injection_examples.empty() || !cfg.guard_benign_examples.empty())) {
-    std::vector<std::string> examples[2];
-    const std::pair<const char*, const std::string*> files[2] = {{"guard.injection_examples", &cfg.guard_injection_examples},
-                                                                 {"guard.benign_examples", &cfg.guard_benign_examples}};
-    for (int i = 0; i < 2; ++i) {
-      if (files[i].second->empty()) continue;
-      auto c = read_corpus(*files[i].second);
-      if (!c) return Status(StatusCode::kInvalidArgument, std::string(files[i].first) + ": " + c.error().message());
-      examples[i] = std::move(*c);
-    }
-    defaults.model = InjectionModel::with_examples(examples[0], examples[1]);
-  }
-  if (cfg.guard_default_rules) {
-    auto g = Guard::build(defaults);
-    if (!g) return g.error();
-    snap.default_guard = std::move(*g);
-  }
-  for (const auto& [name, t] : cfg.tenants) {
-    if (t.deny.empty() && t.allow.empty() && t.keywords_file.empty()) continue;
-    GuardSpec spec = defaults;
-    spec.deny = t.deny;
-    spec.allow = t.allow;
-    if (!t.keywords_file.empty()) {
-      auto k = read_keywords(t.keywords_file);
-      if (!k) return Status(StatusCode::kInvalidArgument, "tenants." + name + ".keywords_file: " + k.error().message());
-      spec.keywords = std::move(*k);
-    }
-    auto g = Guard::build(spec);
-    if (!g) return Status(StatusCode::kInvalidArgument, "tenants." + name + "." + g.error().message());
-    snap.guards.emplace(name, std::move(*g));
-  }
+  auto guards = build_guards(snap.config);
+  if (!guards) return guards.error();
+  snap.guards = std::move(*guards);
   return Status::ok();
 }
 
@@ -207,7 +176,7 @@ struct Gateway::Impl : http::Application {
     // With the policies that read the body (the guard, the keys' token limits), the routing pass
     // builds its document too: one parse instead of two.
     std::optional<nlohmann::json> dom;
-    if (keys || snap->default_guard || !snap->guards.empty()) dom.emplace();
+    if (keys || snap->guards.defaults || !snap->guards.tenants.empty()) dom.emplace();
     RouteFields fields(dom ? &*dom : nullptr);
     const bool parsed = nlohmann::json::sax_parse(req.body, &fields);
     if (fields.refusal) return refuse(error_response(400, fields.refusal, "invalid_request"), "", "invalid_json");

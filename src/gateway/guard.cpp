@@ -297,6 +297,10 @@ Result<std::shared_ptr<const Guard>> Guard::build(const GuardSpec& spec) {
 
 std::size_t Guard::rules() const { return impl_->deny.size() + impl_->keyword_ids.size(); }
 
+const InjectionModel* Guard::injection_model() const { return impl_->model; }
+
+double Guard::injection_threshold() const { return impl_->threshold; }
+
 std::optional<std::string> Guard::check(std::span<const std::string> texts) const {
   const auto& im = *impl_;
   for (const auto& raw : texts) {

@@ -58,6 +58,9 @@ class Guard {
   // The id of the first deny rule matching one of `texts`; nullopt when they pass.
   std::optional<std::string> check(std::span<const std::string> texts) const;
   std::size_t rules() const;  // deny rules, keywords counted one each
+  // The injection model it checks with (null: none) and the probability it blocks at.
+  const InjectionModel* injection_model() const;
+  double injection_threshold() const;
 
  private:
   Guard();

@@ -14,7 +14,7 @@
 #include "gateway/audit.h"
 #include "gateway/config.h"
 #include "gateway/deadlines.h"
-#include "gateway/guard.h"
+#include "gateway/guards.h"
 #include "gateway/limits.h"
 #include "gateway/metrics.h"
 #include "gateway/replicas.h"
@@ -28,13 +28,8 @@ struct Snapshot {
   GatewayConfig config;
   std::map<std::string, std::unique_ptr<Router>> routers;  // by model name; thread-safe
   std::map<std::string, std::shared_ptr<const PromptCounter>> counters;  // by model name: those with a tokenizer
-  // The guard per tenant with rules of its own, and for everyone else (null: no guard).
-  std::map<std::string, std::shared_ptr<const Guard>, std::less<>> guards;
-  std::shared_ptr<const Guard> default_guard;
-  const Guard* guard_for(std::string_view tenant) const {
-    auto it = guards.find(tenant);
-    return it != guards.end() ? it->second.get() : default_guard.get();
-  }
+  Guards guards;  // per tenant with rules of its own, and for everyone else
+  const Guard* guard_for(std::string_view tenant) const { return guards.for_tenant(tenant); }
 };
 
 struct State {
