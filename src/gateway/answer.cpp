@@ -144,7 +144,7 @@ class AnswerScan {
       // After a value: close what ends here, then the next member or element.
       for (;;) {
         ws();
-        if (open.empty()) return p_ == end_;
+        if (open.empty()) return p_ == end_ || *p_ == '\0';  // as nlohmann's parser: a NUL ends the input
         if (p_ == end_) return false;
         const char close = open.back() == '{' ? '}' : ']';
         if (*p_ == close) {

@@ -276,7 +276,11 @@ Expected<ParsedRequest, ApiError> parse_request(const ojson& body, bool chat) {
     }
     if (r.has("response_format")) {
       const ojson& rf = body["response_format"];
-      const std::string type = rf.is_object() ? rf.value("type", "") : "";
+      std::string type;
+      if (rf.is_object() && rf.contains("type")) {
+        if (!rf["type"].is_string()) return type_error("response_format.type", "a string");
+        type = rf["type"].get<std::string>();
+      }
       if (type == "json_object") {
         p.params.grammar = text::Grammar::json_object();
       } else if (type == "json_schema") {

@@ -108,6 +108,17 @@ TEST(AnswerReader, TheUsageReadWithoutADocumentIsTheDocumentsUsage) {
     EXPECT_EQ(lean.usage().prompt_tokens, full.usage().prompt_tokens) << body;
     EXPECT_EQ(lean.usage().completion_tokens, full.usage().completion_tokens) << body;
   }
+  // A NUL byte ends the document's input for its parser: after the value it is the end, before
+  // or inside it the value is cut short (found by answer_fuzz).
+  using namespace std::string_literals;
+  for (const std::string& body : {"{\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}\0\0\0x"s, "{\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}} \0"s,
+                                 "\0{\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}"s, "{\"usage\":\0{\"prompt_tokens\":5,\"completion_tokens\":7}}"s}) {
+    AnswerReader lean(false), full(true);
+    lean.read_whole(body);
+    full.read_whole(body);
+    EXPECT_EQ(lean.usage().prompt_tokens, full.usage().prompt_tokens) << body;
+    EXPECT_EQ(lean.usage().completion_tokens, full.usage().completion_tokens) << body;
+  }
   AnswerReader r(false);
   r.read_whole(bodies[0]);
   EXPECT_EQ(r.usage().prompt_tokens, 7);

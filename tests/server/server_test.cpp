@@ -352,6 +352,7 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
       {"priority string", c, "{" + msg + R"(,"priority":"high"})", 400, "invalid_type"},
       {"unknown lane", c, "{" + msg + R"(,"lane":"vip"})", 400, "invalid_request"},
       {"response_format unknown type", c, "{" + msg + R"(,"response_format":{"type":"xml"}})", 400, "invalid_value"},
+      {"response_format type not a string", c, "{" + msg + R"(,"response_format":{"type":{"name":"x","schema":{}}}})", 400, "invalid_type"},
       {"response_format json_schema without schema", c, "{" + msg + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x"}}})", 400,
        "invalid_type"},
       {"response_format unsupported keyword", c,
