@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <optional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -135,12 +136,20 @@ Result<Manifest> read_manifest(const fs::path& dir) {
   const auto j = nlohmann::json::parse(in, nullptr, false);
   auto bad = [&](const std::string& why) { return error(StatusCode::kInvalidArgument, path.string() + ": " + why); };
   if (j.is_discarded() || !j.is_object()) return bad("not JSON");
-  if (j.value("format", "") != "lmserve-manifest/1") return bad("not an lmserve manifest (format lmserve-manifest/1)");
+  // A text member, "" when absent; nullopt when it is something else.
+  auto text = [&](const char* key) -> std::optional<std::string> {
+    if (!j.contains(key)) return std::string();
+    if (!j[key].is_string()) return std::nullopt;
+    return j[key].get<std::string>();
+  };
+  if (text("format") != "lmserve-manifest/1") return bad("not an lmserve manifest (format lmserve-manifest/1)");
   if (!j.contains("files") || !j["files"].is_array()) return bad("no files list");
   Manifest m;
-  m.name = j.value("name", "");
-  m.version = j.value("version", "");
-  m.created = j.value("created", "");
+  for (auto [key, to] : {std::pair{"name", &m.name}, std::pair{"version", &m.version}, std::pair{"created", &m.created}}) {
+    auto v = text(key);
+    if (!v) return bad(std::string("'") + key + "' is not a string");
+    *to = std::move(*v);
+  }
   for (const auto& f : j["files"]) {
     if (!f.is_object() || !f.contains("path") || !f["path"].is_string() || !f.contains("size") || !f["size"].is_number_unsigned() ||
         !f.contains("sha256") || !f["sha256"].is_string() || !is_hex64(f["sha256"].get<std::string>())) {

@@ -164,7 +164,13 @@ void OpenAiApp::tokenize(http::Exchange& ex, const ojson& body, const std::strin
     if (!prompt) return reply_error(ex, prompt.error(), route);
     ids = std::move(*prompt);
   } else if (body.contains("prompt") && body["prompt"].is_string()) {
-    bool add = body.value("add_special_tokens", true);
+    bool add = true;
+    if (body.contains("add_special_tokens")) {
+      if (!body["add_special_tokens"].is_boolean()) {
+        return reply_error(ex, ApiError::bad_request("'add_special_tokens' must be a boolean.", "invalid_type", "add_special_tokens"), route);
+      }
+      add = body["add_special_tokens"].get<bool>();
+    }
     ids = tokenizer_->encode(body["prompt"].get<std::string>(), {.add_special_tokens = add});
   } else {
     return reply_error(ex, ApiError::bad_request("'prompt' must be a string (or send 'messages').", "invalid_type", "prompt"), route);

@@ -85,7 +85,8 @@ TEST_F(ManifestTest, AMissingOrMalformedManifestIsAnError) {
   fs::create_directories(dir);
   EXPECT_EQ(verify_model(dir).error().code(), StatusCode::kNotFound);
   for (const char* bad : {"{", R"({"format":"other","files":[]})", R"({"format":"lmserve-manifest/1","files":[{"path":"a","size":1}]})",
-                          R"({"format":"lmserve-manifest/1","files":[{"path":"../etc/passwd","size":1,"sha256":"0000000000000000000000000000000000000000000000000000000000000000"}]})"}) {
+                          R"({"format":"lmserve-manifest/1","files":[{"path":"../etc/passwd","size":1,"sha256":"0000000000000000000000000000000000000000000000000000000000000000"}]})",
+                          R"({"format":5,"files":[]})", R"({"format":"lmserve-manifest/1","name":["demo"],"files":[]})"}) {
     { std::ofstream(dir / kManifestFile, std::ios::trunc) << bad; }
     auto v = verify_model(dir);
     ASSERT_FALSE(v) << bad;

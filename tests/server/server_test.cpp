@@ -412,6 +412,7 @@ TEST_F(ServerTest, BadInputsGetTheirExactStatusAndCode) {
       {"detokenize not list", "/detokenize", R"({"tokens":5})", 400, "invalid_type"},
       {"detokenize out of vocab", "/detokenize", R"({"tokens":[1,999999]})", 400, "invalid_value"},
       {"tokenize no prompt", "/tokenize", R"({"x":1})", 400, "invalid_type"},
+      {"tokenize add_special_tokens not a boolean", "/tokenize", R"({"prompt":"hi","add_special_tokens":"yes"})", 400, "invalid_type"},
       {"unknown route", "/v1/embeddings", R"({"input":"x"})", 404, "not_found"},
       {"unknown route 2", "/v2/chat", "{}", 404, "not_found"},
       // Only the roles chat templates know: an invented one is a prompt-injection path.
