@@ -395,6 +395,7 @@ struct Gateway::Impl : http::Application {
         r.headers.emplace_back("Retry-After", "1");
         return r;
       }
+      case http::TransportError::kInternal: break;
     }
     return error_response(500, "internal error", "internal_error");
   }

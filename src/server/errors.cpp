@@ -74,6 +74,7 @@ ApiError ApiError::from_transport(http::TransportError e) {
       u.retry_after = 1;
       return u;
     }
+    case http::TransportError::kInternal: return internal("Internal error.");
   }
   return internal("Internal error.");
 }

@@ -66,6 +66,12 @@ class TestApp : public Application {
       });
       return;
     }
+    if (r.path == "/throw") throw std::runtime_error("a handler's bug");
+    if (r.path == "/throw-streaming") {
+      ex.start_stream({.status = 200, .content_type = "text/event-stream"});
+      ex.send("data: 0\n\n");
+      throw std::out_of_range("a handler's bug, mid-stream");
+    }
     if (r.path == "/abort") {  // two chunks, then the connection is cut
       ex.start_stream({.status = 200, .content_type = "text/event-stream"});
       ex.send("data: 0\n\n");
@@ -120,7 +126,7 @@ class TestApp : public Application {
 
   Response error_response(TransportError e) override {
     ++errors;
-    return {.status = e == TransportError::kTooManyConnections ? 503 : 400, .content_type = "text/plain",
+    return {.status = e == TransportError::kTooManyConnections ? 503 : e == TransportError::kInternal ? 500 : 400, .content_type = "text/plain",
             .body = "transport error " + std::to_string(static_cast<int>(e)), .headers = {{"Retry-After", "1"}}};
   }
   void drain(std::chrono::milliseconds grace) override {
@@ -221,6 +227,24 @@ TEST_F(TransportTest, RequestsReachTheApplicationAndKeepAliveServesTheNext) {
   EXPECT_EQ(r[2].body(), "later");
   EXPECT_FALSE(r[2].keep_alive());
   EXPECT_EQ(app_.handled, 3);
+}
+
+// A handler that throws costs its own request only: a 500 from the application (the connection
+// goes on), or, with a stream under way, the connection cut; the server serves the next ones.
+TEST_F(TransportTest, AHandlerThatThrowsGetsItsRequestA500AndTheServerGoesOn) {
+  start();
+  auto r = exchange("GET /throw HTTP/1.1\r\nHost: h\r\n\r\nPOST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", 2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].result_int(), 500u);
+  EXPECT_EQ(r[0].body(), "transport error 5");
+  EXPECT_EQ(r[1].result_int(), 200u);
+  const auto [got, ec] = read_until_closed("GET /throw-streaming HTTP/1.1\r\nHost: h\r\n\r\n");
+  EXPECT_EQ(ec, net::error::eof);
+  EXPECT_NE(got.find("data: 0\n\n"), std::string::npos) << got;
+  EXPECT_EQ(got.find("\r\n0\r\n\r\n"), std::string::npos) << "the stream was ended as if complete: " << got;
+  auto after = exchange("GET /echo HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", 1);
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_EQ(after[0].result_int(), 200u);
 }
 
 TEST_F(TransportTest, StreamedAnswersArriveInOrderAndTheConnectionGoesOn) {

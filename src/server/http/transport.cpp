@@ -358,7 +358,16 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
     ++t_.open_exchanges;
     streaming_ = ending_ = gone_ = watching_ = aborting_ = head_pending_ = false;
     on_gone_ = nullptr;
-    t_.app.handle(Exchange(this->shared_from_this(), seq_));
+    Exchange ex(this->shared_from_this(), seq_);
+    try {
+      t_.app.handle(ex);
+    } catch (const std::exception& e) {
+      // A handler's bug costs its request, not the process and every other request on it: the
+      // application's 500 (or, a stream begun, the connection cut), and the bug in the log.
+      spdlog::error("http: the handler of {} {} threw: {:.160}", request_.method, request_.path, e.what());
+      ex.reply(t_.app.error_response(TransportError::kInternal));
+      ex.abort();
+    }
   }
 
   // A request the transport answers itself (no exchange is open): the answer, then close.

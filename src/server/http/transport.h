@@ -12,12 +12,14 @@
 //       ex.send("data: 1\n\n");                          // any number of chunks, in order
 //       ex.end_stream();                                  // then the next request is read
 //     }
-//     http::Response error_response(http::TransportError e) override { ... }  // 408/413/431/400/503
+//     http::Response error_response(http::TransportError e) override { ... }  // 408/413/431/400/503/500
 //     void drain(std::chrono::milliseconds grace) override { ... }            // at shutdown
 //   };
 //   MyApp app;  http::Transport t(options, app);  t.start();  t.run();
 //
 // Each request gets exactly one answer: reply(), or start_stream() + send()... + end_stream().
+// A handle() that throws is a bug, and costs only its request: the transport logs it and answers
+// error_response(kInternal) (a 500), or cuts the connection if a stream had begun.
 // Work that completes later (an engine's tokens, a replica's reply) keeps the Exchange (a cheap
 // handle) and calls it back on the connection's thread through Exchange::post().
 //
@@ -105,6 +107,7 @@ enum class TransportError {
   kBodyTooLarge,        // over max_body_bytes (413)
   kMalformed,           // not HTTP/1.x (400)
   kTooManyConnections,  // over max_connections: answered without reading the request (503)
+  kInternal,            // the application's handle() threw on this request: a bug (500)
 };
 
 class SessionBase;
