@@ -67,6 +67,7 @@ class TestApp : public Application {
       return;
     }
     if (r.path == "/throw") throw std::runtime_error("a handler's bug");
+    if (r.path == "/throw-later") return ex.post([] { throw std::runtime_error("a posted handler's bug"); });
     if (r.path == "/throw-streaming") {
       ex.start_stream({.status = 200, .content_type = "text/event-stream"});
       ex.send("data: 0\n\n");
@@ -245,6 +246,17 @@ TEST_F(TransportTest, AHandlerThatThrowsGetsItsRequestA500AndTheServerGoesOn) {
   auto after = exchange("GET /echo HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", 1);
   ASSERT_EQ(after.size(), 1u);
   EXPECT_EQ(after[0].result_int(), 200u);
+  // Thrown from a posted function, outside handle(): that exchange is left to its timeouts, but
+  // the loop, and every other connection on it, goes on.
+  net::io_context ioc;
+  tcp::socket left(ioc);
+  left.connect(endpoint());
+  net::write(left, net::buffer(std::string("GET /throw-later HTTP/1.1\r\nHost: h\r\n\r\n")));
+  for (int i = 0; i < 3; ++i) {
+    auto next = exchange("GET /echo HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", 1);
+    ASSERT_EQ(next.size(), 1u);
+    EXPECT_EQ(next[0].result_int(), 200u);
+  }
 }
 
 TEST_F(TransportTest, StreamedAnswersArriveInOrderAndTheConnectionGoesOn) {

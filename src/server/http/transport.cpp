@@ -640,6 +640,20 @@ void Transport::shutdown() {
   net::post(impl_->main(), [impl = impl_.get()] { impl->begin_shutdown(); });
 }
 
+// Runs a loop until it has nothing left to do. A handler that throws outside handle() (one an
+// exchange posted, a timer's) is a bug whose exchange may be left unanswered until its timeouts;
+// the loop logs it and goes on serving every other connection rather than ending the process.
+static void run_loop(net::io_context& ioc) {
+  for (;;) {
+    try {
+      ioc.run();
+      return;
+    } catch (const std::exception& e) {
+      spdlog::error("http: a handler threw: {:.160}; this thread's loop goes on", e.what());
+    }
+  }
+}
+
 void Transport::run(bool handle_signals) {
   // Both live until run() returns: the handler re-arms itself through them.
   std::optional<net::signal_set> signals;
@@ -653,8 +667,8 @@ void Transport::run(bool handle_signals) {
     signals.emplace(impl_->main(), SIGINT, SIGTERM);
     signals->async_wait(on_signal);
   }
-  for (std::size_t i = 1; i < impl_->loops.size(); ++i) impl_->threads.emplace_back([loop = impl_->loops[i].get()] { loop->ioc.run(); });
-  impl_->main().run();
+  for (std::size_t i = 1; i < impl_->loops.size(); ++i) impl_->threads.emplace_back([loop = impl_->loops[i].get()] { run_loop(loop->ioc); });
+  run_loop(impl_->main());
   for (auto& t : impl_->threads) t.join();
   impl_->threads.clear();
 }

@@ -19,7 +19,8 @@
 //
 // Each request gets exactly one answer: reply(), or start_stream() + send()... + end_stream().
 // A handle() that throws is a bug, and costs only its request: the transport logs it and answers
-// error_response(kInternal) (a 500), or cuts the connection if a stream had begun.
+// error_response(kInternal) (a 500), or cuts the connection if a stream had begun. One thrown
+// from a posted function is logged and its loop goes on (that exchange waits for its timeouts).
 // Work that completes later (an engine's tokens, a replica's reply) keeps the Exchange (a cheap
 // handle) and calls it back on the connection's thread through Exchange::post().
 //
