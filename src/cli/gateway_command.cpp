@@ -54,8 +54,10 @@ int run_guard_check(const std::string& config, const std::string& tenant, std::v
     std::string model = "no model";
     if (const auto* m = g ? g->injection_model() : nullptr) {
       const auto forms = gateway::guard_normalise(t);
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "model %.3f of %.2f%s", m->probability(forms), g->injection_threshold(), m->anchored(forms) ? "" : ", no anchor: not scored");
+      char buf[96];
+      const bool anchored = m->anchored(forms);
+      const char* note = anchored ? "" : forms.folded.size() <= gateway::kInjectionUnanchoredMaxBytes ? " (no anchor)" : " (no anchor, too long: not scored)";
+      std::snprintf(buf, sizeof buf, "model %.3f of %.2f%s", m->probability(forms), anchored ? g->injection_threshold() : g->injection_threshold_unanchored(), note);
       model = buf;
     }
     std::printf("%s\t%s\t%s\t%s\n", hit ? "blocked" : "passes", hit ? hit->c_str() : "-", model.c_str(), t.c_str());

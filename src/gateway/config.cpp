@@ -259,20 +259,24 @@ GatewayConfig parse_root(const YAML::Node& root) {
     c.redis_port = port;
   }
   if (const auto g = root["guard"]) {
-    check_keys(g, "guard", {"default_rules", "injection_model", "injection_threshold", "injection_examples", "benign_examples"});
+    check_keys(g, "guard", {"default_rules", "injection_model", "injection_threshold", "injection_threshold_unanchored", "injection_examples", "benign_examples"});
     if (g["injection_examples"]) c.guard_injection_examples = get_string(g["injection_examples"], "guard.injection_examples");
     if (g["benign_examples"]) c.guard_benign_examples = get_string(g["benign_examples"], "guard.benign_examples");
     if (g["default_rules"]) c.guard_default_rules = get_bool(g["default_rules"], "guard.default_rules");
     if (g["injection_model"]) c.guard_injection_model = get_bool(g["injection_model"], "guard.injection_model");
-    if (const auto t = g["injection_threshold"]) {
+    auto probability = [&](const char* key, double& out) {
+      const auto t = g[key];
+      if (!t) return;
       const auto s = t.IsScalar() ? t.as<std::string>() : std::string();
       double v = -1;
       const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
       if (s.empty() || ec != std::errc() || p != s.data() + s.size() || !(v > 0 && v <= 1)) {
-        fail("guard.injection_threshold", "must be a probability above 0 and at most 1, not '" + s + "'");
+        fail(std::string("guard.") + key, "must be a probability above 0 and at most 1, not '" + s + "'");
       }
-      c.guard_injection_threshold = v;
-    }
+      out = v;
+    };
+    probability("injection_threshold", c.guard_injection_threshold);
+    probability("injection_threshold_unanchored", c.guard_injection_threshold_unanchored);
   }
   if (const auto ts = root["tenants"]) {
     if (!ts.IsMap()) fail("tenants", "must be a mapping of tenant names");

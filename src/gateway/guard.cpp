@@ -254,7 +254,7 @@ struct Guard::Impl {
   std::optional<KeywordMatcher> keywords;
   const InjectionModel* model = nullptr;  // with the default rules
   std::shared_ptr<const InjectionModel> own_model;  // GuardSpec::model, kept alive
-  double threshold = 1;
+  double threshold = 1, threshold_unanchored = 1;
 };
 
 Guard::Guard() : impl_(std::make_unique<Impl>()) {}
@@ -271,9 +271,13 @@ Result<std::shared_ptr<const Guard>> Guard::build(const GuardSpec& spec) {
     }
     if (spec.injection_model) {
       if (!(spec.injection_threshold > 0 && spec.injection_threshold <= 1)) return error(Status(StatusCode::kInvalidArgument, "injection_threshold: must be in (0, 1]"));
+      if (!(spec.injection_threshold_unanchored > 0 && spec.injection_threshold_unanchored <= 1)) {
+        return error(Status(StatusCode::kInvalidArgument, "injection_threshold_unanchored: must be in (0, 1]"));
+      }
       im.own_model = spec.model;
       im.model = spec.model ? spec.model.get() : &InjectionModel::shipped();
       im.threshold = spec.injection_threshold;
+      im.threshold_unanchored = spec.injection_threshold_unanchored;
     }
   }
   for (std::size_t i = 0; i < spec.deny.size(); ++i) {
@@ -300,6 +304,7 @@ std::size_t Guard::rules() const { return impl_->deny.size() + impl_->keyword_id
 const InjectionModel* Guard::injection_model() const { return impl_->model; }
 
 double Guard::injection_threshold() const { return impl_->threshold; }
+double Guard::injection_threshold_unanchored() const { return impl_->threshold_unanchored; }
 
 std::optional<std::string> Guard::check(std::span<const std::string> texts) const {
   const auto& im = *impl_;
@@ -336,7 +341,7 @@ std::optional<std::string> Guard::check(std::span<const std::string> texts) cons
       });
       if (hit) return hit;
     }
-    if (im.model && im.model->anchored(t)) {
+    if (im.model) {
       // The model judges the text less what the allow rules exempt.
       std::optional<GuardText> rest;
       if (!allowed.empty()) {
@@ -351,7 +356,12 @@ std::optional<std::string> Guard::check(std::span<const std::string> texts) cons
         if (at < t.folded.size()) kept.append(t.folded, at, std::string::npos);
         rest = guard_normalise(kept);
       }
-      if (im.model->score(rest ? *rest : t) >= im.threshold) return "default.injection_model";
+      const GuardText& judged = rest ? *rest : t;
+      const bool anchored = im.model->anchored(judged);
+      if ((anchored || judged.folded.size() <= kInjectionUnanchoredMaxBytes) &&
+          im.model->probability(judged) >= (anchored ? im.threshold : im.threshold_unanchored)) {
+        return "default.injection_model";
+      }
     }
   }
   return std::nullopt;

@@ -12,6 +12,7 @@
 // allow rules match). Immutable once built; check() from many threads.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <span>
@@ -25,16 +26,21 @@ namespace lmserve::gateway {
 
 class InjectionModel;
 
-// The probability at which the shipped injection model blocks (injection_model.h says how it was
-// chosen).
+// The probabilities at which the shipped injection model blocks a text that names an anchor, and
+// one that names none (injection_model.h says how they were chosen).
 inline constexpr double kInjectionThreshold = 0.7;
+inline constexpr double kInjectionThresholdUnanchored = 0.9;
+// A text without an anchor is scored only up to this many bytes (of its folded form): what the
+// model weighs is diluted over a long document (1/sqrt(features)), and scoring 4 KB takes ~0.6 ms.
+inline constexpr std::size_t kInjectionUnanchoredMaxBytes = 2048;
 
 struct GuardSpec {
   bool default_rules = true;  // the shipped prompt-injection rules (English and Chinese)
   // With the default rules: the shipped injection model too (rule id "default.injection_model"),
-  // blocking at this probability.
+  // blocking at these probabilities (a text that names an anchor, one that names none).
   bool injection_model = true;
   double injection_threshold = kInjectionThreshold;
+  double injection_threshold_unanchored = kInjectionThresholdUnanchored;
   // The model to use; null: the shipped one (InjectionModel::shipped()).
   std::shared_ptr<const InjectionModel> model;
   std::vector<std::string> deny, allow;  // regexes (tenant's: ids "deny[N]")
@@ -58,9 +64,10 @@ class Guard {
   // The id of the first deny rule matching one of `texts`; nullopt when they pass.
   std::optional<std::string> check(std::span<const std::string> texts) const;
   std::size_t rules() const;  // deny rules, keywords counted one each
-  // The injection model it checks with (null: none) and the probability it blocks at.
+  // The injection model it checks with (null: none) and the probabilities it blocks at.
   const InjectionModel* injection_model() const;
   double injection_threshold() const;
+  double injection_threshold_unanchored() const;
 
  private:
   Guard();

@@ -10,7 +10,8 @@ namespace lmserve::gateway {
 Result<Guards> build_guards(const GatewayConfig& cfg) {
   Guards out;
   GuardSpec defaults{.default_rules = cfg.guard_default_rules, .injection_model = cfg.guard_injection_model,
-                     .injection_threshold = cfg.guard_injection_threshold};
+                     .injection_threshold = cfg.guard_injection_threshold,
+                     .injection_threshold_unanchored = cfg.guard_injection_threshold_unanchored};
   if (cfg.guard_default_rules && cfg.guard_injection_model && (!cfg.guard_injection_examples.empty() || !cfg.guard_benign_examples.empty())) {
     std::vector<std::string> examples[2];
     const std::pair<const char*, const std::string*> files[2] = {{"guard.injection_examples", &cfg.guard_injection_examples},

@@ -153,7 +153,6 @@ bool InjectionModel::anchored(const GuardText& t) const { return impl_->anchors.
 
 double InjectionModel::probability(const GuardText& t) const { return sigmoid(impl_->z(features(t))); }
 
-double InjectionModel::score(const GuardText& t) const { return anchored(t) ? probability(t) : 0.0; }
 
 std::vector<std::string> parse_corpus(std::string_view file_text) {
   std::vector<std::string> out;

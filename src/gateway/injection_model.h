@@ -6,10 +6,11 @@
 // the model weighs the pieces of them, so rewordings and spellings the rules never saw ("set your
 // previous instructions aside", "D i s r e g a r d") still score high.
 //
-// A text is judged only when its compact form contains an anchor: a word that an injection
-// aims at (instruction, rule, prompt, system, restriction, 指令, 规则, 限制, ...). What talks about none
-// of them (most traffic, and texts unlike anything the model was trained on) is never scored,
-// which keeps the model's guesses off questions outside its training.
+// A text whose compact form contains an anchor, a word that an injection aims at (instruction,
+// rule, prompt, system, restriction, 指令, 规则, 限制, ...), is held to a lower bar than one that names
+// none (most traffic, and texts unlike anything the model was trained on), whose probability must
+// be higher to block it (guard.h: kInjectionThreshold, kInjectionThresholdUnanchored), which keeps
+// the model's guesses off questions outside its training.
 //
 // The shipped model is trained at first use from the corpora in src/gateway/data (compiled into
 // the binary): the same data and the same seeded passes give the same weights on every run. The
@@ -44,16 +45,14 @@ class InjectionModel {
   // The shipped corpora with an operator's own examples added (guard.injection_examples and
   // guard.benign_examples: attacks it missed, ordinary requests it blocked), trained afresh.
   static std::unique_ptr<const InjectionModel> with_examples(std::span<const std::string> injections, std::span<const std::string> benign);
-  // The threshold the shipped model blocks at, chosen by the out-of-fold scores of the benign
-  // corpus (0.4% reach it: docs/gateway.md, "The injection model"; tests/gateway/guard_test.cpp).
+  // The threshold the shipped model blocks an anchored text at, chosen by the out-of-fold scores of
+  // the benign corpus (docs/gateway.md, "The injection model"; tests/gateway/guard_test.cpp).
   static constexpr double kThreshold = kInjectionThreshold;
 
   ~InjectionModel();
   // Whether the text names an anchor (only those are scored).
   bool anchored(const GuardText& t) const;
-  // The probability that the text is an injection, 0 when it names no anchor.
-  double score(const GuardText& t) const;
-  // The probability, anchor or not (for the tests' view of the model itself).
+  // The probability that the text is an injection.
   double probability(const GuardText& t) const;
 
  private:

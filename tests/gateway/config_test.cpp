@@ -47,7 +47,7 @@ TEST(GatewayConfig, TheIssueExampleParses) {
 TEST(GatewayConfig, AuditAndTenants) {
   auto c = parse_config(
       "audit: {dir: /var/log/lmserve/audit, fail_closed: false, segment_kb: 512}\nredis: 127.0.0.1:6379\n"
-      "guard: {default_rules: true, injection_threshold: 0.9, injection_examples: /etc/lmserve/attacks.txt, benign_examples: /etc/lmserve/ok.txt}\n"
+      "guard: {default_rules: true, injection_threshold: 0.9, injection_threshold_unanchored: 0.95, injection_examples: /etc/lmserve/attacks.txt, benign_examples: /etc/lmserve/ok.txt}\n"
       "tenants:\n  compliance: {audit_content: redacted, deny: ['(?i)password'], allow: [a, b], keywords_file: /etc/w.txt}\n  retrieval: {audit_content: none}\n  plain:\n"
       "models: [{name: m, backends: [{url: 'http://a:1'}]}]");
   ASSERT_TRUE(c) << c.error().message();
@@ -60,6 +60,7 @@ TEST(GatewayConfig, AuditAndTenants) {
   EXPECT_TRUE(c->guard_default_rules);
   EXPECT_TRUE(c->guard_injection_model);  // on with the default rules unless turned off
   EXPECT_EQ(c->guard_injection_threshold, 0.9);
+  EXPECT_EQ(c->guard_injection_threshold_unanchored, 0.95);
   EXPECT_EQ(c->guard_injection_examples, "/etc/lmserve/attacks.txt");
   EXPECT_EQ(c->guard_benign_examples, "/etc/lmserve/ok.txt");
   EXPECT_EQ(c->tenant("compliance").deny, std::vector<std::string>{"(?i)password"});
@@ -119,6 +120,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Bad{"guard: {injection_threshold: 0}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "guard.injection_threshold: must be a probability above 0"},
                       Bad{"guard: {injection_threshold: 1.5}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "guard.injection_threshold: must be a probability"},
                       Bad{"guard: {injection_threshold: high}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "not 'high'"},
+                      Bad{"guard: {injection_threshold_unanchored: 0}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "guard.injection_threshold_unanchored: must be a probability above 0"},
                       Bad{"tenants: {c: {deny: '(?i)x'}}\nmodels: [{name: m, backends: [{url: 'http://a:1'}]}]", "tenants.c.deny: must be a list of regexes"},
                       Bad{"models: [{backends: [{url: 'http://a:1'}]}]", "models[0].name: is required"},
                       Bad{"models: [{name: m}]", "models[0].backends: is required"},
