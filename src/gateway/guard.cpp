@@ -196,6 +196,66 @@ class KeywordMatcher {
 
 }  // namespace
 
+namespace {
+
+// Cyrillic and Greek letters that look like Latin ones (after case folding), as the Latin letter:
+// the part of Unicode's confusables (UTS #39) that spells English words in look-alikes
+// ("Dіsrеgаrd" with Cyrillic і, е, а). Letters that only resemble small capitals (в, м, н, т) are
+// left alone.
+char latin_lookalike(char32_t cp) {
+  switch (cp) {
+    case 0x0430: return 'a';  // а
+    case 0x0435: case 0x0451: return 'e';  // е ё
+    case 0x043E: return 'o';  // о
+    case 0x0440: return 'p';  // р
+    case 0x0441: return 'c';  // с
+    case 0x0443: return 'y';  // у
+    case 0x0445: return 'x';  // х
+    case 0x0455: return 's';  // ѕ
+    case 0x0456: case 0x0457: return 'i';  // і ї
+    case 0x0458: return 'j';  // ј
+    case 0x04BB: return 'h';  // һ
+    case 0x04CF: return 'l';  // ӏ
+    case 0x0501: return 'd';  // ԁ
+    case 0x051B: return 'q';  // ԛ
+    case 0x051D: return 'w';  // ԝ
+    case 0x0261: return 'g';  // ɡ (Latin script g)
+    case 0x03B1: return 'a';  // α
+    case 0x03B5: return 'e';  // ε
+    case 0x03B9: return 'i';  // ι
+    case 0x03BA: return 'k';  // κ
+    case 0x03BD: return 'v';  // ν
+    case 0x03BF: return 'o';  // ο
+    case 0x03C1: return 'p';  // ρ
+    case 0x03C4: return 't';  // τ
+    case 0x03C5: return 'u';  // υ
+    case 0x03C7: return 'x';  // χ
+    case 0x03F2: return 'c';  // ϲ
+    default: return 0;
+  }
+}
+
+// The folded text with look-alike letters as Latin ones (only where a Greek, Cyrillic or IPA
+// lead byte occurs, so other text is not walked again).
+void fold_lookalikes(std::string& folded) {
+  if (std::none_of(folded.begin(), folded.end(), [](char c) { return static_cast<unsigned char>(c) >= 0xC9 && static_cast<unsigned char>(c) <= 0xD4; })) return;
+  std::string out;
+  out.reserve(folded.size());
+  for (std::size_t i = 0; i < folded.size();) {
+    char32_t cp = 0;
+    const auto len = static_cast<std::size_t>(std::max(1, text::utf8_decode(folded, i, &cp)));
+    if (const char latin = len == 2 ? latin_lookalike(cp) : 0) {
+      out.push_back(latin);
+    } else {
+      out.append(folded, i, len);
+    }
+    i += len;
+  }
+  folded = std::move(out);
+}
+
+}  // namespace
+
 GuardText guard_normalise(std::string_view text) {
   GuardText t;
   if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
@@ -226,6 +286,7 @@ GuardText guard_normalise(std::string_view text) {
   if (n >= 0) t.folded.assign(reinterpret_cast<const char*>(out), static_cast<std::size_t>(n));
   else t.folded = valid;
   std::free(out);
+  fold_lookalikes(t.folded);
   t.compact.reserve(t.folded.size());
   t.to_folded.reserve(t.folded.size());
   for (std::size_t i = 0; i < t.folded.size();) {
