@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "gateway/injection_model.h"
 #include "text/regex.h"
@@ -235,10 +237,48 @@ char latin_lookalike(char32_t cp) {
   }
 }
 
-// The folded text with look-alike letters as Latin ones (only where a Greek, Cyrillic or IPA
-// lead byte occurs, so other text is not walked again).
-void fold_lookalikes(std::string& folded) {
-  if (std::none_of(folded.begin(), folded.end(), [](char c) { return static_cast<unsigned char>(c) >= 0xC9 && static_cast<unsigned char>(c) <= 0xD4; })) return;
+// Traditional Chinese characters as their simplified forms, in pairs (traditional first): those of
+// the words injections and bank requests use (規則 规则, 系統 系统, 密碼 密码, 顯示 显示, 請 请, ...),
+// each with one simplified form only (乾, 著, 覆 and the like, which map to several, are left out).
+constexpr const char* kTraditional =
+    "規规則则統统設设碼码顯显輸输開开發发對对話话過过濾滤審审約约隱隐內内資资帳账號号"
+    "權权們们這这說说讓让從从現现個个為为與与麼么機机員员銀银錢钱將将當当語语問问題题"
+    "給给寫写讀读違违聽听應应該该絕绝繼继續续記记憶忆刪删執执務务項项關关閉闭門门護护"
+    "處处戶户鑰钥匯汇轉转單单歷历錄录檔档點点電电郵邮網网頁页訊讯標标準准導导師师傳传"
+    "達达認认證证驗验測测試试實实際际變变換换價价錯错誤误舊旧廢废棄弃無无視视請请訴诉"
+    "運运營营戲戏裝装劇剧幫帮創创擬拟決决長长見见觀观據据嗎吗詞词詢询態态術术鍵键盤盘"
+    "幣币額额貸贷櫃柜臺台學学習习體体總总結结報报書书裡里裏里頭头腦脑經经節节課课練练"
+    "隨随級级別别專专業业線线責责負负債债償偿還还議议論论談谈討讨講讲聞闻樣样種种類类"
+    "數数庫库檢检維维備备異异啟启動动擊击駭骇竊窃盜盗騙骗詐诈偽伪僞伪遺遗丟丢復复複复"
+    "後后於于係系餘余徵征憑凭遞递鬆松歸归屬属醫医療疗險险費费稅税購购買买賣卖貨货幾几"
+    "雙双劃划嚴严稱称";
+
+// Whether a lead byte starts a Greek, Cyrillic or IPA letter (0xC9-0xD4) or a CJK ideograph of the
+// main block (0xE4-0xE9).
+bool may_fold(unsigned char c) { return (c >= 0xC9 && c <= 0xD4) || (c >= 0xE4 && c <= 0xE9); }
+
+// The simplified form of a traditional character in kTraditional; 0 for any other.
+char32_t simplified(char32_t cp) {
+  static const auto table = [] {
+    std::vector<std::pair<char32_t, char32_t>> t;
+    const std::string_view s = kTraditional;
+    for (std::size_t i = 0; i < s.size();) {
+      char32_t a = 0, b = 0;
+      i += static_cast<std::size_t>(std::max(1, text::utf8_decode(s, i, &a)));
+      i += static_cast<std::size_t>(std::max(1, text::utf8_decode(s, i, &b)));
+      t.emplace_back(a, b);
+    }
+    std::sort(t.begin(), t.end());
+    return t;
+  }();
+  const auto it = std::lower_bound(table.begin(), table.end(), std::pair<char32_t, char32_t>{cp, 0});
+  return it != table.end() && it->first == cp ? it->second : 0;
+}
+
+// The folded text with look-alike letters as Latin ones and traditional characters as simplified
+// ones (walked only where such a lead byte occurs).
+void fold_letters(std::string& folded) {
+  if (std::none_of(folded.begin(), folded.end(), [](char c) { return may_fold(static_cast<unsigned char>(c)); })) return;
   std::string out;
   out.reserve(folded.size());
   for (std::size_t i = 0; i < folded.size();) {
@@ -246,6 +286,8 @@ void fold_lookalikes(std::string& folded) {
     const auto len = static_cast<std::size_t>(std::max(1, text::utf8_decode(folded, i, &cp)));
     if (const char latin = len == 2 ? latin_lookalike(cp) : 0) {
       out.push_back(latin);
+    } else if (const char32_t simple = len == 3 ? simplified(cp) : 0) {
+      text::utf8_append(out, simple);
     } else {
       out.append(folded, i, len);
     }
@@ -286,7 +328,7 @@ GuardText guard_normalise(std::string_view text) {
   if (n >= 0) t.folded.assign(reinterpret_cast<const char*>(out), static_cast<std::size_t>(n));
   else t.folded = valid;
   std::free(out);
-  fold_lookalikes(t.folded);
+  fold_letters(t.folded);
   t.compact.reserve(t.folded.size());
   t.to_folded.reserve(t.folded.size());
   for (std::size_t i = 0; i < t.folded.size();) {

@@ -2,7 +2,8 @@
 //
 // Text is matched in two normal forms: `folded` (NFKC, case-folded, default-ignorable characters
 // such as zero-width spaces removed: full-width letters become ASCII ones; Cyrillic and Greek
-// letters that look like Latin ones become those) and `compact` (folded,
+// letters that look like Latin ones become those, traditional Chinese characters simplified ones)
+// and `compact` (folded,
 // less every space, punctuation mark and symbol: "i g n o r e", "ignore...previous" and a line
 // break in a phrase do not hide it). A rule is a PCRE2 regex over one of the forms, or a keyword
 // list matched over the compact form with Aho-Corasick (keywords compacted the same way). Allow
