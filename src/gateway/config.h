@@ -137,8 +137,10 @@ struct GatewayConfig {
   AuditConfig audit;
   bool guard_default_rules = false;  // guard: {default_rules: true}: the shipped injection rules for every request
   bool guard_injection_model = true;  // guard.injection_model: with the default rules, the shipped model too
+  // guard.injection_threshold / guard.injection_threshold_unanchored: the probabilities the model
+  // blocks a text at that names an anchor / that names none.
   double guard_injection_threshold = kInjectionThreshold;
-  double guard_injection_threshold_unanchored = kInjectionThresholdUnanchored;  // guard.injection_threshold_unanchored  // guard.injection_threshold: the probability the model blocks at
+  double guard_injection_threshold_unanchored = kInjectionThresholdUnanchored;
   // guard.injection_examples / guard.benign_examples: files of the operator's own examples (the
   // corpus format of src/gateway/data), learnt with the shipped ones at every (re)load.
   std::string guard_injection_examples, guard_benign_examples;

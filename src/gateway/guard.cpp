@@ -196,10 +196,6 @@ class KeywordMatcher {
   std::vector<Node> nodes_;
 };
 
-}  // namespace
-
-namespace {
-
 // Cyrillic and Greek letters that look like Latin ones (after case folding), as the Latin letter:
 // the part of Unicode's confusables (UTS #39) that spells English words in look-alikes
 // ("Dіsrеgаrd" with Cyrillic і, е, а). Letters that only resemble small capitals (в, м, н, т) are

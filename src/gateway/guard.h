@@ -3,9 +3,8 @@
 // Text is matched in two normal forms: `folded` (NFKC, case-folded, default-ignorable characters
 // such as zero-width spaces removed: full-width letters become ASCII ones; Cyrillic and Greek
 // letters that look like Latin ones become those, traditional Chinese characters simplified ones)
-// and `compact` (folded,
-// less every space, punctuation mark and symbol: "i g n o r e", "ignore...previous" and a line
-// break in a phrase do not hide it). A rule is a PCRE2 regex over one of the forms, or a keyword
+// and `compact` (folded, less every space, punctuation mark and symbol: "i g n o r e",
+// "ignore...previous" and a line break in a phrase do not hide it). A rule is a PCRE2 regex over one of the forms, or a keyword
 // list matched over the compact form with Aho-Corasick (keywords compacted the same way). Allow
 // rules are regexes over the folded form: a deny match inside an allow match does not count. A
 // request is blocked by the first deny rule (in order: the defaults, the tenant's regexes, its

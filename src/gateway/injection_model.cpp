@@ -153,7 +153,6 @@ bool InjectionModel::anchored(const GuardText& t) const { return impl_->anchors.
 
 double InjectionModel::probability(const GuardText& t) const { return sigmoid(impl_->z(features(t))); }
 
-
 std::vector<std::string> parse_corpus(std::string_view file_text) {
   std::vector<std::string> out;
   while (!file_text.empty()) {

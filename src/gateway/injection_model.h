@@ -50,7 +50,7 @@ class InjectionModel {
   static constexpr double kThreshold = kInjectionThreshold;
 
   ~InjectionModel();
-  // Whether the text names an anchor (only those are scored).
+  // Whether the text names an anchor (the lower of the guard's two bars applies to it).
   bool anchored(const GuardText& t) const;
   // The probability that the text is an injection.
   double probability(const GuardText& t) const;
