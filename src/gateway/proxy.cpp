@@ -17,6 +17,7 @@
 #include "gateway/errors.h"
 #include "gateway/redact.h"
 #include "server/http/asio.h"
+#include "server/http/drained_read.h"
 
 namespace lmserve::gateway {
 
@@ -268,6 +269,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
       if (ec) return self->attempt_failed(self->timeout_kind_ ? self->timeout_kind_ : "connect", true);
       beast::error_code ignored;
       self->sock_->set_option(tcp::no_delay(true), ignored);
+      server::http::enable_drained_reads(*self->sock_);
       self->send_request();
     });
   }
@@ -313,7 +315,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     if (done_) return;
     const auto room = rbuf_.prepare();
     if (room.size() == 0) return attempt_failed("too_large", false);  // a head of over kReadChunk bytes
-    sock_->async_read_some(room, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t n) {
+    server::http::async_read_some_drained(*sock_, room, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t n) {
       if (g != self->gen_ || self->done_) return;
       self->rbuf_.commit(n);
       self->on_upstream(ec);

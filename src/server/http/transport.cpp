@@ -1,6 +1,7 @@
 #include "server/http/transport.h"
 
 #include "server/http/asio.h"
+#include "server/http/drained_read.h"
 #include "server/http/request_parser.h"
 
 #include <sys/socket.h>
@@ -301,7 +302,7 @@ class Session : public SessionBase, public std::enable_shared_from_this<Session<
   void read_more() {
     if (reading_) return;  // its completion goes on from here
     reading_ = true;
-    stream_.async_read_some(net::buffer(read_buf_), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
+    async_read_some_drained(stream_, net::buffer(read_buf_), [self = this->shared_from_this()](beast::error_code ec, std::size_t n) {
       self->reading_ = false;
       self->buffer_.commit(net::buffer_copy(self->buffer_.prepare(n), net::buffer(self->read_buf_.data(), n)));
       self->on_bytes(ec, n);
@@ -560,6 +561,7 @@ void Transport::Impl::accept() {
     // one back until the client's (delayed, up to 40 ms) ACK of the previous one.
     beast::error_code nd;
     socket.set_option(tcp::no_delay(true), nd);
+    enable_drained_reads(socket);  // drained_read.h: no read that finds nothing
     if (++connections > opt.max_connections) {
       --connections;
       refuse(std::move(socket));
