@@ -18,14 +18,17 @@ namespace {
 std::atomic<int> recv_calls{0};
 std::atomic<int> recv_empty{0};  // calls that found nothing (EAGAIN)
 
-}  // namespace
+void reset_counts() {
+  recv_calls = 0;
+  recv_empty = 0;
+}
 
-namespace {
 ssize_t counted(long n) {
   ++recv_calls;
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) ++recv_empty;
   return static_cast<ssize_t>(n);
 }
+
 }  // namespace
 
 extern "C" ssize_t recv(int fd, void* buf, size_t len, int flags) {
@@ -85,18 +88,21 @@ struct Reader {
     if (drained) async_read_some_drained(p.server, net::buffer(buf), done);
     else p.server.async_read_some(net::buffer(buf), done);
   }
+  // Sends `s` and reads what arrived of it.
+  void take(const std::string& s) {
+    p.send(s);
+    read();
+    p.settle();
+  }
 };
 
 TEST(DrainedRead, AfterAShortReadTheNextReadTriesNoRecvThatFindsNothing) {
   for (const bool drained : {false, true}) {
     Pair p;
     Reader r{p, drained};
-    p.send("abc");
-    r.read();
-    p.settle();
+    r.take("abc");
     ASSERT_EQ(r.got, "abc");
-    recv_calls = 0;
-    recv_empty = 0;
+    reset_counts();
     r.read();  // nothing there: Asio's own read tries a recv first
     p.settle();
     EXPECT_EQ(r.completions, 1);
@@ -114,9 +120,7 @@ TEST(DrainedRead, AfterAShortReadTheNextReadTriesNoRecvThatFindsNothing) {
 TEST(DrainedRead, DataArrivingBeforeTheNextReadStartsIsRead) {
   Pair p;
   Reader r{p, true};
-  p.send("x");
-  r.read();
-  p.settle();
+  r.take("x");
   ASSERT_EQ(r.got, "x");
   p.send("y");
   p.settle();  // no read under way: the edge comes and finds none
@@ -131,12 +135,9 @@ TEST(DrainedRead, DataArrivingBeforeTheNextReadStartsIsRead) {
 TEST(DrainedRead, BytesLeftKeepTheNextReadSpeculative) {
   Pair p;
   Reader r{p, true};
-  p.send(std::string(100, 'z'));
-  r.read();
-  p.settle();
+  r.take(std::string(100, 'z'));
   ASSERT_EQ(r.got.size(), 64u);
-  recv_calls = 0;
-  recv_empty = 0;
+  reset_counts();
   r.read();  // completes inside the call, before any poll
   EXPECT_EQ(recv_calls.load(), 1);
   EXPECT_EQ(recv_empty.load(), 0);
@@ -147,9 +148,7 @@ TEST(DrainedRead, BytesLeftKeepTheNextReadSpeculative) {
 TEST(DrainedRead, TheEndOfTheStreamAfterAShortReadIsReported) {
   Pair p;
   Reader r{p, true};
-  p.send("last");
-  r.read();
-  p.settle();
+  r.take("last");
   ASSERT_EQ(r.got, "last");
   r.read();
   p.settle();
