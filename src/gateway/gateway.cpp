@@ -178,7 +178,7 @@ struct Gateway::Impl : http::Application {
     std::optional<nlohmann::json> dom;
     if (keys || snap->guards.defaults || !snap->guards.tenants.empty()) dom.emplace();
     RouteFields fields(dom ? &*dom : nullptr);
-    const bool parsed = nlohmann::json::sax_parse(req.body, &fields);
+    const bool parsed = dom ? nlohmann::json::sax_parse(req.body, &fields) : scan_route_fields(req.body, fields);
     if (fields.refusal) return refuse(error_response(400, fields.refusal, "invalid_request"), "", "invalid_json");
     if (!parsed || !fields.object) return refuse(error_response(400, "the request body must be a JSON object", "invalid_request"), "", "invalid_json");
     if (!fields.model) return refuse(error_response(400, "'model' is required", "invalid_request"), "", "no_model");

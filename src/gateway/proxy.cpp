@@ -30,6 +30,8 @@ using server::http::Response;
 
 namespace {
 
+using namespace std::string_view_literals;
+
 constexpr std::size_t kReadChunk = 16 * 1024;
 
 // The blocks upstream reads land in, kept per thread for the next call: an allocation of this
@@ -146,7 +148,7 @@ class UpstreamParser : public bhttp::basic_parser<false> {
       default:
         break;
     }
-    pass_lines.append(name.data(), name.size()).append(": ").append(value.data(), value.size()).append("\r\n");
+    pass_lines.append(name.data(), name.size()).append(": "sv).append(value.data(), value.size()).append("\r\n"sv);
   }
   void on_header_impl(beast::error_code&) override {}
   void on_body_init_impl(const boost::optional<std::uint64_t>&, beast::error_code&) override {}
@@ -280,19 +282,19 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     for (const auto& [k, v] : req.headers) size += k.size() + v.size() + 4;
     out_.clear();
     out_.reserve(size);
-    out_.append(req.method).append(" ").append(req.target).append(" HTTP/1.1\r\nHost: ").append(replica_->host_port()).append("\r\n");
+    out_.append(req.method).append(" "sv).append(req.target).append(" HTTP/1.1\r\nHost: "sv).append(replica_->host_port()).append("\r\n"sv);
     for (const auto& [k, v] : req.headers) {
       if (hop_by_hop(k) || iequals(k, "x-forwarded-for") || iequals(k, "x-lmserve-lane")) continue;
       if (info_.drop_authorization && iequals(k, "authorization")) continue;
-      out_.append(k).append(": ").append(v).append("\r\n");
+      out_.append(k).append(": "sv).append(v).append("\r\n"sv);
     }
-    if (!info_.lane.empty()) out_.append("x-lmserve-lane: ").append(info_.lane).append("\r\n");
+    if (!info_.lane.empty()) out_.append("x-lmserve-lane: "sv).append(info_.lane).append("\r\n"sv);
     const auto ct = req.header("content-type");
-    if (!ct.empty()) out_.append("Content-Type: ").append(ct).append("\r\n");
+    if (!ct.empty()) out_.append("Content-Type: "sv).append(ct).append("\r\n"sv);
     const auto xff = req.header("x-forwarded-for");
-    out_.append("X-Forwarded-For: ");
-    if (!xff.empty()) out_.append(xff).append(", ");
-    out_.append(req.remote_address).append("\r\nContent-Length: ").append(std::to_string(req.body.size())).append("\r\n\r\n");
+    out_.append("X-Forwarded-For: "sv);
+    if (!xff.empty()) out_.append(xff).append(", "sv);
+    out_.append(req.remote_address).append("\r\nContent-Length: "sv).append(std::to_string(req.body.size())).append("\r\n\r\n"sv);
     arm(cfg_.timeouts.first_token, "first_token_timeout");
     std::array<net::const_buffer, 2> bufs{net::buffer(out_), net::buffer(req.body)};
     net::async_write(*sock_, bufs, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t) {
@@ -429,7 +431,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     if (!sent_) {
       sent_ = true;
       ttft_ = seconds_since(arrived_);
-      head_lines_.append("X-Accel-Buffering: no\r\n");
+      head_lines_.append("X-Accel-Buffering: no\r\n"sv);
       add_identity();
       ex_.start_stream({.status = status_, .content_type = content_type_, .head_lines = std::move(head_lines_)});
     }
@@ -481,7 +483,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   }
 
   void add_identity() {
-    head_lines_.append("x-lmserve-backend: ").append(replica_->url()).append("\r\nx-lmserve-version: ").append(version_).append("\r\n");
+    head_lines_.append("x-lmserve-backend: "sv).append(replica_->url()).append("\r\nx-lmserve-version: "sv).append(version_).append("\r\n"sv);
   }
 
   // ---- failures -----------------------------------------------------------------------------

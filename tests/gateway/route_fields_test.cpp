@@ -1,6 +1,7 @@
 // The routing pass over a request body (gateway/route_fields.h): the fields it reads and refuses,
 // and the document it builds on the way, which must be what nlohmann::json::parse makes of the
-// same text (the guard and the token limits read it).
+// same text (the guard and the token limits read it); and scan_route_fields, which must read
+// every body as RouteFields does.
 #include "gateway/route_fields.h"
 
 #include <gtest/gtest.h>
@@ -72,6 +73,80 @@ TEST(RouteFields, RefusesAModelThatIsNotOneStringAndDeepNesting) {
   route(R"({"model":"m",)", with, without);  // not JSON
   EXPECT_FALSE(with.parsed);
   EXPECT_EQ(with.fields.refusal, nullptr);
+}
+
+// scan_route_fields and RouteFields over nlohmann's SAX parser agree on `body`: whether it is
+// JSON, the refusal, and the fields of a body that is.
+void expect_same_reading(const std::string& body) {
+  RouteFields sax;
+  const bool sax_parsed = nlohmann::json::sax_parse(body, &sax);
+  RouteFieldValues scan;
+  const bool scan_parsed = scan_route_fields(body, scan);
+  const std::string shown = testing::PrintToString(body);
+  ASSERT_EQ(scan_parsed, sax_parsed) << shown;
+  ASSERT_EQ(scan.refusal == nullptr, sax.refusal == nullptr) << shown;
+  if (sax.refusal) {
+    EXPECT_STREQ(scan.refusal, sax.refusal) << shown;
+  }
+  if (!sax_parsed) return;
+  EXPECT_EQ(scan.object, sax.object) << shown;
+  EXPECT_EQ(scan.model, sax.model) << shown;
+  EXPECT_EQ(scan.user, sax.user) << shown;
+}
+
+TEST(ScanRouteFields, ReadsTheFieldsOfAnOrdinaryRequest) {
+  RouteFieldValues out;
+  ASSERT_TRUE(scan_route_fields(R"({"model":"q\u00e9n","messages":[{"role":"user","content":"hi","model":"x"}],"user":"u\"1","temperature":0.7})", out));
+  EXPECT_TRUE(out.object);
+  EXPECT_EQ(out.model, "q\xC3\xA9n");
+  EXPECT_EQ(out.user, "u\"1");
+  EXPECT_EQ(out.refusal, nullptr);
+}
+
+TEST(ScanRouteFields, ReadsEveryBodyAsNlohmannsParserDoes) {
+  const std::string deep_ok = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  const std::string deep = std::string(kMaxJsonDepth + 1, '[') + std::string(kMaxJsonDepth + 1, ']');
+  const std::vector<std::string> bodies = {
+      // the routing fields and their refusals
+      R"({"model":"m"})", R"({"model":"a","model":"b"})", R"({"model":"a","model")", R"({"model":1})", R"({"model":1 2})",
+      R"({"model":tru})", R"({"model":true1})", R"({"model":null})", R"({"model":false})", R"({"model":-})", R"({"model":1.5e})",
+      R"({"model":[})", R"({"model":{)", R"({"model":1e999})", R"({"mod\u0065l":"x","model":"y"})", R"({"user":"a","user":1})",
+      R"({"user":["x"],"model":"m"})", R"({"user":"a","user":"b"})", R"({"x":{"model":1,"user":"in"},"model":"m"})",
+      R"([{"model":1}])", R"("model")", R"({"model":"m"} x)", R"({"model":"m",})", R"({,})", R"({"a" 1})", R"({"a":})", "{\"model\":\"m\"",
+      "", " ", "{}", "[]", "[1,]", "[,1]", "[1 2]", "null", "nul", "truex", "{\"a\":\fnull}", "{\"a\":\vnull}", " \t\r\n{ } \t\r\n",
+      deep_ok, deep, "{\"model\":" + deep, "{\"a\":" + deep_ok + "}",
+      // what nlohmann allows besides RFC 8259: a byte order mark first, a NUL byte for the end
+      "\xEF\xBB\xBF{}", "\xEF\xBB{}", "\xEF", " \xEF\xBB\xBF{}", std::string("{}\0junk", 7), std::string("{\"model\":\"m\"} \0 [", 17),
+      std::string("{\0}", 3), std::string("\0", 1), std::string("{\"a\":\"\0\"}", 9),
+      // numbers
+      "1", "-", "-0", "01", "1.", "1.e5", ".5", "+1", "1e", "1e+", "1E-5", "-1.25E+3", "1e309", "-1e309", "1e308",
+      "1.7976931348623157e308", "1.7976931348623159e308", "1.8e308", "17976931348623157e292", "1e-400", "0.0e999999",
+      "0." + std::string(400, '0') + "1e310", "1" + std::string(400, '0'), "1" + std::string(308, '0'), "1" + std::string(307, '0'),
+      "18446744073709551616", "-9223372036854775809", "1e99999999999999999999999", "1" + std::string(30, '0') + "e-99999999999999999999999",
+      // strings
+      R"("\u00e9")", R"("\uD83D\uDE00")", R"("\uD83D")", R"("\uD83Dx")", R"("\uDE00")", R"("\uD83D\u0041")", R"("\u12")", R"("\u12G4")",
+      R"("\x")", R"("\/\b\f\n\r\t")", "\"\x01\"", "\"\x7F\"", "\"\xC0\x80\"", "\"\xC2\"", "\"\xC2\xA9\"", "\"\xE0\x80\x80\"",
+      "\"\xE0\xA0\x80\"", "\"\xED\xA0\x80\"", "\"\xED\x9F\xBF\"", "\"\xF0\x8F\xBF\xBF\"", "\"\xF0\x90\x80\x80\"", "\"\xF4\x8F\xBF\xBF\"",
+      "\"\xF4\x90\x80\x80\"", "\"\xF5\x80\x80\x80\"", "\"\x80\"", "\"abc", R"("\)",
+  };
+  for (const auto& body : bodies) expect_same_reading(body);
+}
+
+// Every prefix of a request, and every byte of it replaced by each of a set of bytes that JSON
+// gives meaning to.
+TEST(ScanRouteFields, ReadsEveryCutAndEveryChangedByteAsNlohmannsParserDoes) {
+  const std::string body =
+      "{\"model\":\"m\\u00e9\",\"user\":\"u\",\"messages\":[{\"role\":\"user\",\"content\":\"h\xC3\xA9 \\\"x\\\"\"}],"
+      "\"n\":-1.5e-3,\"s\":true,\"t\":null,\"o\":{\"model\":[0]}}";
+  for (std::size_t n = 0; n <= body.size(); ++n) expect_same_reading(body.substr(0, n));
+  const std::string bytes = std::string("{}[]:,\"\\ -+.0123456789eEuntfalsx\x01\x7F\x80\xC3\xED\xF4\xEF") + std::string(1, '\0');
+  for (std::size_t i = 0; i < body.size(); ++i) {
+    for (char b : bytes) {
+      std::string changed = body;
+      changed[i] = b;
+      expect_same_reading(changed);
+    }
+  }
 }
 
 }  // namespace

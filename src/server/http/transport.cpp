@@ -116,6 +116,8 @@ struct Transport::Impl {
 
 namespace {
 
+using namespace std::string_view_literals;
+
 bool iequals(std::string_view a, std::string_view b) { return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0; }
 
 // The status line and headers of an answer, serialised once into one string. The transport owns
@@ -135,23 +137,23 @@ std::string head_of(const Response& r, unsigned version, bool keep_alive, const 
   h.reserve(size);
   auto reason = bhttp::obsolete_reason(static_cast<bhttp::status>(r.status));
   if (reason.starts_with("<")) reason = "";  // not a status Beast knows
-  h.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ").append(std::to_string(r.status)).append(" ").append(reason).append("\r\n");
-  if (!server_v.empty()) h.append("Server: ").append(server_v).append("\r\n");
-  if (!type_v.empty()) h.append("Content-Type: ").append(type_v).append("\r\n");
+  h.append(version == 10 ? "HTTP/1.0 "sv : "HTTP/1.1 "sv).append(std::to_string(r.status)).append(" "sv).append(reason).append("\r\n"sv);
+  if (!server_v.empty()) h.append("Server: "sv).append(server_v).append("\r\n"sv);
+  if (!type_v.empty()) h.append("Content-Type: "sv).append(type_v).append("\r\n"sv);
   for (const auto& [k, v] : r.headers) {
     if (iequals(k, "server") || iequals(k, "content-type") || iequals(k, "content-length") || iequals(k, "transfer-encoding") ||
         iequals(k, "connection") || k.find_first_of("\r\n") != std::string::npos || v.find_first_of("\r\n") != std::string::npos) {
       continue;
     }
-    h.append(k).append(": ").append(v).append("\r\n");
+    h.append(k).append(": "sv).append(v).append("\r\n"sv);
   }
   h.append(r.head_lines);
   const bool bodiless = r.status < 200 || r.status == 204 || r.status == 304;
-  if (content_length && !bodiless) h.append("Content-Length: ").append(std::to_string(*content_length)).append("\r\n");
-  if (chunked) h.append("Transfer-Encoding: chunked\r\n");
-  if (version == 10 && keep_alive) h.append("Connection: keep-alive\r\n");
-  if (version != 10 && !keep_alive) h.append("Connection: close\r\n");
-  h.append("\r\n");
+  if (content_length && !bodiless) h.append("Content-Length: "sv).append(std::to_string(*content_length)).append("\r\n"sv);
+  if (chunked) h.append("Transfer-Encoding: chunked\r\n"sv);
+  if (version == 10 && keep_alive) h.append("Connection: keep-alive\r\n"sv);
+  if (version != 10 && !keep_alive) h.append("Connection: close\r\n"sv);
+  h.append("\r\n"sv);
   return h;
 }
 
