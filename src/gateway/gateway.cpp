@@ -406,7 +406,7 @@ struct Gateway::Impl : http::Application {
 
   void drain(std::chrono::milliseconds grace) override {
     const auto until = std::chrono::steady_clock::now() + grace;
-    while (state->in_flight.load() > 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    while (state->in_flight.sum() > 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     monitor->stop();
     state->deadlines.stop();
     if (keys_timer) net::post(state->ioc, [this] { keys_timer->cancel(); });
@@ -478,7 +478,7 @@ struct Gateway::Impl : http::Application {
     const auto now = Clock::now();
     for (const auto& m : snap.config.models) {
       for (const auto& b : m.backends) {
-        for (const auto& r : state->replicas.of(b)) rows.push_back({m.name, r->url(), b.version, r->healthy(), r->available(now), r->outstanding.load()});
+        for (const auto& r : state->replicas.of(b)) rows.push_back({m.name, r->url(), b.version, r->healthy(), r->available(now), r->outstanding.sum()});
       }
     }
     return state->metrics.render(rows);
@@ -602,7 +602,7 @@ Status Gateway::start() {
             for (const auto& r : state->replicas.of(b)) {
               const std::string text = r->metrics_text();
               nlohmann::json head{{"url", r->url()}, {"model", m.name}, {"version", b.version}, {"healthy", r->healthy()},
-                                  {"outstanding", r->outstanding.load()}};
+                                  {"outstanding", r->outstanding.sum()}};
               std::string one = head.dump();
               one.pop_back();  // the replica's own figures go in beside
               one += ",\"figures\":" + (text.empty() ? std::string("null") : (*samplers)[r->url()].sample(text, t, 0.95)) + "}";

@@ -233,13 +233,13 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   // ---- choosing a replica -----------------------------------------------------------------------
   void attempt() {
     thread_local std::vector<Candidate> cs;  // reused: no allocation per request
-    thread_local std::vector<Replica*> replicas;
+    thread_local std::vector<const std::shared_ptr<Replica>*> replicas;
     candidates(state_, cfg_, model_, info_.lane, tried_, cs, replicas);
     Router::Input in{info_.header_version, info_.sticky_key, info_.session_key, info_.prompt,
                      std::uniform_real_distribution<double>(0, 1)(tl_rng)};
     auto pick = snap_->routers.at(model_.name)->pick(cs, in);
     if (!pick) return give_up();
-    replica_ = replicas[*pick]->shared_from_this();
+    replica_ = *replicas[*pick];  // counted on this thread's block (ReplicaRegistry::view_of)
     version_ = cs[*pick].version;
     tried_.push_back(replica_.get());
     ++replica_->outstanding;

@@ -162,7 +162,16 @@ const std::vector<std::shared_ptr<Replica>>& ReplicaRegistry::view_of(const Back
   const auto gen = generation_.load(std::memory_order_acquire);
   if (view.instance != instance_ || view.generation != gen) {
     std::lock_guard lock(mu_);
-    view.by_backend = {by_backend_.begin(), by_backend_.end()};
+    // Each replica through a holder of this thread's own: copying a replica's pointer (every
+    // request does) then counts on the holder's block, not on one every thread shares.
+    view.by_backend.clear();
+    for (const auto& [k, list] : by_backend_) {
+      auto& mine = view.by_backend[k];
+      for (const auto& r : list) {
+        auto holder = std::make_shared<std::shared_ptr<Replica>>(r);
+        mine.push_back(std::shared_ptr<Replica>(holder, r.get()));
+      }
+    }
     view.instance = instance_;
     view.generation = generation_.load();
   }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sharded_counter.h"
 #include "gateway/config.h"
 
 namespace lmserve::gateway {
@@ -57,7 +58,8 @@ class Replica : public std::enable_shared_from_this<Replica> {
   // made it healthy again, 0 otherwise. A replica starts healthy (the first check runs at once).
   int on_check(bool passed, const HealthConfig& health);
 
-  std::atomic<std::int64_t> outstanding{0};
+  // Requests sent to it and not yet ended: changed by every request, summed when read.
+  ShardedCounter outstanding;
 
   void set_load(ReplicaLoad load);
   // The replica's last /metrics text (the monitor scrapes every replica for the dashboard).
@@ -117,8 +119,9 @@ class ReplicaRegistry {
   // The replicas a backend currently resolves to (empty until its name resolved).
   std::vector<std::shared_ptr<Replica>> of(const BackendConfig& backend) const;
   // The same from this thread's copy of the registry, refreshed when the registry changed: no lock
-  // and no count shared with other threads, for the per-request path. The reference is valid
-  // until this thread's next call.
+  // and no count shared with other threads, for the per-request path (the pointers' reference
+  // counts are this thread's own; keep copies on this thread). The reference is valid until this
+  // thread's next call.
   const std::vector<std::shared_ptr<Replica>>& view_of(const BackendConfig& backend) const;
   // Sets a backend's addresses (as resolved); replicas already known keep their state.
   void set_addresses(const std::string& host, std::uint16_t port, const std::vector<boost::asio::ip::address>& addresses);

@@ -1,6 +1,7 @@
 #include "gateway/router.h"
 
 #include <algorithm>
+#include <boost/container/small_vector.hpp>
 #include <limits>
 #include <map>
 
@@ -138,16 +139,12 @@ std::optional<std::size_t> Router::pick(const std::vector<Candidate>& cs, const 
 }
 
 std::optional<std::size_t> Router::by_policy(const std::vector<Candidate>& cs, const std::string& version, const Input& in) {
-  std::vector<std::size_t> ok;
+  boost::container::small_vector<std::size_t, 8> ok;
   for (std::size_t i = 0; i < cs.size(); ++i) {
     if (cs[i].available && cs[i].version == version) ok.push_back(i);
   }
   if (ok.empty()) return std::nullopt;
-  std::uint64_t turn;
-  {
-    std::lock_guard lock(mu_);
-    turn = rr_++;
-  }
+  const auto turn = static_cast<std::uint64_t>(turns_.next_of_thread());
   // Ties go round-robin, so equal replicas share the load.
   auto least = [&](auto score) {
     std::size_t best = ok[turn % ok.size()];

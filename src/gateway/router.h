@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/sharded_counter.h"
 #include "gateway/config.h"
 
 namespace lmserve::gateway {
@@ -94,8 +95,9 @@ class Router {
 
   const ModelConfig model_;
   PrefixMap prefix_;
-  std::mutex mu_;
-  std::uint64_t rr_ = 0;
+  // The round-robin position, each I/O thread's own (as each nginx worker keeps its own): one
+  // position shared by every request on every thread was a lock and a cache line they fought over.
+  ShardedCounter turns_;
 };
 
 }  // namespace lmserve::gateway

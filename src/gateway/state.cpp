@@ -81,7 +81,8 @@ void State::audit_then(boost::asio::io_context& io, std::string record, std::fun
 }
 
 void candidates(const State& state, const GatewayConfig& config, const ModelConfig& model, const std::string& lane,
-                std::span<const Replica* const> exclude, std::vector<Candidate>& cs, std::vector<Replica*>& replicas) {
+                std::span<const Replica* const> exclude, std::vector<Candidate>& cs,
+                std::vector<const std::shared_ptr<Replica>*>& replicas) {
   cs.clear();
   replicas.clear();
   const auto now = Clock::now();
@@ -98,20 +99,24 @@ void candidates(const State& state, const GatewayConfig& config, const ModelConf
       // A name resolving to several replicas shares its backend's weight among them.
       c.weight = static_cast<std::uint32_t>((std::uint64_t{b.weight} * 1000) / rs.size());
       c.available = r->available(now) && !tried(r.get());
-      c.outstanding = r->outstanding.load(std::memory_order_relaxed);
       if (needs_load) {
         const auto load = r->load_for(lane);
         c.fresh = load.scraped && now - load.at <= stale_after;
         c.kv_usage = load.kv_usage;
         c.waiting = load.waiting;
       }
-      replicas.push_back(r.get());
+      replicas.push_back(&r);
     }
   }
   // Panic: with every replica ejected, ejections are ignored (as Envoy's panic threshold does),
   // so that one failure on each replica does not turn into 503s for the ejection's length.
   if (std::none_of(cs.begin(), cs.end(), [](const Candidate& c) { return c.available; })) {
-    for (std::size_t i = 0; i < cs.size(); ++i) cs[i].available = replicas[i]->usable_in_panic(now) && !tried(replicas[i]);
+    for (std::size_t i = 0; i < cs.size(); ++i) cs[i].available = (*replicas[i])->usable_in_panic(now) && !tried(replicas[i]->get());
+  }
+  // The outstanding counts, summed over the I/O threads' shards, only where they can decide
+  // something: a policy that reads them, with a choice among replicas.
+  if (model.policy != Policy::kRoundRobin && std::count_if(cs.begin(), cs.end(), [](const Candidate& c) { return c.available; }) > 1) {
+    for (std::size_t i = 0; i < cs.size(); ++i) cs[i].outstanding = (*replicas[i])->outstanding.sum();
   }
 }
 

@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 
+#include "common/sharded_counter.h"
 #include "gateway/audit.h"
 #include "gateway/config.h"
 #include "gateway/deadlines.h"
@@ -38,7 +39,7 @@ struct State {
   Deadlines deadlines;  // the timeouts of calls under way
   ReplicaRegistry replicas;
   GatewayMetrics metrics;
-  std::atomic<std::int64_t> in_flight{0};
+  ShardedCounter in_flight;  // calls under way
   // The audit trail (config audit.dir; null without): every admitted request's record is written
   // before it goes to a replica, and its outcome's when it ends.
   std::unique_ptr<AuditLog> audit;
@@ -68,9 +69,10 @@ struct State {
 };
 
 // The replicas of `model` as the router sees them now, into `cs`, and `replicas` in the same order
-// (valid until this thread's next call: from ReplicaRegistry::view_of). `exclude`: replicas
-// already tried for this request.
+// (valid until this thread's next call: from ReplicaRegistry::view_of, whose pointers count on this
+// thread's own blocks). `exclude`: replicas already tried for this request.
 void candidates(const State& state, const GatewayConfig& config, const ModelConfig& model, const std::string& lane,
-                std::span<const Replica* const> exclude, std::vector<Candidate>& cs, std::vector<Replica*>& replicas);
+                std::span<const Replica* const> exclude, std::vector<Candidate>& cs,
+                std::vector<const std::shared_ptr<Replica>*>& replicas);
 
 }  // namespace lmserve::gateway

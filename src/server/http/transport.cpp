@@ -1,5 +1,6 @@
 #include "server/http/transport.h"
 
+#include "common/sharded_counter.h"
 #include "server/http/asio.h"
 #include "server/http/drained_read.h"
 #include "server/http/request_parser.h"
@@ -78,7 +79,7 @@ struct Transport::Impl {
   Application& app;
   // Before the loops: sessions still queued in them at destruction update these as they go.
   std::atomic<std::size_t> connections{0};
-  std::atomic<std::size_t> open_exchanges{0};  // requests read and not yet completely answered
+  ShardedCounter open_exchanges;  // requests read and not yet completely answered
   std::atomic<bool> draining{false};
   std::atomic<int> bound_port{0};
   std::atomic<int> signals{0};
@@ -589,7 +590,7 @@ void Transport::Impl::begin_shutdown() {
     });
     // The answers the drain completed may still be on their way out: up to a second for them.
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-    while (open_exchanges.load() > 0 && std::chrono::steady_clock::now() < until) {
+    while (open_exchanges.sum() > 0 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     stop_loops();
