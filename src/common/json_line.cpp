@@ -1,6 +1,7 @@
 #include "common/json_line.h"
 
 #include <charconv>
+#include <cstring>
 #include <cmath>
 
 namespace lmserve {
@@ -29,14 +30,28 @@ std::size_t utf8_length(std::string_view s, std::size_t i) {
   return 0;
 }
 
+// Whether any of the 8 bytes in `x` must be escaped or checked: a control character, '"', '\\' or
+// a byte of a multi-byte sequence. (Each test is exact about whether some byte matches; which one
+// is left to the byte-by-byte loop.)
+bool any_special(std::uint64_t x) {
+  constexpr std::uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+  const auto has_zero = [](std::uint64_t y) { return (y - kOnes) & ~y & kHigh; };
+  const std::uint64_t below_space = (x - kOnes * 0x20) & ~x & kHigh;
+  return ((x & kHigh) | below_space | has_zero(x ^ (kOnes * '"')) | has_zero(x ^ (kOnes * '\\'))) != 0;
+}
+
 }  // namespace
 
 void append_json_escaped(std::string& out, std::string_view v) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::size_t i = 0;
   while (i < v.size()) {
-    // The run of bytes that go as they are.
+    // The run of bytes that go as they are: eight at a time, then one by one.
     std::size_t j = i;
+    for (std::uint64_t x; j + 8 <= v.size(); j += 8) {
+      std::memcpy(&x, v.data() + j, 8);
+      if (any_special(x)) break;
+    }
     while (j < v.size()) {
       const auto c = static_cast<unsigned char>(v[j]);
       if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) break;
@@ -74,11 +89,18 @@ void append_json_escaped(std::string& out, std::string_view v) {
   }
 }
 
+// `,"key":` grown and written at once (one capacity check, not four appends).
 void JsonLine::key(std::string_view k) {
-  if (text_.size() > 1) text_ += ',';
-  text_ += '"';
-  text_.append(k);
-  text_ += "\":";
+  const std::size_t at = text_.size();
+  const std::size_t comma = at > 1 ? 1 : 0;
+  text_.resize(at + comma + k.size() + 3);
+  char* p = text_.data() + at;
+  if (comma) *p++ = ',';
+  *p++ = '"';
+  std::memcpy(p, k.data(), k.size());
+  p += k.size();
+  *p++ = '"';
+  *p = ':';
 }
 
 JsonLine& JsonLine::str(std::string_view k, std::string_view value) {

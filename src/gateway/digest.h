@@ -1,6 +1,8 @@
 // gateway/digest: the hashes keys and the audit trail are written with, as hex text.
 #pragma once
 
+#include <openssl/sha.h>
+
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -16,18 +18,18 @@ std::string sha1_hex(std::string_view data);
 // HMAC-SHA-256 of `data` under `key`, 64 hex digits.
 std::string hmac_sha256_hex(std::string_view key, std::string_view data);
 
-// SHA-256 over data given in pieces (an answer as it streams).
+// SHA-256 over data given in pieces (an answer as it streams). Its state is its own: no
+// allocation.
 class Sha256 {
  public:
   Sha256();
-  ~Sha256();
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
   void update(std::string_view data);
   std::string hex();  // of everything given; then the hash starts again
 
  private:
-  void* ctx_;  // EVP_MD_CTX
+  SHA256_CTX ctx_;
 };
 
 }  // namespace lmserve::gateway

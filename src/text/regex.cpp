@@ -18,6 +18,8 @@ Result<Regex> Regex::compile(std::string_view pattern) {
   Regex r;
   r.jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;  // optional speed-up; the interpreter is the fallback
   r.pattern_ = std::string(pattern);
+  std::uint32_t min_chars = 0;  // 0 when PCRE2 cannot tell
+  if (pcre2_pattern_info(code, PCRE2_INFO_MINLENGTH, &min_chars) == 0) r.min_bytes_ = min_chars;
   r.code_ = std::shared_ptr<pcre2_code>(code, CodeDeleter{});
   return r;
 }
@@ -42,6 +44,9 @@ std::optional<std::pair<std::size_t, std::size_t>> Regex::find(std::string_view 
   pcre2_match_data* md = thread_match_data();
   auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   std::size_t pos = from;
+  // A subject too short for any match is not searched (a character is at least a byte): most
+  // guard rules are phrases, and a short prompt then costs no call into PCRE2 per rule.
+  if (subject.size() < min_bytes_ || pos > subject.size() - min_bytes_) return std::nullopt;
   while (pos <= subject.size()) {
     // A JIT-compiled pattern goes straight to its machine code (pcre2_jit_match: pcre2_match's
     // checks of the arguments, a quarter of a short search, are skipped: these are always valid).

@@ -38,6 +38,7 @@ class Regex {
   std::string pattern_;
   std::shared_ptr<pcre2_code> code_;
   bool jit_ = false;  // JIT-compiled
+  std::size_t min_bytes_ = 0;  // no match is shorter (PCRE2's minimum length in characters)
 };
 
 // Escapes `literal` so that it matches itself as a pattern.

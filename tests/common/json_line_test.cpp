@@ -45,6 +45,28 @@ TEST(JsonLine, BytesThatAreNotUtf8BecomeTheReplacementCharacter) {
   }
 }
 
+// Eight bytes at a time are passed over when none needs escaping: every ASCII byte, and a
+// multi-byte character, at every position of strings around that width, escaped as nlohmann does.
+TEST(JsonLine, EachByteIsEscapedWhereverItStandsInTheString) {
+  for (std::size_t len = 1; len <= 26; ++len) {
+    for (std::size_t at = 0; at < len; ++at) {
+      for (int c = 0; c < 0x80; ++c) {
+        std::string v(len, 'a');
+        v[at] = static_cast<char>(c);
+        std::string got;
+        append_json_escaped(got, v);
+        const std::string want = nlohmann::json(v).dump();
+        ASSERT_EQ('"' + got + '"', want) << "byte " << c << " at " << at << " of " << len;
+      }
+      std::string v(len, 'b');
+      v.replace(at, 1, "\xC3\xA9");  // é
+      std::string got;
+      append_json_escaped(got, v);
+      ASSERT_EQ(got, v);
+    }
+  }
+}
+
 TEST(JsonLine, RandomBytesAlwaysParseAndUtf8ComesBackUnchanged) {
   std::mt19937 rng(7);
   for (int round = 0; round < 3000; ++round) {
