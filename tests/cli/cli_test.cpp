@@ -546,7 +546,8 @@ struct ServeProcess {
       execv(lmserve::testing::lmserve_binary().c_str(), argv.data());
       _exit(127);
     }
-    for (int i = 0; i < 200 && port == 0; ++i) {
+    // Up to a minute: on a loaded 2-core machine (CI beside a build) the start-up took over 10 s.
+    for (int i = 0; i < 1200 && port == 0; ++i) {
       std::ifstream in(log);
       std::string text((std::istreambuf_iterator<char>(in)), {});
       auto at = text.find("://127.0.0.1:");
