@@ -200,6 +200,36 @@ AuditLog::~AuditLog() {
     writer_.join();
   }
   if (fd_ >= 0) ::close(fd_);
+  {
+    std::lock_guard lock(retire_mu_);
+    retire_stop_ = true;
+  }
+  retire_cv_.notify_one();
+  if (retirer_.joinable()) retirer_.join();  // after the segments it was given are flushed
+}
+
+void AuditLog::retire(int fd) {
+  std::lock_guard lock(retire_mu_);
+  retired_.push_back(fd);
+  if (!retirer_.joinable()) retirer_ = std::thread([this] { run_retirer(); });
+  retire_cv_.notify_one();
+}
+
+void AuditLog::run_retirer() {
+  std::unique_lock lock(retire_mu_);
+  for (;;) {
+    retire_cv_.wait(lock, [&] { return retire_stop_ || !retired_.empty(); });
+    if (retired_.empty()) return;  // stopping, and nothing left
+    std::vector<int> fds;
+    fds.swap(retired_);
+    lock.unlock();
+    for (const int fd : fds) {
+      // The records were written and answered: a flush that fails can only be reported.
+      if (::fdatasync(fd) != 0) spdlog::error("audit: a sealed segment could not be flushed to the disk: {}", std::strerror(errno));
+      ::close(fd);
+    }
+    lock.lock();
+  }
 }
 
 Status AuditLog::begin_segment() {
@@ -230,8 +260,9 @@ static Status write_line(int fd, const std::string& line, bool sync, std::size_t
 
 Status AuditLog::seal() {
   const std::string line = nlohmann::json{{"seal", written_hash_}, {"records", in_segment_}}.dump() + "\n";
-  if (auto st = write_line(fd_, line, true, segment_size_); !st.is_ok()) return st;
-  ::close(fd_);
+  if (auto st = write_line(fd_, line, opt_.sync, segment_size_); !st.is_ok()) return st;
+  if (opt_.sync) ::close(fd_);  // flushed with its seal
+  else retire(fd_);
   fd_ = -1;
   ++segment_;
   in_segment_ = 0;

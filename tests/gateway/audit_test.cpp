@@ -200,6 +200,29 @@ TEST_P(AuditSyncTest, QueuedGroupsAreWrittenAndAnsweredInOrderAndClosingWritesTh
   EXPECT_EQ(expect, 2 * kGroups);
 }
 
+// Sealed segments are closed (flushed by the trail's own thread without `sync`, with their seal
+// with it): once the trail is closed, this process holds no more files than before, and every
+// segment verifies.
+TEST_P(AuditSyncTest, SealedSegmentsAreClosedWithTheTrail) {
+  const auto open_files = [] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  const std::size_t before = open_files();
+  {
+    auto log = AuditLog::open(dir_, {.segment_bytes = 1024, .sync = GetParam()});
+    ASSERT_TRUE(log) << log.error().message();
+    for (int i = 0; i < 200; ++i) ASSERT_TRUE((*log)->append({{"id", i}, {"note", std::string(100, 'x')}}).is_ok());
+    EXPECT_LE(open_files(), before + 200 / 2) << "segments kept open";  // a few held for their flush at most
+  }
+  EXPECT_EQ(open_files(), before);
+  const auto v = verify_audit(dir_);
+  EXPECT_TRUE(v.ok) << v.broken;
+  EXPECT_EQ(v.records, 200u);
+  EXPECT_GT(v.segments, 20u);
+}
+
 // The hash covers a record's text byte for byte: a record as its writer laid it out (keys in its
 // order, its spacing) verifies, and the same object laid out otherwise does not.
 TEST_F(AuditTest, TheHashIsOverTheRecordsTextAsWritten) {
