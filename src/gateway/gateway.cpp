@@ -106,8 +106,12 @@ static std::vector<std::string> guarded_texts(const nlohmann::json& body) {
   if (auto m = body.find("messages"); m != body.end() && m->is_array()) {
     for (const auto& msg : *m) {
       if (!msg.is_object()) continue;
-      const auto role = msg.value("role", std::string());
-      if (role != "user" && role != "tool" && role != "function") continue;
+      // The application's own roles are left out; a role that is missing or not a string (the
+      // replica refuses it) is read as the user's.
+      if (auto r = msg.find("role"); r != msg.end() && r->is_string()) {
+        const auto& role = r->get_ref<const std::string&>();
+        if (role != "user" && role != "tool" && role != "function") continue;
+      }
       auto c = msg.find("content");
       if (c == msg.end()) continue;
       if (c->is_string()) out.push_back(c->get<std::string>());

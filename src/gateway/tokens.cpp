@@ -34,7 +34,8 @@ std::int64_t PromptCounter::count(const nlohmann::json& body) const {
   }
   auto p = body.find("prompt");
   if (p == body.end()) return 0;
-  const bool add = body.value("add_special_tokens", true);
+  const auto a = body.find("add_special_tokens");
+  const bool add = a == body.end() || !a->is_boolean() || a->get<bool>();  // not a boolean: the replica refuses it
   auto one = [&](const nlohmann::json& v) -> std::int64_t {
     if (v.is_string()) return static_cast<std::int64_t>(tokenizer_->encode(v.get_ref<const std::string&>(), {.add_special_tokens = add}).size());
     if (v.is_array()) return static_cast<std::int64_t>(v.size());  // token ids
