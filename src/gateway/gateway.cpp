@@ -87,43 +87,11 @@ static Status prepare(Snapshot& snap, const Snapshot* before) {
   auto guards = build_guards(snap.config);
   if (!guards) return guards.error();
   snap.guards = std::move(*guards);
+  snap.needs_document = !snap.counters.empty() ||
+                        std::any_of(snap.config.models.begin(), snap.config.models.end(), [](const ModelConfig& m) { return m.policy == Policy::kPrefixAware; }) ||
+                        std::any_of(snap.config.tenants.begin(), snap.config.tenants.end(),
+                                    [](const auto& t) { return t.second.audit_content == TenantConfig::AuditContent::kRedacted; });
   return Status::ok();
-}
-
-// What the guard reads of a request: a completion's prompt(s); a chat's user and tool messages
-// (their content as a string or as parts' text).
-static std::vector<std::string> guarded_texts(const nlohmann::json& body) {
-  std::vector<std::string> out;
-  if (!body.is_object()) return out;
-  if (auto p = body.find("prompt"); p != body.end()) {
-    if (p->is_string()) out.push_back(p->get<std::string>());
-    if (p->is_array()) {
-      for (const auto& v : *p) {
-        if (v.is_string()) out.push_back(v.get<std::string>());
-      }
-    }
-  }
-  if (auto m = body.find("messages"); m != body.end() && m->is_array()) {
-    for (const auto& msg : *m) {
-      if (!msg.is_object()) continue;
-      // The application's own roles are left out; a role that is missing or not a string (the
-      // replica refuses it) is read as the user's.
-      if (auto r = msg.find("role"); r != msg.end() && r->is_string()) {
-        const auto& role = r->get_ref<const std::string&>();
-        if (role != "user" && role != "tool" && role != "function") continue;
-      }
-      auto c = msg.find("content");
-      if (c == msg.end()) continue;
-      if (c->is_string()) out.push_back(c->get<std::string>());
-      if (c->is_array()) {
-        for (const auto& part : *c) {
-          if (part.is_string()) out.push_back(part.get<std::string>());
-          if (part.is_object() && part.contains("text") && part["text"].is_string()) out.push_back(part["text"].get<std::string>());
-        }
-      }
-    }
-  }
-  return out;
 }
 
 struct Gateway::Impl : http::Application {
@@ -177,12 +145,16 @@ struct Gateway::Impl : http::Application {
       r.headers.emplace_back("Retry-After", "1");
       return refuse(std::move(r), "", "shutting_down");
     }
-    // With the policies that read the body (the guard, the keys' token limits), the routing pass
-    // builds its document too: one parse instead of two.
+    // The policies that read the body (the guard, the keys' token limits) take their fields from
+    // the routing pass: the scanner's, or where the document is needed anyway, the document it
+    // builds (one parse, not two).
+    const bool policies = keys || snap->guards.defaults || !snap->guards.tenants.empty();
     std::optional<nlohmann::json> dom;
-    if (keys || snap->guards.defaults || !snap->guards.tenants.empty()) dom.emplace();
+    if (snap->needs_document) dom.emplace();
     RouteFields fields(dom ? &*dom : nullptr);
-    const bool parsed = dom ? nlohmann::json::sax_parse(req.body, &fields) : scan_route_fields(req.body, fields);
+    PolicyFieldValues policy;
+    const bool parsed = dom ? nlohmann::json::sax_parse(req.body, &fields) : scan_route_fields(req.body, fields, policies ? &policy : nullptr);
+    if (dom && parsed && !fields.refusal && policies) policy = policy_fields(*dom);
     if (fields.refusal) return refuse(error_response(400, fields.refusal, "invalid_request"), "", "invalid_json");
     if (!parsed || !fields.object) return refuse(error_response(400, "the request body must be a JSON object", "invalid_request"), "", "invalid_json");
     if (!fields.model) return refuse(error_response(400, "'model' is required", "invalid_request"), "", "no_model");
@@ -228,7 +200,9 @@ struct Gateway::Impl : http::Application {
       if (info.session_key.empty()) info.session_key = req.remote_address;
     }
     if (const Guard* guard = snap->guard_for(info.tenant)) {
-      if (auto rule = guard->check(guarded_texts(body()))) {
+      auto rule = guard->check(policy.prompt_texts);  // the prompt's texts before the messages'
+      if (!rule) rule = guard->check(policy.message_texts);
+      if (rule) {
         if (!info.tenant.empty()) state->metrics.tenant_blocked(info.tenant, *rule);
         auto r = error_response(400, "the request was blocked by the content rule " + *rule, "content_blocked");
         auto rec = audit_base("refused", info.id, info.tenant, info.key_id, model->name, req);
@@ -237,7 +211,7 @@ struct Gateway::Impl : http::Application {
       }
     }
     if (key && has_limits(key->limits)) {
-      auto refusal = admit(body, *snap, *model, *key, info);
+      auto refusal = admit(body, policy, *snap, *model, *key, info);
       if (refusal) {
         state->metrics.tenant_limited(key->tenant, refusal->second);
         auto rec = audit_base("refused", info.id, key->tenant, key->id, model->name, req);
@@ -279,14 +253,14 @@ struct Gateway::Impl : http::Application {
 
   // Counts the request against its key's limits: on admission its grant goes in `info`; else the
   // answer that refuses it and the limit's name.
-  std::optional<std::pair<http::Response, std::string>> admit(const std::function<const nlohmann::json&()>& document, const Snapshot& snap, const ModelConfig& model,
-                                                              const KeyRecord& key, RouteInfo& info) {
+  std::optional<std::pair<http::Response, std::string>> admit(const std::function<const nlohmann::json&()>& document, const PolicyFieldValues& fields,
+                                                              const Snapshot& snap, const ModelConfig& model, const KeyRecord& key, RouteInfo& info) {
     const auto& l = key.limits;
     std::int64_t reserve = 0;
     if (l.tpm > 0 || l.daily_tokens > 0 || l.max_input_tokens > 0) {
-      const auto& body = document();
+      // The model's tokenizer where it has one, else the estimate.
       const auto c = snap.counters.find(model.name);
-      const std::int64_t prompt = c != snap.counters.end() ? c->second->count(body) : estimate_prompt_tokens(body);
+      const std::int64_t prompt = c != snap.counters.end() ? c->second->count(document()) : fields.estimated_prompt_tokens();
       if (l.max_input_tokens > 0 && prompt > l.max_input_tokens) {
         return std::pair{error_response(400,
                                         "the prompt has " + std::to_string(prompt) + " tokens, over this key's max_input_tokens of " +
@@ -294,11 +268,7 @@ struct Gateway::Impl : http::Application {
                                         "input_too_long"),
                          std::string("max_input_tokens")};
       }
-      std::int64_t max_tokens = model.default_max_tokens;
-      for (const char* name : {"max_completion_tokens", "max_tokens"}) {
-        if (auto m = body.find(name); m != body.end() && m->is_number_integer() && m->get<std::int64_t>() >= 0) max_tokens = m->get<std::int64_t>();
-      }
-      reserve = prompt + max_tokens;
+      reserve = prompt + fields.answer_limit().value_or(model.default_max_tokens);
     }
     const auto now = Limiter::Clock::now();
     auto a = state->limiter->admit(key.id, l, info.id, reserve, now);

@@ -12,7 +12,15 @@
 namespace lmserve::gateway {
 namespace {
 
-enum class Member { kOther, kModel, kUser };  // which top-level member a value is
+// Where a value stands: the top level's routing members, and with the policies' fields what they
+// read of "prompt", "messages" and the token limits.
+enum class Member {
+  kOther, kModel, kUser,
+  kPrompt, kPromptItem, kMaxTokens, kMaxCompletionTokens,
+  kMessages, kMessage, kRole, kContent, kPart, kPartText,
+};
+// Whose members an object's are: the top level's, a message's, a content part's, or none read.
+enum class Level { kOther, kTop, kMessage, kPart };
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 unsigned byte(char c) { return static_cast<unsigned char>(c); }
@@ -26,7 +34,8 @@ constexpr std::array<bool, 256> kPlain = [] {
 
 class Scan {
  public:
-  Scan(std::string_view text, RouteFieldValues& out) : at_(text.data()), end_(text.data() + text.size()), out_(out) {}
+  Scan(std::string_view text, RouteFieldValues& out, PolicyFieldValues* policy)
+      : at_(text.data()), end_(text.data() + text.size()), out_(out), policy_(policy) {}
 
   bool document() {
     if (at_ != end_ && byte(*at_) == 0xEF) {  // a byte order mark, whole or refused
@@ -61,15 +70,20 @@ class Scan {
         if (depth + 1 > kMaxJsonDepth) return refuse(RouteFieldValues::kTooDeep);
         const bool object = *at_++ == '{';
         if (depth == 0) out_.object = object;
-        return object ? members(depth + 1) : elements(depth + 1);
+        if (member == Member::kRole) guarded_role_ = true;  // not a string: the user's
+        if (object) {
+          if (member == Member::kMessage) return message(depth + 1);
+          if (member == Member::kPart) return part(depth + 1);
+          return members(depth + 1, depth == 0 ? Level::kTop : Level::kOther);
+        }
+        const Member item = member == Member::kPrompt     ? Member::kPromptItem
+                            : member == Member::kMessages ? Member::kMessage
+                            : member == Member::kContent  ? Member::kPart
+                                                          : Member::kOther;
+        return elements(depth + 1, item);
       }
       case '"':
-        if (member == Member::kModel) return string(&out_.model.emplace());
-        if (member == Member::kUser) {
-          out_.user.clear();
-          return string(&out_.user);
-        }
-        return string(nullptr);
+        return string_value(member);
       case 't':
         return literal("true", member);
       case 'f':
@@ -81,27 +95,48 @@ class Scan {
     }
   }
 
-  // An object's members after its "{", at `depth`; the top level's keys are read.
-  bool members(int depth) {
+  bool string_value(Member member) {
+    switch (member) {
+      case Member::kModel: return string(&out_.model.emplace());
+      case Member::kUser: out_.user.clear(); return string(&out_.user);
+      case Member::kPrompt:
+      case Member::kPromptItem: {
+        auto& text = policy_->prompt_texts.emplace_back();
+        if (!string(&text)) return false;
+        policy_->prompt_bytes += text.size();
+        return true;
+      }
+      case Member::kRole: {
+        role_.clear();
+        if (!string(&role_)) return false;
+        guarded_role_ = role_ == "user" || role_ == "tool" || role_ == "function";
+        return true;
+      }
+      case Member::kContent: {
+        auto& text = policy_->message_texts.emplace_back();
+        if (!string(&text)) return false;
+        content_bytes_ += text.size();
+        return true;
+      }
+      case Member::kPart: return string(&policy_->message_texts.emplace_back());  // guarded, not counted
+      case Member::kPartText: part_text_.clear(); return part_has_text_ = string(&part_text_);
+      default: return string(nullptr);
+    }
+  }
+
+  // An object's members after its "{", at `depth`; the keys of the top level, a message and a
+  // content part are read.
+  bool members(int depth, Level level) {
     skip_space();
     if (more() && *at_ == '}') return ++at_, true;
     for (;;) {
       skip_space();
       if (!more() || *at_ != '"') return false;
       Member member = Member::kOther;
-      if (depth == 1) {
+      if (level != Level::kOther) {
         std::string_view key;
-        const char* close = at_ + 1;
-        while (close != end_ && kPlain[byte(*close)]) ++close;
-        if (close != end_ && *close == '"') {  // nothing to decode
-          key = std::string_view(at_ + 1, close - at_ - 1);
-          at_ = close + 1;
-        } else {
-          key_.clear();
-          if (!string(&key_)) return false;
-          key = key_;
-        }
-        member = key == "model" ? Member::kModel : key == "user" ? Member::kUser : Member::kOther;
+        if (!read_key(key)) return false;
+        member = member_of(level, key);
         if (member == Member::kModel && std::exchange(seen_model_, true)) return refuse(RouteFieldValues::kModelTwice);
       } else if (!string(nullptr)) {
         return false;
@@ -117,12 +152,84 @@ class Scan {
     }
   }
 
-  // An array's elements after its "[", at `depth`.
-  bool elements(int depth) {
+  // A key from its opening quote, decoded (into key_ when it has escapes).
+  bool read_key(std::string_view& key) {
+    const char* close = at_ + 1;
+    while (close != end_ && kPlain[byte(*close)]) ++close;
+    if (close != end_ && *close == '"') {  // nothing to decode
+      key = std::string_view(at_ + 1, close - at_ - 1);
+      at_ = close + 1;
+      return true;
+    }
+    key_.clear();
+    if (!string(&key_)) return false;
+    key = key_;
+    return true;
+  }
+
+  // What a member of `level` named `key` is; a key given again starts its value afresh, as the
+  // document keeps the last.
+  Member member_of(Level level, std::string_view key) {
+    if (level == Level::kTop) {
+      if (key == "model") return Member::kModel;
+      if (key == "user") return Member::kUser;
+      if (!policy_) return Member::kOther;
+      if (key == "prompt") {
+        policy_->prompt_texts.clear();
+        policy_->prompt_bytes = 0;
+        return Member::kPrompt;
+      }
+      if (key == "messages") {
+        policy_->message_texts.clear();
+        policy_->message_bytes = 0;
+        return Member::kMessages;
+      }
+      if (key == "max_tokens") return policy_->max_tokens.reset(), Member::kMaxTokens;
+      if (key == "max_completion_tokens") return policy_->max_completion_tokens.reset(), Member::kMaxCompletionTokens;
+      return Member::kOther;
+    }
+    if (level == Level::kMessage) {
+      if (key == "role") return guarded_role_ = true, Member::kRole;
+      if (key == "content") {
+        policy_->message_texts.resize(message_at_);
+        content_bytes_ = 0;
+        return Member::kContent;
+      }
+      return Member::kOther;
+    }
+    if (key == "text") return part_has_text_ = false, Member::kPartText;
+    return Member::kOther;
+  }
+
+  // A message (an object in "messages"): its texts stay guarded if its role is the user's; its
+  // bytes count whatever the role.
+  bool message(int depth) {
+    message_at_ = policy_->message_texts.size();
+    guarded_role_ = true;
+    content_bytes_ = 0;
+    if (!members(depth, Level::kMessage)) return false;
+    policy_->message_bytes += 12 + content_bytes_;
+    if (!guarded_role_) policy_->message_texts.resize(message_at_);
+    return true;
+  }
+
+  // A content part that is an object: its last "text", if a string.
+  bool part(int depth) {
+    part_has_text_ = false;
+    if (!members(depth, Level::kPart)) return false;
+    if (part_has_text_) {
+      content_bytes_ += part_text_.size();
+      policy_->message_texts.push_back(part_text_);
+    }
+    return true;
+  }
+
+  // An array's elements after its "[", at `depth`, each standing as `item`.
+  bool elements(int depth, Member item) {
     skip_space();
     if (more() && *at_ == ']') return ++at_, true;
     for (;;) {
-      if (!value(depth, Member::kOther)) return false;
+      if (!value(depth, item)) return false;
       skip_space();
       if (!more()) return false;
       const char next = *at_++;
@@ -134,7 +241,7 @@ class Scan {
   bool literal(std::string_view word, Member member) {
     if (static_cast<std::size_t>(end_ - at_) < word.size() || std::string_view(at_, word.size()) != word) return false;
     at_ += word.size();
-    return member == Member::kModel ? refuse(RouteFieldValues::kModelNotString) : true;
+    return scalar(member);
   }
 
   // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, ending at the first byte that cannot go on
@@ -157,8 +264,11 @@ class Scan {
       while (more() && is_digit(*at_)) ++at_;
     }
     const char* fraction_end = at_;
+    const bool integral = fraction_end == whole_end;  // so far: no fraction
     long long exponent = 0;
+    bool has_exponent = false;
     if (more() && (*at_ == 'e' || *at_ == 'E')) {
+      has_exponent = true;
       ++at_;
       bool negative = false;
       if (more() && (*at_ == '+' || *at_ == '-')) negative = *at_++ == '-';
@@ -170,23 +280,43 @@ class Scan {
     }
     // The value lies in [10^(order - 1), 10^order): a double holds it below order 309, and not
     // from order 310 (DBL_MAX is 1.8e308); order 309 is settled by a conversion.
-    long long order;
+    long long order = 0;
+    bool zero = false;
     if (*whole != '0') {
       order = (whole_end - whole) + exponent;
     } else {
       const char* first = fraction;
       while (first != fraction_end && *first == '0') ++first;
-      if (first == fraction_end) return scalar(member);  // zero
+      zero = first == fraction_end;
       order = -(first - fraction) + exponent;
     }
-    if (order >= 310) return false;
-    if (order == 309) {
+    if (!zero && order >= 310) return false;
+    if (!zero && order == 309) {
       double v;
       if (std::from_chars(start, at_, v).ec == std::errc::result_out_of_range) return false;
     }
+    if (integral && !has_exponent && member != Member::kOther) integer(member, start);
     return scalar(member);
   }
-  bool scalar(Member member) { return member == Member::kModel ? refuse(RouteFieldValues::kModelNotString) : true; }
+
+  // A number written as an integer, where the policies read one: nlohmann holds it as an
+  // integer when a 64-bit integer does (signed below zero, unsigned above), else as a double.
+  void integer(Member member, const char* start) {
+    std::int64_t v = 0;
+    const bool fits_signed = std::from_chars(start, at_, v).ec == std::errc();
+    if (member == Member::kPromptItem) {
+      std::uint64_t u = 0;
+      if (fits_signed || (*start != '-' && std::from_chars(start, at_, u).ec == std::errc())) policy_->prompt_bytes += 3;  // a token id
+    } else if (fits_signed && v >= 0) {
+      if (member == Member::kMaxTokens) policy_->max_tokens = v;
+      if (member == Member::kMaxCompletionTokens) policy_->max_completion_tokens = v;
+    }
+  }
+
+  bool scalar(Member member) {
+    if (member == Member::kRole) guarded_role_ = true;  // not a string: the user's
+    return member == Member::kModel ? refuse(RouteFieldValues::kModelNotString) : true;
+  }
 
   // A string from its opening quote, decoded into `into` unless that is null: no byte below
   // 0x20, UTF-8 that RFC 3629 allows, the eight escapes and \u with its surrogate pairs.
@@ -293,12 +423,70 @@ class Scan {
   const char* at_;
   const char* end_;
   RouteFieldValues& out_;
-  std::string key_;  // a top-level key, decoded
+  PolicyFieldValues* policy_;  // null: the routing fields only
+  std::string key_;  // a key being read, decoded
   bool seen_model_ = false;
+  // The message and content part being read (neither nests in itself).
+  std::size_t message_at_ = 0;  // its first text in message_texts
+  bool guarded_role_ = true;
+  std::size_t content_bytes_ = 0;
+  std::string role_, part_text_;
+  bool part_has_text_ = false;
 };
 
 }  // namespace
 
-bool scan_route_fields(std::string_view body, RouteFieldValues& out) { return Scan(body, out).document(); }
+PolicyFieldValues policy_fields(const nlohmann::json& body) {
+  PolicyFieldValues out;
+  if (!body.is_object()) return out;
+  if (auto p = body.find("prompt"); p != body.end()) {
+    auto take = [&](const nlohmann::json& v) {
+      if (!v.is_string()) return;
+      out.prompt_texts.push_back(v.get<std::string>());
+      out.prompt_bytes += out.prompt_texts.back().size();
+    };
+    take(*p);
+    if (p->is_array()) {
+      for (const auto& v : *p) {
+        take(v);
+        if (v.is_number_integer()) out.prompt_bytes += 3;  // a token id
+      }
+    }
+  }
+  if (auto m = body.find("messages"); m != body.end() && m->is_array()) {
+    for (const auto& msg : *m) {
+      if (!msg.is_object()) continue;
+      out.message_bytes += 12;  // the role's markers
+      // The application's own roles are left out; a role that is missing or not a string (the
+      // replica refuses it) is read as the user's.
+      bool guarded = true;
+      if (auto r = msg.find("role"); r != msg.end() && r->is_string()) {
+        const auto& role = r->get_ref<const std::string&>();
+        guarded = role == "user" || role == "tool" || role == "function";
+      }
+      auto c = msg.find("content");
+      if (c == msg.end()) continue;
+      if (c->is_string()) {
+        out.message_bytes += c->get_ref<const std::string&>().size();
+        if (guarded) out.message_texts.push_back(c->get<std::string>());
+      }
+      if (!c->is_array()) continue;
+      for (const auto& part : *c) {
+        if (part.is_string() && guarded) out.message_texts.push_back(part.get<std::string>());
+        if (!part.is_object()) continue;
+        const auto t = part.find("text");
+        if (t == part.end() || !t->is_string()) continue;
+        out.message_bytes += t->get_ref<const std::string&>().size();
+        if (guarded) out.message_texts.push_back(t->get<std::string>());
+      }
+    }
+  }
+  for (auto [name, into] : {std::pair{"max_completion_tokens", &out.max_completion_tokens}, std::pair{"max_tokens", &out.max_tokens}}) {
+    if (auto v = body.find(name); v != body.end() && v->is_number_integer() && v->get<std::int64_t>() >= 0) *into = v->get<std::int64_t>();
+  }
+  return out;
+}
+
+bool scan_route_fields(std::string_view body, RouteFieldValues& out, PolicyFieldValues* policy) { return Scan(body, out, policy).document(); }
 
 }  // namespace lmserve::gateway

@@ -3,6 +3,8 @@
 // document, in one pass of a scanner of its own (scan_route_fields).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -28,13 +30,40 @@ struct RouteFieldValues {
   static constexpr const char* kTooDeep = "the request body is nested too deeply";
 };
 
+// What the policies read of a body (issue #30): the texts the guard checks, the prompt's size for
+// the token estimate without a tokenizer, and the answer's token limit. policy_fields() reads
+// them from a document; scan_route_fields, given somewhere to put them, reads the same from the
+// text (a key given twice counts with its last value, as in the document).
+struct PolicyFieldValues {
+  // The guard's texts, the prompt's before the messages': a completion's prompt (a string, or the
+  // strings of a list), and the contents of the user's messages (role user, tool or function; a
+  // role that is missing or not a string is the user's too): a string, or its parts' strings and
+  // their objects' "text".
+  std::vector<std::string> prompt_texts, message_texts;
+  // The estimate's bytes: the prompt's strings and 3 a token id; per message (whatever its role)
+  // 12 for its role's markers and its content string or its part objects' texts.
+  std::size_t prompt_bytes = 0, message_bytes = 0;
+  // Each where it is an integer from 0 to 2^63 - 1.
+  std::optional<std::int64_t> max_completion_tokens, max_tokens;
+
+  // A token per 3 bytes, at least 1 (gateway/tokens.h).
+  std::int64_t estimated_prompt_tokens() const {
+    return std::max<std::int64_t>(1, static_cast<std::int64_t>((prompt_bytes + message_bytes + 2) / 3));
+  }
+  // The answer's limit the request asks for: max_tokens, else max_completion_tokens.
+  std::optional<std::int64_t> answer_limit() const { return max_tokens ? max_tokens : max_completion_tokens; }
+};
+PolicyFieldValues policy_fields(const nlohmann::json& body);
+
 // Reads `body`'s routing fields into `out` and says whether it is JSON, exactly as
 // nlohmann::json::sax_parse with RouteFields would (tested against it, also by a fuzzer): strict
 // RFC 8259 with nlohmann's few liberties (a UTF-8 byte order mark first, a NUL byte taken for the
 // end of the text), a number a double cannot hold refused, strings' UTF-8 and surrogates checked,
 // and the same stop at the first refusal, with the same reasons. Nothing is built: nlohmann's
 // lexer and its SAX events were a quarter of the gateway's instructions per plain request.
-bool scan_route_fields(std::string_view body, RouteFieldValues& out);
+// With `policy`, the policies' fields go there as policy_fields() would read them from the
+// document.
+bool scan_route_fields(std::string_view body, RouteFieldValues& out, PolicyFieldValues* policy = nullptr);
 
 // The routing fields read by nlohmann's SAX parser, with the document built into `document`
 // when it is set, as nlohmann::json::parse would build it (a key given twice keeps its last

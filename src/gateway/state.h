@@ -30,6 +30,10 @@ struct Snapshot {
   std::map<std::string, std::unique_ptr<Router>> routers;  // by model name; thread-safe
   std::map<std::string, std::shared_ptr<const PromptCounter>> counters;  // by model name: those with a tokenizer
   Guards guards;  // per tenant with rules of its own, and for everyone else
+  // Whether a request's body is read as a document in the routing pass (for a tokenizer's count,
+  // prefix_aware's prompt or a redacted audit of it); else the scanner reads what the policies
+  // need (route_fields.h).
+  bool needs_document = false;
   const Guard* guard_for(std::string_view tenant) const { return guards.for_tenant(tenant); }
 };
 

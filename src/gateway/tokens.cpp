@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gateway/route_fields.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -49,37 +50,6 @@ std::int64_t PromptCounter::count(const nlohmann::json& body) const {
   return one(*p);
 }
 
-std::int64_t estimate_prompt_tokens(const nlohmann::json& body) {
-  std::size_t bytes = 0;
-  auto add_text = [&](const nlohmann::json& v) {
-    if (v.is_string()) bytes += v.get_ref<const std::string&>().size();
-  };
-  if (body.is_object()) {
-    if (auto p = body.find("prompt"); p != body.end()) {
-      if (p->is_string()) add_text(*p);
-      if (p->is_array()) {
-        for (const auto& v : *p) {
-          add_text(v);
-          if (v.is_number_integer()) bytes += 3;  // a token id
-        }
-      }
-    }
-    if (auto m = body.find("messages"); m != body.end() && m->is_array()) {
-      for (const auto& msg : *m) {
-        if (!msg.is_object()) continue;
-        bytes += 12;  // the role's markers
-        auto c = msg.find("content");
-        if (c == msg.end()) continue;
-        add_text(*c);
-        if (c->is_array()) {
-          for (const auto& part : *c) {
-            if (part.is_object() && part.contains("text")) add_text(part["text"]);
-          }
-        }
-      }
-    }
-  }
-  return std::max<std::int64_t>(1, static_cast<std::int64_t>((bytes + 2) / 3));
-}
+std::int64_t estimate_prompt_tokens(const nlohmann::json& body) { return policy_fields(body).estimated_prompt_tokens(); }
 
 }  // namespace lmserve::gateway

@@ -88,10 +88,62 @@ void expect_same_reading(const std::string& body) {
   if (sax.refusal) {
     EXPECT_STREQ(scan.refusal, sax.refusal) << shown;
   }
+  // The same with the policies' fields, which must be policy_fields()'s of the document.
+  RouteFieldValues scan_p;
+  PolicyFieldValues policy;
+  ASSERT_EQ(scan_route_fields(body, scan_p, &policy), sax_parsed) << shown;
+  ASSERT_EQ(scan_p.refusal == nullptr, sax.refusal == nullptr) << shown;
   if (!sax_parsed) return;
   EXPECT_EQ(scan.object, sax.object) << shown;
   EXPECT_EQ(scan.model, sax.model) << shown;
   EXPECT_EQ(scan.user, sax.user) << shown;
+  EXPECT_EQ(scan_p.model, sax.model) << shown;
+  EXPECT_EQ(scan_p.user, sax.user) << shown;
+  if (sax.refusal) return;
+  const auto want = policy_fields(nlohmann::json::parse(body));
+  EXPECT_EQ(policy.prompt_texts, want.prompt_texts) << shown;
+  EXPECT_EQ(policy.message_texts, want.message_texts) << shown;
+  EXPECT_EQ(policy.prompt_bytes, want.prompt_bytes) << shown;
+  EXPECT_EQ(policy.message_bytes, want.message_bytes) << shown;
+  EXPECT_EQ(policy.max_tokens, want.max_tokens) << shown;
+  EXPECT_EQ(policy.max_completion_tokens, want.max_completion_tokens) << shown;
+}
+
+TEST(PolicyFields, ReadWhatTheGuardAndTheLimitsNeed) {
+  const auto f = policy_fields(nlohmann::json::parse(R"({"model":"m","prompt":["a",[1,2],7,"bc"],"max_tokens":5,"max_completion_tokens":9,
+      "messages":[{"role":"system","content":"sys"},{"role":"user","content":[{"type":"text","text":"hi"},"raw",{"text":3}]},
+                  {"content":"no role"},{"role":7,"content":"odd role"},"not a message",{"role":"tool"}]})"));
+  EXPECT_EQ(f.prompt_texts, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(f.prompt_bytes, 1u + 3 + 2);  // the strings and one token id (the list is not one)
+  EXPECT_EQ(f.message_texts, (std::vector<std::string>{"hi", "raw", "no role", "odd role"}));
+  EXPECT_EQ(f.message_bytes, 5 * 12u + 3 + 2 + 7 + 8);  // the system message counts, unguarded
+  EXPECT_EQ(f.answer_limit(), 5);
+  EXPECT_EQ(f.estimated_prompt_tokens(), static_cast<std::int64_t>((6 + 80 + 2) / 3));
+  EXPECT_EQ(policy_fields(nlohmann::json::parse(R"({"max_tokens":-1,"max_completion_tokens":9})")).answer_limit(), 9);
+  EXPECT_EQ(policy_fields(nlohmann::json::parse(R"({"max_tokens":1.0})")).answer_limit(), std::nullopt);
+  EXPECT_EQ(policy_fields(nlohmann::json::parse("[]")).estimated_prompt_tokens(), 1);
+}
+
+TEST(ScanRouteFields, ReadsThePoliciesFieldsAsTheDocumentHasThem) {
+  const std::vector<std::string> bodies = {
+      R"({"model":"m","prompt":"p","max_tokens":16})",
+      R"({"prompt":"a","prompt":["b","c",3,-4,1.5,18446744073709551615,18446744073709551616,-9223372036854775808,-9223372036854775809,[5],{"x":"y"},"d"]})",
+      R"({"prompt":["a"],"prompt":5})", R"({"prompt":{"text":"x"}})", R"({"prompt":"caf\u00e9 \ud83d\ude00 \"q\""})",
+      R"({"messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b"}]})",
+      R"({"messages":[{"role":"user","content":"a","content":"b"},{"content":"c","role":"system"},{"role":"system","role":"user","content":"d"}]})",
+      R"({"messages":[{"role":"user","content":[{"text":"a","text":"b"},{"text":"c","text":1},"e",5,[ "f" ],{"type":"image_url"}]}]})",
+      R"({"messages":[{"role":"assistant","content":[{"text":"x"}]},{"role":"function","content":"fn"},{"role":"tool","content":[{"text":"t"}]}]})",
+      R"({"messages":[{"role":["user"],"content":"r"},{"role":null,"content":"n"},{"role":{"a":1},"content":"o"},{"role":1.5,"content":"f"}]})",
+      R"({"messages":[{"r\u006fle":"system","c\u006fntent":"escaped keys"},{"role":"us\u0065r","content":[{"t\u0065xt":"e"}]}]})",
+      R"({"messages":"not a list","prompt":null})", R"({"messages":[1,"x",null,[{"role":"user","content":"nested"}],{}]})",
+      R"({"messages":[{"role":"user","content":{"text":"object"}}]})", R"({"messages":[{"role":"user","content":null}]})",
+      R"({"max_tokens":0})", R"({"max_tokens":-0})", R"({"max_tokens":-1})", R"({"max_tokens":1e2})", R"({"max_tokens":2.0})",
+      R"({"max_tokens":9223372036854775807})", R"({"max_tokens":9223372036854775808})", R"({"max_tokens":"8"})",
+      R"({"max_tokens":8,"max_tokens":null})", R"({"max_completion_tokens":4,"max_tokens":[1]})", R"({"max_completion_tokens":4,"max_completion_tokens":3})",
+      R"({"x":{"prompt":"inner","messages":[{"role":"user","content":"inner"}],"max_tokens":3}})", R"([{"prompt":"in a list"}])",
+      R"({"model":"m","messages":[{"role":"user","content":"a"}],"model":"n"})", R"({"model":1,"prompt":"p"})",
+  };
+  for (const auto& body : bodies) expect_same_reading(body);
 }
 
 TEST(ScanRouteFields, ReadsTheFieldsOfAnOrdinaryRequest) {
@@ -135,16 +187,21 @@ TEST(ScanRouteFields, ReadsEveryBodyAsNlohmannsParserDoes) {
 // Every prefix of a request, and every byte of it replaced by each of a set of bytes that JSON
 // gives meaning to.
 TEST(ScanRouteFields, ReadsEveryCutAndEveryChangedByteAsNlohmannsParserDoes) {
-  const std::string body =
+  const std::string routing =
       "{\"model\":\"m\\u00e9\",\"user\":\"u\",\"messages\":[{\"role\":\"user\",\"content\":\"h\xC3\xA9 \\\"x\\\"\"}],"
       "\"n\":-1.5e-3,\"s\":true,\"t\":null,\"o\":{\"model\":[0]}}";
-  for (std::size_t n = 0; n <= body.size(); ++n) expect_same_reading(body.substr(0, n));
+  const std::string policies =
+      "{\"prompt\":[\"p\",12],\"messages\":[{\"role\":\"user\",\"content\":[{\"text\":\"t\"},\"s\"]},{\"role\":\"tool\",\"content\":\"c\"}],"
+      "\"max_tokens\":7,\"max_completion_tokens\":9}";
   const std::string bytes = std::string("{}[]:,\"\\ -+.0123456789eEuntfalsx\x01\x7F\x80\xC3\xED\xF4\xEF") + std::string(1, '\0');
-  for (std::size_t i = 0; i < body.size(); ++i) {
-    for (char b : bytes) {
-      std::string changed = body;
-      changed[i] = b;
-      expect_same_reading(changed);
+  for (const auto& body : {routing, policies}) {
+    for (std::size_t n = 0; n <= body.size(); ++n) expect_same_reading(body.substr(0, n));
+    for (std::size_t i = 0; i < body.size(); ++i) {
+      for (char b : bytes) {
+        std::string changed = body;
+        changed[i] = b;
+        expect_same_reading(changed);
+      }
     }
   }
 }
