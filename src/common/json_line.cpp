@@ -40,23 +40,29 @@ bool any_special(std::uint64_t x) {
   return ((x & kHigh) | below_space | has_zero(x ^ (kOnes * '"')) | has_zero(x ^ (kOnes * '\\'))) != 0;
 }
 
+// The length of the run at the start of `v` of bytes that go as they are: eight at a time, then
+// one by one.
+std::size_t plain_run(std::string_view v) {
+  std::size_t j = 0;
+  for (std::uint64_t x; j + 8 <= v.size(); j += 8) {
+    std::memcpy(&x, v.data() + j, 8);
+    if (any_special(x)) break;
+  }
+  while (j < v.size()) {
+    const auto c = static_cast<unsigned char>(v[j]);
+    if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) break;
+    ++j;
+  }
+  return j;
+}
+
 }  // namespace
 
 void append_json_escaped(std::string& out, std::string_view v) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::size_t i = 0;
   while (i < v.size()) {
-    // The run of bytes that go as they are: eight at a time, then one by one.
-    std::size_t j = i;
-    for (std::uint64_t x; j + 8 <= v.size(); j += 8) {
-      std::memcpy(&x, v.data() + j, 8);
-      if (any_special(x)) break;
-    }
-    while (j < v.size()) {
-      const auto c = static_cast<unsigned char>(v[j]);
-      if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) break;
-      ++j;
-    }
+    const std::size_t j = i + plain_run(v.substr(i));
     out.append(v.data() + i, j - i);
     if (j == v.size()) return;
     i = j;
@@ -105,6 +111,15 @@ void JsonLine::key(std::string_view k) {
 
 JsonLine& JsonLine::str(std::string_view k, std::string_view value) {
   key(k);
+  if (plain_run(value) == value.size()) {  // most values (names, digests, times): written at once
+    const std::size_t at = text_.size();
+    text_.resize(at + value.size() + 2);
+    char* p = text_.data() + at;
+    *p++ = '"';
+    std::memcpy(p, value.data(), value.size());
+    p[value.size()] = '"';
+    return *this;
+  }
   text_ += '"';
   append_json_escaped(text_, value);
   text_ += '"';

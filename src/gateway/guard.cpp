@@ -425,6 +425,7 @@ std::optional<std::string> Guard::check(std::span<const std::string> texts) cons
     };
     for (const auto& r : im.deny) {
       const auto& subject = r.form == Form::kFolded ? t.folded : t.compact;
+      if (!r.regex.may_match(subject.size())) continue;
       for (auto m = r.regex.find(subject, 0); m; m = r.regex.find(subject, m->second)) {
         const auto [fb, fe] = r.form == Form::kFolded ? *m : folded_span(m->first, m->second);
         if (!is_allowed(fb, fe)) return r.id;

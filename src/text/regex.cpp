@@ -41,12 +41,12 @@ pcre2_match_data* thread_match_data() {
 }  // namespace
 
 std::optional<std::pair<std::size_t, std::size_t>> Regex::find(std::string_view subject, std::size_t from) const {
+  // A subject too short for any match is not searched (a character is at least a byte): most
+  // guard rules are phrases, and a short prompt then costs no call into PCRE2 per rule.
+  if (subject.size() < min_bytes_ || from > subject.size() - min_bytes_) return std::nullopt;
   pcre2_match_data* md = thread_match_data();
   auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
   std::size_t pos = from;
-  // A subject too short for any match is not searched (a character is at least a byte): most
-  // guard rules are phrases, and a short prompt then costs no call into PCRE2 per rule.
-  if (subject.size() < min_bytes_ || pos > subject.size() - min_bytes_) return std::nullopt;
   while (pos <= subject.size()) {
     // A JIT-compiled pattern goes straight to its machine code (pcre2_jit_match: pcre2_match's
     // checks of the arguments, a quarter of a short search, are skipped: these are always valid).

@@ -30,6 +30,9 @@ class Regex {
   std::optional<std::pair<std::size_t, std::size_t>> find(std::string_view subject, std::size_t from) const;
 
   const std::string& pattern() const { return pattern_; }
+  // Whether a subject of `bytes` bytes is long enough for a match (PCRE2's minimum length): a
+  // check before find() that costs no call.
+  bool may_match(std::size_t bytes) const { return bytes >= min_bytes_; }
 
  private:
   struct CodeDeleter {
