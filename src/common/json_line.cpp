@@ -109,17 +109,36 @@ void JsonLine::key(std::string_view k) {
   *p = ':';
 }
 
+// `,"key":value` (the value quoted when `quoted`) appended with one call: most fields are short.
+void JsonLine::field(std::string_view k, std::string_view v, bool quoted) {
+  char buf[192];
+  if (k.size() + v.size() + 6 > sizeof buf) {
+    key(k);
+    if (quoted) text_ += '"';
+    text_.append(v);
+    if (quoted) text_ += '"';
+    return;
+  }
+  char* p = buf;
+  if (text_.size() > 1) *p++ = ',';
+  *p++ = '"';
+  std::memcpy(p, k.data(), k.size());
+  p += k.size();
+  *p++ = '"';
+  *p++ = ':';
+  if (quoted) *p++ = '"';
+  std::memcpy(p, v.data(), v.size());
+  p += v.size();
+  if (quoted) *p++ = '"';
+  text_.append(buf, static_cast<std::size_t>(p - buf));
+}
+
 JsonLine& JsonLine::str(std::string_view k, std::string_view value) {
-  key(k);
-  if (plain_run(value) == value.size()) {  // most values (names, digests, times): written at once
-    const std::size_t at = text_.size();
-    text_.resize(at + value.size() + 2);
-    char* p = text_.data() + at;
-    *p++ = '"';
-    std::memcpy(p, value.data(), value.size());
-    p[value.size()] = '"';
+  if (plain_run(value) == value.size()) {  // most values (names, digests, times): as they are
+    field(k, value, true);
     return *this;
   }
+  key(k);
   text_ += '"';
   append_json_escaped(text_, value);
   text_ += '"';
@@ -127,31 +146,27 @@ JsonLine& JsonLine::str(std::string_view k, std::string_view value) {
 }
 
 JsonLine& JsonLine::num(std::string_view k, std::int64_t value) {
-  key(k);
   char buf[24];
   const auto r = std::to_chars(buf, buf + sizeof buf, value);
-  text_.append(buf, r.ptr);
+  field(k, std::string_view(buf, static_cast<std::size_t>(r.ptr - buf)), false);
   return *this;
 }
 
 JsonLine& JsonLine::real(std::string_view k, double value) {
   if (!std::isfinite(value)) return null(k);
-  key(k);
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, value);
-  text_.append(buf, r.ptr);
+  field(k, std::string_view(buf, static_cast<std::size_t>(r.ptr - buf)), false);
   return *this;
 }
 
 JsonLine& JsonLine::boolean(std::string_view k, bool value) {
-  key(k);
-  text_ += value ? "true" : "false";
+  field(k, value ? "true" : "false", false);
   return *this;
 }
 
 JsonLine& JsonLine::null(std::string_view k) {
-  key(k);
-  text_ += "null";
+  field(k, "null", false);
   return *this;
 }
 

@@ -28,6 +28,7 @@ class JsonLine {
 
  private:
   void key(std::string_view k);
+  void field(std::string_view k, std::string_view value, bool quoted);
   std::string text_;
 };
 

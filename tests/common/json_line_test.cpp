@@ -18,6 +18,16 @@ TEST(JsonLine, FieldsInTheirOrderAndTheirTypes) {
   const auto text = std::move(j).done();
   EXPECT_EQ(text, R"({"event":"completed","id":-42,"ms":0.125,"stream":true,"ttft_ms":null,"big":9223372036854775807})");
   EXPECT_EQ(std::string(JsonLine().done()), "{}");
+  // Fields past the short ones' buffer, plain and escaped, first and after others.
+  const std::string long_plain(300, 'x'), long_key(200, 'k');
+  JsonLine l;
+  l.str(long_key, "v").str("a", long_plain).num(long_key + "2", 7).str("e", long_plain + "\n");
+  const auto back = nlohmann::json::parse(std::move(l).done());
+  EXPECT_EQ(back[long_key], "v");
+  EXPECT_EQ(back["a"], long_plain);
+  EXPECT_EQ(back[long_key + "2"], 7);
+  EXPECT_EQ(back["e"], long_plain + "\n");
+  EXPECT_EQ(back.size(), 4u);
 }
 
 TEST(JsonLine, EscapesAsJsonRequires) {
