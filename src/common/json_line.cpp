@@ -95,18 +95,12 @@ void append_json_escaped(std::string& out, std::string_view v) {
   }
 }
 
-// `,"key":` grown and written at once (one capacity check, not four appends).
+// `,"key":`, for the fields field() does not write whole (long or escaped values).
 void JsonLine::key(std::string_view k) {
-  const std::size_t at = text_.size();
-  const std::size_t comma = at > 1 ? 1 : 0;
-  text_.resize(at + comma + k.size() + 3);
-  char* p = text_.data() + at;
-  if (comma) *p++ = ',';
-  *p++ = '"';
-  std::memcpy(p, k.data(), k.size());
-  p += k.size();
-  *p++ = '"';
-  *p = ':';
+  if (text_.size() > 1) text_ += ',';
+  text_ += '"';
+  text_.append(k);
+  text_ += "\":";
 }
 
 // `,"key":value` (the value quoted when `quoted`) appended with one call: most fields are short.

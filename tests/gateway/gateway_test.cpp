@@ -525,6 +525,28 @@ TEST_F(GatewayTest, BadInputsGetTheirExactStatusAndErrorAndReachNoReplica) {
 
 // API keys (issue #30's first part): every /v1 route needs a valid key; the key's models and lane
 // hold; a revoked key fails within a second; no key reaches the replica, the log or /metrics.
+// least_outstanding reads the live counts (summed over the I/O threads): a replica slow to answer
+// holds its requests longer and is given far fewer than the even split round_robin gives.
+TEST_F(GatewayTest, LeastOutstandingSendsLessToTheReplicaThatHoldsRequestsLonger) {
+  auto& slow = fake("slow");
+  slow.behaviour.first_byte_delay_ms = 40;
+  auto& fast = fake("fast");
+  start_gateway("  - name: m\n    policy: least_outstanding\n    backends:\n" + backend(slow.url()) + backend(fast.url()));
+  constexpr int kRequests = 400;
+  std::atomic<int> next{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t) {
+    ts.emplace_back([&] {
+      Client c(port_);
+      for (int i = next++; i < kRequests; i = next++) EXPECT_EQ(c.send(post(completion())).status, 200);
+    });
+  }
+  for (auto& t : ts) t.join();
+  stop_gateway();
+  EXPECT_EQ(slow.requests.load() + fast.requests.load(), kRequests);
+  EXPECT_LT(slow.requests.load(), kRequests / 4) << "slow " << slow.requests.load() << ", fast " << fast.requests.load();
+}
+
 TEST_F(GatewayTest, KvAwareBeatsRoundRobinWhenOneReplicaIsSlow) {
   // The slow replica serves one request at a time (20 ms each) and reports its queue in
   // /metrics as a loaded `serve` does; the fast one takes everything at once (5 ms).
