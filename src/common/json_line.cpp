@@ -154,6 +154,29 @@ JsonLine& JsonLine::real(std::string_view k, double value) {
   return *this;
 }
 
+JsonLine& JsonLine::millis(std::string_view k, double seconds) {
+  if (!std::isfinite(seconds)) return null(k);
+  const double us = std::round(seconds * 1e6);
+  if (std::fabs(us) > 9e15) return real(k, seconds * 1e3);  // past the integers a double holds exactly
+  auto v = static_cast<std::int64_t>(us);
+  char buf[32];
+  char* p = buf;
+  if (v < 0) {
+    *p++ = '-';
+    v = -v;
+  }
+  p = std::to_chars(p, buf + sizeof buf, v / 1000).ptr;
+  if (int frac = static_cast<int>(v % 1000); frac != 0) {
+    *p++ = '.';
+    for (int d = 100; frac != 0; d /= 10) {  // the digits up to the last that is not zero
+      *p++ = static_cast<char>('0' + frac / d);
+      frac %= d;
+    }
+  }
+  field(k, std::string_view(buf, static_cast<std::size_t>(p - buf)), false);
+  return *this;
+}
+
 JsonLine& JsonLine::boolean(std::string_view k, bool value) {
   field(k, value ? "true" : "false", false);
   return *this;

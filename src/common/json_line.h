@@ -21,6 +21,10 @@ class JsonLine {
   JsonLine& str(std::string_view key, std::string_view value);
   JsonLine& num(std::string_view key, std::int64_t value);
   JsonLine& real(std::string_view key, double value);  // shortest round trip; null when not finite
+  // A duration given in seconds, written in milliseconds to the microsecond ("0.753", "12.5",
+  // "2000"): what a latency needs, cheaper and shorter than real()'s round trip. Null when not
+  // finite.
+  JsonLine& millis(std::string_view key, double seconds);
   JsonLine& boolean(std::string_view key, bool value);
   JsonLine& null(std::string_view key);
   // The object's text, closed; the line is spent.

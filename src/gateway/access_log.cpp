@@ -36,10 +36,10 @@ std::string utc_now() {
 void write_access_log(const AccessRecord& r) {
   JsonLine j;
   j.str("time", utc_now()).str("event", "request").num("id", static_cast<std::int64_t>(r.id)).str("model", r.model).str("backend", r.backend);
-  j.str("version", r.version).num("status", r.status).boolean("stream", r.stream).num("retries", r.retries).real("total_ms", r.total_s * 1e3);
+  j.str("version", r.version).num("status", r.status).boolean("stream", r.stream).num("retries", r.retries).millis("total_ms", r.total_s);
   j.str("client", r.client).str("path", r.path);
   if (r.ttft_s < 0) j.null("ttft_ms");
-  else j.real("ttft_ms", r.ttft_s * 1e3);
+  else j.millis("ttft_ms", r.ttft_s);
   if (!r.error.empty()) j.str("error", r.error);
   if (!r.key_id.empty()) j.str("key_id", r.key_id);
   if (!r.tenant.empty()) j.str("tenant", r.tenant);

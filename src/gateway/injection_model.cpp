@@ -1,10 +1,13 @@
 #include "gateway/injection_model.h"
 
 #include <algorithm>
+#include <boost/container/small_vector.hpp>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 #include <random>
+#include <span>
+#include <utility>
 
 #include "gateway/injection_corpus.h"  // generated: the corpora's text
 #include "text/regex.h"
@@ -41,11 +44,13 @@ std::uint32_t bucket(char kind, std::string_view a, std::string_view b = {}) {
 bool is_cjk(char32_t cp) { return cp >= 0x4E00 && cp <= 0x9FFF; }
 bool is_word_ascii(char32_t cp) { return (cp >= 'a' && cp <= 'z') || (cp >= '0' && cp <= '9') || cp == '\''; }
 
-// The text's features: distinct buckets, sorted.
-std::vector<std::uint32_t> features(const GuardText& t) {
-  std::vector<std::uint32_t> out;
+// The text's features: distinct buckets, sorted, to `out` (emptied first). A short text's (a
+// prompt's) take no allocation: `out` and the working lists are small_vectors.
+template <class Out>
+void features(const GuardText& t, Out& out) {
+  out.clear();
   // Words of the folded form: runs of ASCII letters, digits and apostrophes; an ideograph alone.
-  std::vector<std::string_view> words;
+  boost::container::small_vector<std::string_view, 32> words;
   const std::string_view folded = t.folded;
   std::size_t start = std::string_view::npos;
   for (std::size_t i = 0; i < folded.size();) {
@@ -67,7 +72,7 @@ std::vector<std::uint32_t> features(const GuardText& t) {
   }
   // Runs of 3 to 5 characters of the compact form.
   const std::string_view compact = t.compact;
-  std::vector<std::size_t> at;  // each character's first byte, then the end
+  boost::container::small_vector<std::size_t, 128> at;  // each character's first byte, then the end
   for (std::size_t i = 0; i < compact.size();) {
     at.push_back(i);
     char32_t cp = 0;
@@ -80,7 +85,6 @@ std::vector<std::uint32_t> features(const GuardText& t) {
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
 }
 
 double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-std::clamp(z, -30.0, 30.0))); }
@@ -92,7 +96,7 @@ struct InjectionModel::Impl {
   double bias = 0;
   text::Regex anchors = *text::Regex::compile(kAnchors);
 
-  double z(const std::vector<std::uint32_t>& f) const {
+  double z(std::span<const std::uint32_t> f) const {
     if (f.empty()) return bias;
     double s = 0;
     for (auto j : f) s += w[j];
@@ -111,8 +115,12 @@ std::unique_ptr<const InjectionModel> InjectionModel::train(std::span<const std:
     double y;
   };
   std::vector<Sample> samples;
-  for (const auto& t : injections) samples.push_back({features(guard_normalise(t)), 1.0});
-  for (const auto& t : benign) samples.push_back({features(guard_normalise(t)), 0.0});
+  for (const auto& [texts, y] : {std::pair{injections, 1.0}, std::pair{benign, 0.0}}) {
+    for (const auto& t : texts) {
+      samples.push_back({{}, y});
+      features(guard_normalise(t), samples.back().f);
+    }
+  }
   // Adagrad: each weight's step shrinks with the squares of its gradients so far.
   std::vector<double> g2(kBuckets, 1e-8);
   double gb2 = 1e-8;
@@ -151,7 +159,11 @@ std::unique_ptr<const InjectionModel> InjectionModel::with_examples(std::span<co
 
 bool InjectionModel::anchored(const GuardText& t) const { return impl_->anchors.find(t.compact, 0).has_value(); }
 
-double InjectionModel::probability(const GuardText& t) const { return sigmoid(impl_->z(features(t))); }
+double InjectionModel::probability(const GuardText& t) const {
+  boost::container::small_vector<std::uint32_t, 256> f;
+  features(t, f);
+  return sigmoid(impl_->z(f));
+}
 
 std::vector<std::string> parse_corpus(std::string_view file_text) {
   std::vector<std::string> out;

@@ -643,10 +643,10 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     JsonLine rec;
     rec.str("event", "completed").num("id", static_cast<std::int64_t>(id_)).str("time", utc_now()).str("tenant", info_.tenant).str("key_id", info_.key_id);
     rec.str("model", model_.name).str("path", req.path).str("lane", info_.lane).num("status", status).boolean("stream", streamed_);
-    rec.num("retries", retries_).real("latency_ms", seconds_since(arrived_) * 1e3).str("completion_sha256", a.hash->hex());
+    rec.num("retries", retries_).millis("latency_ms", seconds_since(arrived_)).str("completion_sha256", a.hash->hex());
     rec.str("replica", replica_ ? replica_->url() : "").str("version", replica_ ? version_ : "");  // the last one tried
     if (ttft_ < 0) rec.null("ttft_ms");
-    else rec.real("ttft_ms", ttft_ * 1e3);
+    else rec.millis("ttft_ms", ttft_);
     const auto& u = a.reader.usage();
     for (const auto& [name, n] : {std::pair{"prompt_tokens", u.prompt_tokens}, std::pair{"completion_tokens", u.completion_tokens}}) {
       if (n >= 0) rec.num(name, n);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
 
 namespace lmserve {
 namespace {
@@ -105,6 +106,21 @@ TEST(JsonLine, NumbersComeBackExactlyAndNonFiniteIsNull) {
   }
   for (double v : {std::numeric_limits<double>::infinity(), std::nan("")}) {
     EXPECT_EQ(std::move(JsonLine().real("v", v)).done(), R"({"v":null})");
+  }
+}
+
+TEST(JsonLine, MillisecondsToTheMicrosecond) {
+  const std::pair<double, const char*> cases[] = {
+      {0.000753136, "0.753"}, {0.0125, "12.5"}, {2.0, "2000"},  {0.0, "0"},       {-0.0015, "-1.5"},
+      {1e-7, "0"},            {0.0000006, "0.001"}, {0.010001, "10.001"}, {0.0100004, "10"}, {3600.000002, "3600000.002"},
+      {-4e-7, "0"},           {0.020030, "20.03"}};
+  for (const auto& [seconds, text] : cases) {
+    EXPECT_EQ(std::move(JsonLine().millis("ms", seconds)).done(), std::string(R"({"ms":)") + text + "}") << seconds;
+  }
+  // Beyond exact integers of microseconds: still the value, as real() writes it.
+  EXPECT_EQ(nlohmann::json::parse(std::move(JsonLine().millis("ms", 1e12)).done())["ms"].get<double>(), 1e15);
+  for (double v : {std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), std::nan("")}) {
+    EXPECT_EQ(std::move(JsonLine().millis("ms", v)).done(), R"({"ms":null})");
   }
 }
 
