@@ -457,9 +457,16 @@ std::optional<std::string> Guard::check(std::span<const std::string> texts) cons
         rest = guard_normalise(kept);
       }
       const GuardText& judged = rest ? *rest : t;
-      const bool anchored = im.model->anchored(judged);
-      if ((anchored || judged.folded.size() <= kInjectionUnanchoredMaxBytes) &&
-          im.model->probability(judged) >= (anchored ? im.threshold : im.threshold_unanchored)) {
+      // A long text is judged only where it names what an injection aims at (the anchors); a
+      // short one always, against the anchored or the unanchored threshold. The anchors' search
+      // runs only where its answer can change the verdict.
+      if (judged.folded.size() <= kInjectionUnanchoredMaxBytes) {
+        const double p = im.model->probability(judged);
+        if (p >= std::min(im.threshold, im.threshold_unanchored) &&
+            p >= (im.model->anchored(judged) ? im.threshold : im.threshold_unanchored)) {
+          return "default.injection_model";
+        }
+      } else if (im.model->anchored(judged) && im.model->probability(judged) >= im.threshold) {
         return "default.injection_model";
       }
     }
