@@ -30,7 +30,7 @@ for t in policy:19385 plain:19383; do
     echo "$a $b $n" | awk -v hz=$hz -v r=$r -v nm=$name '{u=($3-$1)/hz; s=($4-$2)/hz; printf "%s round %d: %d req/s, CPU %.1f us/req, user %.1f\n", nm, r, $5/'${D:-5}', (u+s)*1e6/$5, u*1e6/$5}'
   done
   kill $gp; wait $gp 2>/dev/null
-  [[ -d audit ]] && du -sh audit | awk "{print \"audit trail: \" \$1}"
+  if [[ $name == policy ]]; then du -sh audit | awk '{print "audit trail: " $1}'; fi
 done
 kill $fp; wait $fp 2>/dev/null
 cd / && rm -rf "$w"
