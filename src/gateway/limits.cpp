@@ -24,9 +24,14 @@ Admission refuse(const char* limit, std::int64_t retry_after_s, std::string mess
   return {.admitted = false, .limit = limit, .retry_after_s = retry_after_s, .message = std::move(message)};
 }
 
+// The window's admissions in buckets of a millisecond: a bucket's time is its admissions' times
+// rounded up, so an admission leaves the window at its exact time or up to a millisecond later,
+// never earlier (no more admitted than the limits in any window). A key's state is then at most
+// 60,000 buckets whatever the rate: a log of every admission held 2.4 million entries (~80 MB)
+// for a key at 40,000 requests a second.
 class LocalLimiter : public Limiter {
  public:
-  Admission admit(const std::string& key_id, const KeyLimits& l, std::uint64_t request_id, std::int64_t tokens, Clock::time_point now) override {
+  Admission admit(const std::string& key_id, const KeyLimits& l, std::uint64_t, std::int64_t tokens, Clock::time_point now) override {
     std::lock_guard lock(mu_);
     auto& s = keys_[key_id];
     expire(s, now);
@@ -38,8 +43,15 @@ class LocalLimiter : public Limiter {
     if (l.max_concurrency > 0 && s.in_flight >= l.max_concurrency) {
       return refuse("max_concurrency", 1, "rate limit reached: " + std::to_string(l.max_concurrency) + " concurrent requests for this key");
     }
-    if (l.rpm > 0 && static_cast<std::int64_t>(s.requests.size()) >= l.rpm) {
-      const auto frees = s.requests[s.requests.size() - static_cast<std::size_t>(l.rpm)] + kWindow;
+    if (l.rpm > 0 && s.window_requests >= l.rpm) {
+      // The window frees a place when the oldest of the requests over rpm - 1 leave it.
+      std::int64_t over = s.window_requests - l.rpm + 1;
+      Clock::time_point frees = now;
+      for (const auto& b : s.buckets) {
+        over -= b.requests;
+        frees = b.at + kWindow;
+        if (over <= 0) break;
+      }
       return refuse("rpm", seconds_until(frees, now), "rate limit reached: " + std::to_string(l.rpm) + " requests per minute for this key");
     }
     if (l.tpm > 0) {
@@ -48,9 +60,9 @@ class LocalLimiter : public Limiter {
       if (s.window_tokens + tokens > l.tpm) {
         std::int64_t left = s.window_tokens;
         Clock::time_point frees = now;
-        for (const auto& e : s.tokens) {  // the oldest leave first
-          left -= e.tokens;
-          frees = e.at + kWindow;
+        for (const auto& b : s.buckets) {  // the oldest leave first
+          left -= b.tokens;
+          frees = b.at + kWindow;
           if (left + tokens <= l.tpm) break;
         }
         return refuse("tpm", seconds_until(frees, now), what);
@@ -60,55 +72,63 @@ class LocalLimiter : public Limiter {
       const auto midnight = Clock::time_point(std::chrono::seconds((day + 1) * 86400));
       return refuse("daily_tokens", seconds_until(midnight, now), "quota reached: " + std::to_string(l.daily_tokens) + " tokens per day for this key");
     }
-    if (l.rpm > 0) s.requests.push_back(now);
-    if (l.tpm > 0) {
-      // Kept in time order (a thread may come in with an earlier `now` than the last one's).
-      s.tokens.push_back({s.tokens.empty() ? now : std::max(now, s.tokens.back().at), request_id, tokens});
-      s.window_tokens += tokens;
+    if (l.rpm > 0 || l.tpm > 0) {
+      auto& b = bucket(s.buckets, bucket_of(now));
+      if (l.rpm > 0) {
+        ++b.requests;
+        ++s.window_requests;
+      }
+      if (l.tpm > 0) {
+        b.tokens += tokens;
+        s.window_tokens += tokens;
+      }
     }
     s.day_tokens += tokens;
     ++s.in_flight;
     return {.admitted = true};
   }
 
-  void settle(const std::string& key_id, const KeyLimits&, std::uint64_t request_id, std::int64_t reserved, std::int64_t used,
+  void settle(const std::string& key_id, const KeyLimits& l, std::uint64_t, std::int64_t reserved, std::int64_t used,
               Clock::time_point admitted_at) override {
     std::lock_guard lock(mu_);
     auto& s = keys_[key_id];
     --s.in_flight;
     if (used < 0) return;
     const auto delta = used - reserved;
-    // Still in the window: it counts what was used. The entries are in admission order, so its
-    // time finds it (a scan would be linear in the window's requests, on every request).
-    auto it = first_at_or_after(s.tokens, admitted_at);
-    for (; it != s.tokens.end() && it->at - admitted_at < std::chrono::seconds(1); ++it) {
-      if (it->id != request_id) continue;
-      it->tokens += delta;
-      s.window_tokens += delta;
-      break;
+    // Still in the window: its bucket counts what was used.
+    if (l.tpm > 0) {
+      const auto at = bucket_of(admitted_at);
+      const auto it = first_at_or_after(s.buckets, at);
+      if (it != s.buckets.end() && it->at == at) {
+        it->tokens += delta;
+        s.window_tokens += delta;
+      }
     }
     if (s.day == utc_day(admitted_at)) s.day_tokens = std::max<std::int64_t>(0, s.day_tokens + delta);
   }
 
  private:
-  struct Entry {
-    Clock::time_point at;
-    std::uint64_t id;
-    std::int64_t tokens;
+  struct Bucket {
+    Clock::time_point at;   // its admissions' times, rounded up to the millisecond
+    std::int64_t requests;  // admitted (with an rpm)
+    std::int64_t tokens;    // reserved or settled (with a tpm)
   };
   struct KeyState {
-    std::deque<Clock::time_point> requests;  // admitted within the window
-    std::deque<Entry> tokens;                // reserved or settled within the window
-    std::int64_t window_tokens = 0;          // their sum
+    std::deque<Bucket> buckets;        // within the window, in time order
+    std::int64_t window_requests = 0;  // their sums
+    std::int64_t window_tokens = 0;
     std::int64_t in_flight = 0;
     std::int64_t day = -1, day_tokens = 0;
   };
 
-  // The first entry at `t` or later. A request ends soon after it began, so its entry is near the
-  // back: steps of 1, 2, 4, ... back from the end bound it, and a binary search within them finds
-  // it, touching the window's recent entries rather than the whole of it (a million at 17k
-  // requests a second).
-  static std::deque<Entry>::iterator first_at_or_after(std::deque<Entry>& d, Clock::time_point t) {
+  static Clock::time_point bucket_of(Clock::time_point t) {
+    return Clock::time_point(std::chrono::ceil<std::chrono::milliseconds>(t.time_since_epoch()));
+  }
+
+  // The first bucket at `t` or later. A request ends soon after it began, so its bucket is near
+  // the back: steps of 1, 2, 4, ... back from the end bound it, and a binary search within them
+  // finds it, touching the window's recent buckets rather than all of them.
+  static std::deque<Bucket>::iterator first_at_or_after(std::deque<Bucket>& d, Clock::time_point t) {
     std::size_t hi = d.size(), step = 1;
     while (hi > 0) {
       const std::size_t probe = hi > step ? hi - step : 0;
@@ -118,13 +138,22 @@ class LocalLimiter : public Limiter {
     }
     return d.begin();
   }
-  static bool before(const Entry& e, Clock::time_point t) { return e.at < t; }
+  static bool before(const Bucket& b, Clock::time_point t) { return b.at < t; }
+
+  // The bucket of time `at`, made where it belongs if there is none: at the back but for a thread
+  // that comes in with an earlier `now` than another's (then a few places from it).
+  static Bucket& bucket(std::deque<Bucket>& d, Clock::time_point at) {
+    if (d.empty() || d.back().at < at) return d.emplace_back(Bucket{at, 0, 0});
+    auto it = first_at_or_after(d, at);
+    if (it->at != at) it = d.insert(it, Bucket{at, 0, 0});
+    return *it;
+  }
 
   static void expire(KeyState& s, Clock::time_point now) {
-    while (!s.requests.empty() && s.requests.front() + kWindow <= now) s.requests.pop_front();
-    while (!s.tokens.empty() && s.tokens.front().at + kWindow <= now) {
-      s.window_tokens -= s.tokens.front().tokens;
-      s.tokens.pop_front();
+    while (!s.buckets.empty() && s.buckets.front().at + kWindow <= now) {
+      s.window_requests -= s.buckets.front().requests;
+      s.window_tokens -= s.buckets.front().tokens;
+      s.buckets.pop_front();
     }
   }
 

@@ -41,7 +41,9 @@ class Limiter {
                       Clock::time_point admitted_at) = 0;
 };
 
-// Counters in this process.
+// Counters in this process, in buckets of a millisecond (an admission leaves the window at its
+// time or up to a millisecond later, never before), so that a key's state is bounded whatever
+// its rate.
 std::unique_ptr<Limiter> make_local_limiter();
 
 // Counters in Redis (`host:port`), shared by every gateway that names the same server: each

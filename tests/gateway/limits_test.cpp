@@ -74,6 +74,48 @@ TEST(Limits, ASettlementAmongManyCountsAgainstItsOwnRequest) {
   EXPECT_FALSE(l->admit("k", k, 6003, 1, kT0 + milliseconds(61'000)).admitted);
 }
 
+// A request that outlives the window settles against nothing: its reservation left with its
+// bucket, and the requests after it keep theirs.
+TEST(Limits, ASettlementAfterItsRequestLeftTheWindowChangesNothing) {
+  auto l = make_local_limiter();
+  const KeyLimits k{.tpm = 1000};
+  ASSERT_TRUE(l->admit("k", k, 1, 400, kT0).admitted);
+  ASSERT_TRUE(l->admit("k", k, 2, 400, kT0 + seconds(30)).admitted);
+  const auto t1 = kT0 + seconds(65);
+  ASSERT_TRUE(l->admit("k", k, 5, 0, t1).admitted);  // the window moves on: request 1 leaves it
+  l->settle("k", k, 1, 400, 100, kT0);               // 65 s after it began: 400 (request 2) in the window
+  EXPECT_FALSE(l->admit("k", k, 3, 601, t1).admitted);
+  EXPECT_TRUE(l->admit("k", k, 4, 600, t1).admitted);
+}
+
+// Times count to the millisecond, rounded up: an admission leaves the window at its own time or
+// up to a millisecond later, never before.
+TEST(Limits, AnAdmissionLeavesTheWindowNoEarlierThanItsTime) {
+  auto l = make_local_limiter();
+  const KeyLimits k{.rpm = 1};
+  ASSERT_TRUE(l->admit("k", k, 1, 0, kT0 + std::chrono::microseconds(500)).admitted);
+  EXPECT_FALSE(l->admit("k", k, 2, 0, kT0 + std::chrono::microseconds(60'000'500)).admitted);
+  EXPECT_TRUE(l->admit("k", k, 3, 0, kT0 + milliseconds(60'001)).admitted);
+}
+
+// A thread that takes the lock with an earlier clock than the last admission's (it read the time
+// first) counts at its own time: its reservation leaves the window when it should, and its
+// settlement finds it rather than the later one.
+TEST(Limits, AnEarlierClockCountsAtItsOwnTime) {
+  auto l = make_local_limiter();
+  const KeyLimits k{.tpm = 100};
+  const auto x = kT0 + milliseconds(100), y = kT0 + std::chrono::microseconds(98'200);
+  ASSERT_TRUE(l->admit("k", k, 1, 50, x).admitted);
+  ASSERT_TRUE(l->admit("k", k, 2, 40, y).admitted);
+  l->settle("k", k, 2, 40, 10, y);  // 60 in the window: 50 + 10
+  EXPECT_FALSE(l->admit("k", k, 3, 41, x).admitted);
+  EXPECT_TRUE(l->admit("k", k, 4, 40, x).admitted);  // 100
+  // At 60.0995 s the earlier one (its millisecond: 99) has left, the later ones not.
+  const auto t1 = kT0 + std::chrono::microseconds(60'099'500);
+  EXPECT_FALSE(l->admit("k", k, 5, 11, t1).admitted);
+  EXPECT_TRUE(l->admit("k", k, 6, 10, t1).admitted);
+}
+
 TEST(Limits, ConcurrencyAndTheDailyQuota) {
   auto l = make_local_limiter();
   const KeyLimits k{.max_concurrency = 2, .daily_tokens = 1000};
