@@ -144,6 +144,7 @@ class LocalLimiter : public Limiter {
   // that comes in with an earlier `now` than another's (then a few places from it).
   static Bucket& bucket(std::deque<Bucket>& d, Clock::time_point at) {
     if (d.empty() || d.back().at < at) return d.emplace_back(Bucket{at, 0, 0});
+    if (d.back().at == at) return d.back();
     auto it = first_at_or_after(d, at);
     if (it->at != at) it = d.insert(it, Bucket{at, 0, 0});
     return *it;
