@@ -9,7 +9,8 @@
 #   TESTS="lmserve_fake_upstream_server" TOOLS="nginx wrk" NAME=gwa scripts/device-bundle.sh release
 # Usage: [ROUNDS=10] [D=5] [FAKE_CPUS=2-5] [CLIENT_CPUS=6-15] [WRK_THREADS=8] [TARGETS="policy plain"]
 #        [MALLOC=...: the gateways' MALLOC_CONF, e.g. dirty_decay_ms:-1,muzzy_decay_ms:-1]
-#        [AUDIT_DIR=...: the audit trail's folder, e.g. under /dev/shm; default a temporary one]
+#        [AUDIT_DIR=...: the audit trail's folder, e.g. under /dev/shm, removed after the run;
+#         default a temporary one]
 #        scripts/device-gateway-drift.sh
 set -uo pipefail
 BUNDLE=${BUNDLE:-.device/carry/gwa.tar.gz} source "$(dirname "$0")/device-env.sh"

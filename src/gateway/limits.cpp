@@ -44,27 +44,14 @@ class LocalLimiter : public Limiter {
       return refuse("max_concurrency", 1, "rate limit reached: " + std::to_string(l.max_concurrency) + " concurrent requests for this key");
     }
     if (l.rpm > 0 && s.window_requests >= l.rpm) {
-      // The window frees a place when the oldest of the requests over rpm - 1 leave it.
-      std::int64_t over = s.window_requests - l.rpm + 1;
-      Clock::time_point frees = now;
-      for (const auto& b : s.buckets) {
-        over -= b.requests;
-        frees = b.at + kWindow;
-        if (over <= 0) break;
-      }
+      const auto frees = frees_at(s.buckets, &Bucket::requests, s.window_requests - l.rpm + 1, now);
       return refuse("rpm", seconds_until(frees, now), "rate limit reached: " + std::to_string(l.rpm) + " requests per minute for this key");
     }
     if (l.tpm > 0) {
       const std::string what = "rate limit reached: " + std::to_string(l.tpm) + " tokens per minute for this key";
       if (tokens > l.tpm) return refuse("tpm", 60, what + " (this request alone reserves " + std::to_string(tokens) + ")");
       if (s.window_tokens + tokens > l.tpm) {
-        std::int64_t left = s.window_tokens;
-        Clock::time_point frees = now;
-        for (const auto& b : s.buckets) {  // the oldest leave first
-          left -= b.tokens;
-          frees = b.at + kWindow;
-          if (left + tokens <= l.tpm) break;
-        }
+        const auto frees = frees_at(s.buckets, &Bucket::tokens, s.window_tokens + tokens - l.tpm, now);
         return refuse("tpm", seconds_until(frees, now), what);
       }
     }
@@ -120,6 +107,18 @@ class LocalLimiter : public Limiter {
     std::int64_t in_flight = 0;
     std::int64_t day = -1, day_tokens = 0;
   };
+
+  // When `excess` of a count (requests or tokens) will have left the window: the oldest buckets
+  // leave first.
+  static Clock::time_point frees_at(const std::deque<Bucket>& d, std::int64_t Bucket::*count, std::int64_t excess, Clock::time_point now) {
+    Clock::time_point frees = now;
+    for (const auto& b : d) {
+      excess -= b.*count;
+      frees = b.at + kWindow;
+      if (excess <= 0) break;
+    }
+    return frees;
+  }
 
   static Clock::time_point bucket_of(Clock::time_point t) {
     return Clock::time_point(std::chrono::ceil<std::chrono::milliseconds>(t.time_since_epoch()));
