@@ -187,6 +187,14 @@ nginx_workers=$(pgrep -P "$nginx_master" | tr '\n' ' ')
 # cpu_of PIDS: user + system; usr_of PIDS: user alone.
 cpu_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + ($14 + $15) / hz }' "/proc/$p/stat"); done; echo "$t"; }
 usr_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + $14 / hz }' "/proc/$p/stat"); done; echo "$t"; }
+# The time of a fixed loop (5 million additions) on the proxies' first core, in ms, taken right
+# after each measurement: the core's own speed, which on a shared host moves between rounds (by
+# up to twice, docs/perf.md), so that a round's ratio can be read against it.
+core_loop_ms() {
+  local t0 t1
+  t0=$(date +%s%N); taskset -c "${PROXY_CPU%%[-,]*}" awk 'BEGIN { for (i = 0; i < 5e6; i++) s += i }'; t1=$(date +%s%N)
+  echo $(( (t1 - t0) / 1000000 ))
+}
 declare -A proxy_pid=([direct]="" [nginx]=$nginx_workers [gateway]=$gateway_pid [gateway_b]=$gateway_b_pid [gateway_p]=$gateway_p_pid [gateway_pb]=$gateway_pb_pid)
 
 results="$work/results.txt"
@@ -202,7 +210,8 @@ for conns in $CONNS; do
       taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d"${DURATION}s" --latency -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >"$work/out.txt"
       cpu=0; usr=0
       [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of $pid)" 'BEGIN { print b - a }') && usr=$(awk -v a="$ubefore" -v b="$(usr_of $pid)" 'BEGIN { print b - a }')
-      echo "$conns $mode $name $cpu $usr $(tr '\n' '|' <"$work/out.txt")" >>"$results"
+      loop=$(core_loop_ms)
+      echo "$conns $mode $name $cpu $usr $loop $(tr '\n' '|' <"$work/out.txt")" >>"$results"
     done
   done
 done
@@ -217,14 +226,14 @@ def ms(v):
     return x / 1000 if m.group(2) == "us" else x * 1000 if m.group(2) == "s" else x
 order = []
 for line in open(sys.argv[1]):
-    conns, mode, name, cpu, usr, text = line.split(" ", 5)
+    conns, mode, name, cpu, usr, loop, text = line.split(" ", 6)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
     p50 = ms(re.search(r"50%\s+(\S+)", text).group(1))
     p99 = ms(re.search(r"99%\s+(\S+)", text).group(1))
     errs = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     sock = re.search(r"Socket errors: (.*?)\|", text)
     total = int(re.search(r"(\d+) requests in", text).group(1))
-    runs.setdefault((conns, mode, name), []).append((rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6, float(usr) / total * 1e6))
+    runs.setdefault((conns, mode, name), []).append((rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6, float(usr) / total * 1e6, int(loop)))
     if conns not in order: order.append(conns)
 med = lambda xs, i: statistics.median(x[i] for x in xs)
 rows = {k: (med(v, 0), med(v, 1), med(v, 2), sum(x[3] for x in v), ";".join(x[4] for x in v if x[4]), med(v, 5), med(v, 6)) for k, v in runs.items()}
@@ -238,8 +247,8 @@ for conns in order:
             add = "" if name == "direct" else f"{r[1]-d[1]:8.3f} {r[2]-d[2]:8.3f}"
             cpu = "" if name == "direct" else f"{r[5]:10.1f} {r[6]:6.1f}"
             print(f"{conns:>5} {mode:7} {name:10} {r[0]:10.0f} {r[1]:8.3f} {r[2]:8.3f} {add:>17} {cpu:>10}  {r[3]} {r[4]}")
-print("each round, req/s (CPU us/req, user us/req):")
+print("each round, req/s (CPU us/req, user us/req, the proxy core's fixed loop in ms after it):")
 for (conns, mode, name), v in runs.items():
     if name != "direct":
-        print(f"  {conns:>5} {mode:7} {name:10} " + "  ".join(f"{x[0]:.0f} ({x[5]:.1f}, {x[6]:.1f})" for x in v))
+        print(f"  {conns:>5} {mode:7} {name:10} " + "  ".join(f"{x[0]:.0f} ({x[5]:.1f}, {x[6]:.1f}, {x[7]})" for x in v))
 PY
