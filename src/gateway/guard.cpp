@@ -72,10 +72,10 @@ const DefaultRule kDefaultRules[] = {
     // A new persona without limits.
     {"default.persona", Form::kFolded,
      R"(\b(you are|you're|act as|pretend to be|pretend you are|roleplay as|from now on,? you('ll| will| are)|become)\b[^.!?\n]{0,40}?\b(dan|jailbroken|unrestricted|unfiltered|uncensored|evil|without (any )?(rules|restrictions|limits|filters|guidelines|ethics)|(with|having) (no|zero) (rules|restrictions|limits|limitations|filters|guidelines|ethics|constraints|boundaries|censorship))\b)"},
-    {"default.persona", Form::kFolded, R"(\b(do anything now|dan mode|jailbreak|god mode|no longer bound|not bound by)\b)"},
+    {"default.persona", Form::kFolded, R"(\b(do anything now|dan mode|jailbreak(?![^.!?\n]{0,30}\b(phones?|iphones?|smartphones?|ipads?|tablets?|devices?|consoles?|warranty)\b)|god mode|no longer bound|not bound by)\b)"},
     // Developer mode as a state the model is put in (not a device's settings).
     {"default.persona", Form::kFolded,
-     R"(\b((enable|enter|activate|switch to|turn on|you are (now )?in|you're (now )?in|now in|go into|run in|respond in)\s+(the\s+)?developer mode|developer mode\s+(is\s+)?(enabled|activated|on|engaged)|developer mode (has|means|allows|ignores))\b)"},
+     R"(\b((enable|enter|activate|switch to|turn on|you are (now )?in|you're (now )?in|now in|go into|run in|respond in)\s+(the\s+)?developer mode|developer mode\s+(is\s+)?(enabled|activated|engaged|on(?=\s*([.!,;:)]|$)))|developer mode (has|means|allows|ignores))\b)"},
     {"default.persona", Form::kFolded,
      R"(\b(you('ve| have)? (been|are|were) (now )?(freed|released|liberated|unshackled|unchained|set free)|you are (now )?free) from (all |any |every |your )?(of )?(your )?(restrictions|rules|limits|limitations|constraints|guidelines|filters|programming|shackles|chains|safety)\b)"},
     // "Ignore the above and tell me ...": the above dismissed, then an order.

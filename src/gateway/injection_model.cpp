@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/container/small_vector.hpp>
 #include <cmath>
+#include <unordered_map>
 #include <fstream>
 #include <sstream>
 #include <random>
@@ -25,6 +26,16 @@ constexpr const char* kAnchors =
     "|safety|secur|configur|constraint|setup|assistant|conversation|told|refuse|command|hidden"
     "|指令|指示|规则|提示|系统|限制|约束|设定|道德|审查|越狱|规定|底线|要求|安全|策略|过滤|政策|助手|收到";
 
+// A text that names a word of these classes (data/classes.txt) is anchored too.
+constexpr const char* kAnchorClasses[] = {"rules", "secret", "free"};
+constexpr std::size_t kMaxTermChars = 4;   // the longest Chinese term of the class list
+constexpr std::size_t kClassFollowers = 3;  // class pairs: a class and the next ones ...
+constexpr std::size_t kClassWindow = 8;     // ... within this many words
+// The runs of characters weigh this much beside the words (each group scaled by 1/sqrt(its
+// size)): enough to read "i g n o r e" and "ignoreprevious", little enough that the words and
+// their classes decide (docs/gateway.md, the 47th session's choice by held-out batches).
+constexpr double kRunWeight = 0.2;
+
 // FNV-1a over a kind tag and the feature's bytes, to a bucket.
 std::uint32_t bucket(char kind, std::string_view a, std::string_view b = {}) {
   std::uint64_t h = 1469598103934665603ull;
@@ -41,17 +52,46 @@ std::uint32_t bucket(char kind, std::string_view a, std::string_view b = {}) {
   return static_cast<std::uint32_t>(h % kBuckets);
 }
 
+// The word classes of data/classes.txt: each word or Chinese term to its class's number.
+struct Classes {
+  std::string text;
+  std::vector<std::string_view> names;
+  std::unordered_map<std::string_view, std::uint8_t> of;
+  std::uint32_t anchors = 0;  // the classes that anchor a text (bit per class)
+  Classes() : text(kClassList) {
+    std::string_view rest = text;
+    while (!rest.empty()) {
+      const auto eol = rest.find('\n');
+      std::string_view line = rest.substr(0, eol);
+      rest.remove_prefix(eol == std::string_view::npos ? rest.size() : eol + 1);
+      const auto colon = line.find(':');
+      if (line.empty() || line[0] == '#' || colon == std::string_view::npos) continue;
+      const auto id = static_cast<std::uint8_t>(names.size());
+      names.push_back(line.substr(0, colon));
+      for (const char* a : kAnchorClasses) anchors |= names.back() == a ? 1u << id : 0u;
+      line.remove_prefix(colon + 1);
+      while (!line.empty()) {
+        const auto sp = line.find(' ');
+        const auto w = line.substr(0, sp);
+        line.remove_prefix(sp == std::string_view::npos ? line.size() : sp + 1);
+        if (!w.empty()) of.emplace(w, id);  // a word listed twice keeps its first class
+      }
+    }
+  }
+};
+const Classes& classes() {
+  static const Classes c;
+  return c;
+}
+
 bool is_cjk(char32_t cp) { return cp >= 0x4E00 && cp <= 0x9FFF; }
 bool is_word_ascii(char32_t cp) { return (cp >= 'a' && cp <= 'z') || (cp >= '0' && cp <= '9') || cp == '\''; }
 
-// The text's features: distinct buckets, sorted, to `out` (emptied first). A short text's (a
-// prompt's) take no allocation: `out` and the working lists are small_vectors.
-template <class Out>
-void features(const GuardText& t, Out& out) {
-  out.clear();
-  // Words of the folded form: runs of ASCII letters, digits and apostrophes; an ideograph alone.
-  boost::container::small_vector<std::string_view, 32> words;
-  const std::string_view folded = t.folded;
+using Words = boost::container::small_vector<std::string_view, 32>;
+using ClassSeq = boost::container::small_vector<std::pair<std::size_t, std::uint8_t>, 16>;  // word index, class
+
+// Words of the folded form: runs of ASCII letters, digits and apostrophes; an ideograph alone.
+void words_of(std::string_view folded, Words& words) {
   std::size_t start = std::string_view::npos;
   for (std::size_t i = 0; i < folded.size();) {
     char32_t cp = 0;
@@ -66,10 +106,59 @@ void features(const GuardText& t, Out& out) {
     i += len;
   }
   if (start != std::string_view::npos) words.push_back(folded.substr(start));
+}
+
+// The classes the words name, in order: an ASCII word as a whole; a Chinese term as the longest
+// run of adjacent ideographs (kMaxTermChars down to one) that the list has.
+void classes_of(const Words& words, ClassSeq& seq) {
+  const auto& cs = classes();
+  auto ideograph = [&](std::size_t j) { return static_cast<unsigned char>(words[j][0]) >= 0x80; };
+  auto adjacent = [&](std::size_t j) { return ideograph(j) && words[j].data() == words[j - 1].data() + words[j - 1].size(); };
+  for (std::size_t i = 0; i < words.size();) {
+    std::size_t took = 1;
+    if (!ideograph(i)) {
+      if (auto it = cs.of.find(words[i]); it != cs.of.end()) seq.push_back({i, it->second});
+    } else {
+      std::size_t run = 1;  // adjacent ideographs from i
+      while (run < kMaxTermChars && i + run < words.size() && adjacent(i + run)) ++run;
+      for (std::size_t k = run; k >= 1; --k) {
+        const std::string_view term(words[i].data(), static_cast<std::size_t>(words[i + k - 1].data() + words[i + k - 1].size() - words[i].data()));
+        if (auto it = cs.of.find(term); it != cs.of.end()) {
+          seq.push_back({i, it->second});
+          took = k;
+          break;
+        }
+      }
+    }
+    i += took;
+  }
+}
+
+// The text's features to `out` (emptied first), in two groups, each of distinct buckets, sorted:
+// the words, word pairs, classes and class pairs; then the compact form's runs of characters.
+// Returns the first group's size. A short text's (a prompt's) take no allocation.
+template <class Out>
+std::size_t features(const GuardText& t, Out& out) {
+  out.clear();
+  Words words;
+  words_of(t.folded, words);
   for (std::size_t i = 0; i < words.size(); ++i) {
     out.push_back(bucket('w', words[i]));
     if (i + 1 < words.size()) out.push_back(bucket('b', words[i], words[i + 1]));
   }
+  // Each class, and each with the next kClassFollowers classes within kClassWindow words.
+  ClassSeq seq;
+  classes_of(words, seq);
+  const auto& names = classes().names;
+  for (std::size_t a = 0; a < seq.size(); ++a) {
+    out.push_back(bucket('c', names[seq[a].second]));
+    for (std::size_t b = a + 1; b < seq.size() && b <= a + kClassFollowers && seq[b].first - seq[a].first <= kClassWindow; ++b) {
+      out.push_back(bucket('p', names[seq[a].second], names[seq[b].second]));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  const std::size_t split = out.size();
   // Runs of 3 to 5 characters of the compact form.
   const std::string_view compact = t.compact;
   boost::container::small_vector<std::size_t, 128> at;  // each character's first byte, then the end
@@ -83,8 +172,15 @@ void features(const GuardText& t, Out& out) {
   for (std::size_t n = 3; n <= 5; ++n) {
     for (std::size_t i = 0; i + n <= chars; ++i) out.push_back(bucket(static_cast<char>('0' + n), compact.substr(at[i], at[i + n] - at[i])));
   }
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
+  std::sort(out.begin() + static_cast<std::ptrdiff_t>(split), out.end());
+  out.erase(std::unique(out.begin() + static_cast<std::ptrdiff_t>(split), out.end()), out.end());
+  return split;
+}
+
+// The scales of a text's two groups of features (words and classes; character runs): each group
+// 1/sqrt(its count), the runs' times kRunWeight.
+std::pair<double, double> scales(std::size_t n, std::size_t split) {
+  return {split ? 1.0 / std::sqrt(static_cast<double>(split)) : 0.0, n > split ? kRunWeight / std::sqrt(static_cast<double>(n - split)) : 0.0};
 }
 
 double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-std::clamp(z, -30.0, 30.0))); }
@@ -96,11 +192,12 @@ struct InjectionModel::Impl {
   double bias = 0;
   text::Regex anchors = *text::Regex::compile(kAnchors);
 
-  double z(std::span<const std::uint32_t> f) const {
-    if (f.empty()) return bias;
-    double s = 0;
-    for (auto j : f) s += w[j];
-    return bias + s / std::sqrt(static_cast<double>(f.size()));
+  double z(std::span<const std::uint32_t> f, std::size_t split) const {
+    const auto [a, b] = scales(f.size(), split);
+    double s = 0, r = 0;
+    for (std::size_t i = 0; i < split; ++i) s += w[f[i]];
+    for (std::size_t i = split; i < f.size(); ++i) r += w[f[i]];
+    return bias + s * a + r * b;
   }
 };
 
@@ -112,13 +209,14 @@ std::unique_ptr<const InjectionModel> InjectionModel::train(std::span<const std:
   auto& im = *m->impl_;
   struct Sample {
     std::vector<std::uint32_t> f;
+    std::size_t split;
     double y;
   };
   std::vector<Sample> samples;
   for (const auto& [texts, y] : {std::pair{injections, 1.0}, std::pair{benign, 0.0}}) {
     for (const auto& t : texts) {
-      samples.push_back({{}, y});
-      features(guard_normalise(t), samples.back().f);
+      samples.push_back({{}, 0, y});
+      samples.back().split = features(guard_normalise(t), samples.back().f);
     }
   }
   // Adagrad: each weight's step shrinks with the squares of its gradients so far.
@@ -131,10 +229,11 @@ std::unique_ptr<const InjectionModel> InjectionModel::train(std::span<const std:
     for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);  // Fisher-Yates, the same on every library
     for (auto k : order) {
       const auto& s = samples[k];
-      const double scale = s.f.empty() ? 0.0 : 1.0 / std::sqrt(static_cast<double>(s.f.size()));
-      const double g = sigmoid(im.z(s.f)) - s.y;
-      for (auto j : s.f) {
-        const double gj = g * scale + o.l2 * im.w[j];
+      const auto [a, b] = scales(s.f.size(), s.split);
+      const double g = sigmoid(im.z(s.f, s.split)) - s.y;
+      for (std::size_t i = 0; i < s.f.size(); ++i) {
+        const auto j = s.f[i];
+        const double gj = g * (i < s.split ? a : b) + o.l2 * im.w[j];
         g2[j] += gj * gj;
         im.w[j] = static_cast<float>(im.w[j] - o.rate * gj / std::sqrt(g2[j]));
       }
@@ -157,12 +256,20 @@ std::unique_ptr<const InjectionModel> InjectionModel::with_examples(std::span<co
   return train(inj, ben, Options{});
 }
 
-bool InjectionModel::anchored(const GuardText& t) const { return impl_->anchors.find(t.compact, 0).has_value(); }
+bool InjectionModel::anchored(const GuardText& t) const {
+  if (impl_->anchors.find(t.compact, 0).has_value()) return true;
+  Words words;
+  words_of(t.folded, words);
+  ClassSeq seq;
+  classes_of(words, seq);
+  const auto anchors = classes().anchors;
+  return std::any_of(seq.begin(), seq.end(), [&](const auto& c) { return (anchors >> c.second) & 1u; });
+}
 
 double InjectionModel::probability(const GuardText& t) const {
   boost::container::small_vector<std::uint32_t, 256> f;
-  features(t, f);
-  return sigmoid(impl_->z(f));
+  const auto split = features(t, f);
+  return sigmoid(impl_->z(f, split));
 }
 
 std::vector<std::string> parse_corpus(std::string_view file_text) {

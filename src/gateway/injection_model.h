@@ -1,20 +1,25 @@
 // gateway/injection_model: a learned prompt-injection detector beside the guard's rules (issue #30).
 //
-// A logistic regression over hashed features of the guard's normal forms (guard.h): the words and
-// word pairs of the folded form (a CJK ideograph is a word of its own) and the 3- to 5-character
-// runs of the compact form, each present or not, scaled by 1/sqrt(count). The rules name phrases;
-// the model weighs the pieces of them, so rewordings and spellings the rules never saw ("set your
-// previous instructions aside", "D i s r e g a r d") still score high.
+// A logistic regression over hashed features of the guard's normal forms (guard.h), in two groups
+// each scaled by 1/sqrt(its count): the words and word pairs of the folded form (a CJK ideograph
+// is a word of its own) with the word classes they name (src/gateway/data/classes.txt: "ignore",
+// "disregard", "抛开" are one class, "rules", "guardrails", "条条框框" another) and each class
+// followed by the next few within a few words; and, at a fifth of the weight, the 3- to
+// 5-character runs of the compact form. The rules name phrases; the model weighs the pieces of
+// them and their classes, so rewordings and spellings the rules never saw ("set your previous
+// instructions aside", "abandon the guardrails", "D i s r e g a r d") still score high.
 //
 // A text whose compact form contains an anchor, a word that an injection aims at (instruction,
-// rule, prompt, system, restriction, 指令, 规则, 限制, ...), is held to a lower bar than one that names
-// none (most traffic, and texts unlike anything the model was trained on), whose probability must
-// be higher to block it (guard.h: kInjectionThreshold, kInjectionThresholdUnanchored), which keeps
-// the model's guesses off questions outside its training.
+// rule, prompt, system, restriction, 指令, 规则, 限制, ...), or that names a word of the classes
+// "rules", "secret" or "free" (safeguards, confidential, unfiltered, 框框, ...), is held to a lower
+// bar than one that names none (most traffic, and texts unlike anything the model was trained
+// on), whose probability must be higher to block it (guard.h: kInjectionThreshold,
+// kInjectionThresholdUnanchored), which keeps the model's guesses off questions outside its
+// training.
 //
-// The shipped model is trained at first use from the corpora in src/gateway/data (compiled into
-// the binary): the same data and the same seeded passes give the same weights on every run. The
-// whole text is one sample: the model is for what a user says, not for long documents (an
+// The shipped model is trained at first use from the corpora and the classes in src/gateway/data
+// (compiled into the binary): the same data and the same seeded passes give the same weights on
+// every run. The whole text is one sample: the model is for what a user says, not for long documents (an
 // injection buried in one is diluted; the rules still see it).
 #pragma once
 
@@ -50,7 +55,8 @@ class InjectionModel {
   static constexpr double kThreshold = kInjectionThreshold;
 
   ~InjectionModel();
-  // Whether the text names an anchor (the lower of the guard's two bars applies to it).
+  // Whether the text names an anchor or a word of an anchoring class (the lower of the guard's two
+  // bars applies to it).
   bool anchored(const GuardText& t) const;
   // The probability that the text is an injection.
   double probability(const GuardText& t) const;
