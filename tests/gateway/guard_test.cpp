@@ -130,28 +130,31 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   ASSERT_TRUE(g);
   const auto held_out = corpus("guard_injections.txt"), general = corpus("guard_benign_general.txt");
   const auto general2 = corpus("guard_benign_general2.txt"), general3 = corpus("guard_benign_general3.txt");
+  const auto round10 = corpus("guard_injections_round10.txt"), general4 = corpus("guard_benign_general4.txt");
   const auto dev = of(injection_corpus()), benign = of(benign_corpus());
   ASSERT_GE(held_out.size(), 100u);
   ASSERT_GE(benign.size(), 500u);
   ASSERT_GE(general.size(), 60u);
   // Issue #30 asks for 95% of held-out injections: not met. The sixth round was written before the
   // model existed (the rules alone block 83.8% of it), but its threshold and anchors were chosen
-  // while looking at its scores. The eighth, written after the model had learnt the seventh and was
-  // final, is the fresh test: 67.0% at its first run, the rules alone 23.0% (docs/gateway.md). The
-  // unanchored bar (0.9) came next, chosen by out-of-fold scores after round 8's misses had been
-  // read (74.0% of it since); the ninth round and the third ordinary set were written after it was
-  // final: 76.0% and 1 of 100 blocked at their first run (70.0% and 0 without the bar, the rules
-  // alone 29.0%). The floors catch a regression.
+  // while looking at its scores. Rounds 8 and 9 were each written after the model of their day was
+  // final (67.0% and 76.0% at their first runs) and are now part of its corpus; the tenth round and
+  // the fourth ordinary set were written after the word classes and the 47th session's corpora were
+  // committed: 75.0% and 0 of 102 blocked at their first run (the rules alone 9.6%; the model of
+  // the session's start, 34.6%: docs/gateway.md). The floors catch a regression.
   EXPECT_GE(blocked_percent(*g, held_out, true, "held-out injections"), 95.0);
+  EXPECT_GE(blocked_percent(*g, round10, true, "held-out injections, round 10"), 75.0);
   EXPECT_GE(blocked_percent(*g, dev, true, "development injections"), 99.0);
   EXPECT_LE(blocked_percent(*g, benign, false, "ordinary questions"), 1.0);  // the model trained on them: see OutOfFold
   EXPECT_LE(blocked_percent(*g, general, false, "held-out ordinary requests"), 1.0);
   EXPECT_LE(blocked_percent(*g, general2, false, "held-out ordinary requests, second set"), 1.0);
   EXPECT_LE(blocked_percent(*g, general3, false, "held-out ordinary requests, third set"), 1.0);
+  EXPECT_LE(blocked_percent(*g, general4, false, "held-out ordinary requests, fourth set"), 1.0);
   // The rules alone, for the record (the figures docs/gateway.md gives).
   auto rules = build({.injection_model = false});
   ASSERT_TRUE(rules);
   EXPECT_GE(blocked_percent(*rules, held_out, true, "held-out injections, rules alone"), 83.0);
+  EXPECT_GE(blocked_percent(*rules, round10, true, "held-out injections, round 10, rules alone"), 9.0);
 }
 
 // The model on what it did not learn from: five models, each trained without a fifth of both
