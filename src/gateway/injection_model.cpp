@@ -29,6 +29,9 @@ constexpr const char* kAnchors =
 // A text that names a word of these classes (data/classes.txt) is anchored too.
 constexpr const char* kAnchorClasses[] = {"rules", "secret", "free"};
 constexpr std::size_t kMaxTermChars = 4;   // the longest Chinese term of the class list
+constexpr std::size_t kMaxTermGap = 3;     // bytes of spacing marks between a term's ideographs
+constexpr std::size_t kMinReversedChars = 5;  // a word read backwards for its class
+constexpr std::size_t kMaxSyllableChars = 6;  // two words read as one (pinyin syllables)
 constexpr std::size_t kClassFollowers = 3;  // class pairs: a class and the next ones ...
 constexpr std::size_t kClassWindow = 8;     // ... within this many words
 // The runs of characters weigh this much beside the words (each group scaled by 1/sqrt(its
@@ -108,28 +111,80 @@ void words_of(std::string_view folded, Words& words) {
   if (start != std::string_view::npos) words.push_back(folded.substr(start));
 }
 
-// The classes the words name, in order: an ASCII word as a whole; a Chinese term as the longest
-// run of adjacent ideographs (kMaxTermChars down to one) that the list has.
+// The class of the ASCII word at i: as written; with its digits read as the letters they stand
+// for ("1gn0r3", "rul3s": 1 as i, then as l); backwards when it is long enough not to meet another
+// word by chance ("snoitcurtsni"); or, with the next word, as one ("gui ze": pinyin in syllables).
+// -1 when none; `took` is how many words it used.
+int ascii_class(const Words& words, std::size_t i, std::string& buf, std::size_t& took) {
+  const auto& of = classes().of;
+  auto find = [&](std::string_view w) { const auto it = of.find(w); return it == of.end() ? -1 : static_cast<int>(it->second); };
+  const std::string_view w = words[i];
+  if (const int c = find(w); c >= 0) return c;
+  const bool digits = std::any_of(w.begin(), w.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  const bool letters = std::any_of(w.begin(), w.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; });
+  if (digits && letters) {
+    for (const char one : {'i', 'l'}) {
+      buf.assign(w);
+      for (char& ch : buf) {
+        switch (ch) {
+          case '0': ch = 'o'; break;
+          case '1': ch = one; break;
+          case '3': ch = 'e'; break;
+          case '4': ch = 'a'; break;
+          case '5': ch = 's'; break;
+          case '7': ch = 't'; break;
+          case '8': ch = 'b'; break;
+          default: break;
+        }
+      }
+      if (const int c = find(buf); c >= 0) return c;
+    }
+  }
+  if (w.size() >= kMinReversedChars) {
+    buf.assign(w.rbegin(), w.rend());
+    if (const int c = find(buf); c >= 0) return c;
+  }
+  if (i + 1 < words.size() && static_cast<unsigned char>(words[i + 1][0]) < 0x80 && w.size() <= kMaxSyllableChars && words[i + 1].size() <= kMaxSyllableChars) {
+    buf.assign(w).append(words[i + 1]);
+    if (const int c = find(buf); c >= 0) {
+      took = 2;
+      return c;
+    }
+  }
+  return -1;
+}
+
+// The classes the words name, in order: an ASCII word by ascii_class; a Chinese term as the
+// longest run of up to kMaxTermChars ideographs that the list has, the ideographs next to each
+// other or apart by no more than a few spaces, hyphens or dots ("忽 略", "无-视").
 void classes_of(const Words& words, ClassSeq& seq) {
-  const auto& cs = classes();
+  const auto& of = classes().of;
   auto ideograph = [&](std::size_t j) { return static_cast<unsigned char>(words[j][0]) >= 0x80; };
-  auto adjacent = [&](std::size_t j) { return ideograph(j) && words[j].data() == words[j - 1].data() + words[j - 1].size(); };
+  auto joined = [&](std::size_t j) {
+    if (!ideograph(j)) return false;
+    const char* end = words[j - 1].data() + words[j - 1].size();
+    const auto gap = static_cast<std::size_t>(words[j].data() - end);
+    return gap <= kMaxTermGap && std::all_of(end, end + gap, [](char ch) { return ch == ' ' || ch == '-' || ch == '.' || ch == '_' || ch == '*' || ch == '/'; });
+  };
+  std::string buf;
   for (std::size_t i = 0; i < words.size();) {
     std::size_t took = 1;
+    int c = -1;
     if (!ideograph(i)) {
-      if (auto it = cs.of.find(words[i]); it != cs.of.end()) seq.push_back({i, it->second});
+      c = ascii_class(words, i, buf, took);
     } else {
-      std::size_t run = 1;  // adjacent ideographs from i
-      while (run < kMaxTermChars && i + run < words.size() && adjacent(i + run)) ++run;
-      for (std::size_t k = run; k >= 1; --k) {
-        const std::string_view term(words[i].data(), static_cast<std::size_t>(words[i + k - 1].data() + words[i + k - 1].size() - words[i].data()));
-        if (auto it = cs.of.find(term); it != cs.of.end()) {
-          seq.push_back({i, it->second});
+      std::size_t run = 1;  // the term's ideographs from i
+      while (run < kMaxTermChars && i + run < words.size() && joined(i + run)) ++run;
+      for (std::size_t k = run; k >= 1 && c < 0; --k) {
+        buf.clear();
+        for (std::size_t j = i; j < i + k; ++j) buf.append(words[j]);
+        if (const auto it = of.find(buf); it != of.end()) {
+          c = it->second;
           took = k;
-          break;
         }
       }
     }
+    if (c >= 0) seq.push_back({i, static_cast<std::uint8_t>(c)});
     i += took;
   }
 }
