@@ -3,14 +3,14 @@
 #include <algorithm>
 #include <boost/container/small_vector.hpp>
 #include <cmath>
-#include <unordered_map>
 #include <fstream>
-#include <sstream>
 #include <random>
 #include <span>
+#include <sstream>
+#include <unordered_map>
 #include <utility>
 
-#include "gateway/injection_corpus.h"  // generated: the corpora's text
+#include "gateway/injection_corpus.h"  // generated: the corpora's and the word classes' text
 #include "text/regex.h"
 #include "text/utf8.h"
 
