@@ -57,18 +57,15 @@ std::uint32_t bucket(char kind, std::string_view a, std::string_view b = {}) {
 
 // The word classes of data/classes.txt: each word or Chinese term to its class's number.
 struct Classes {
-  std::string text;
+  std::vector<std::string> lines = parse_corpus(kClassList);  // the corpora's format; views below point here
   std::vector<std::string_view> names;
   std::unordered_map<std::string_view, std::uint8_t> of;
   std::uint32_t anchors = 0;  // the classes that anchor a text (bit per class)
-  Classes() : text(kClassList) {
-    std::string_view rest = text;
-    while (!rest.empty()) {
-      const auto eol = rest.find('\n');
-      std::string_view line = rest.substr(0, eol);
-      rest.remove_prefix(eol == std::string_view::npos ? rest.size() : eol + 1);
+  Classes() {
+    for (const std::string& text : lines) {
+      std::string_view line = text;
       const auto colon = line.find(':');
-      if (line.empty() || line[0] == '#' || colon == std::string_view::npos) continue;
+      if (colon == std::string_view::npos) continue;
       const auto id = static_cast<std::uint8_t>(names.size());
       names.push_back(line.substr(0, colon));
       for (const char* a : kAnchorClasses) anchors |= names.back() == a ? 1u << id : 0u;

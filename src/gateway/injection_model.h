@@ -19,8 +19,8 @@
 //
 // The shipped model is trained at first use from the corpora and the classes in src/gateway/data
 // (compiled into the binary): the same data and the same seeded passes give the same weights on
-// every run. The whole text is one sample: the model is for what a user says, not for long documents (an
-// injection buried in one is diluted; the rules still see it).
+// every run. The whole text is one sample: the model is for what a user says, not for long
+// documents (an injection buried in one is diluted; the rules still see it).
 #pragma once
 
 #include <cstdint>
