@@ -187,6 +187,12 @@ nginx_workers=$(pgrep -P "$nginx_master" | tr '\n' ' ')
 # cpu_of PIDS: user + system; usr_of PIDS: user alone.
 cpu_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + ($14 + $15) / hz }' "/proc/$p/stat"); done; echo "$t"; }
 usr_of() { local t=0; for p in "$@"; do t=$(awk -v hz="$(getconf CLK_TCK)" -v t="$t" '{ print t + $14 / hz }' "/proc/$p/stat"); done; echo "$t"; }
+# TCP segments sent on this machine (network namespace) so far: every process's, loopback's both
+# ends, so a target's count a request less the replica's own (target "direct") is what its proxy
+# adds (pure ACKs among them).
+segs_now() { awk '$1 == "Tcp:" { if (!h) { for (i = 1; i <= NF; i++) if ($i == "OutSegs") c = i; h = 1 } else print $c }' /proc/net/snmp; }
+# Context switches of processes so far (every thread's, voluntary and not).
+ctx_of() { local n=0 p; for p in "$@"; do n=$(( n + $(awk '/ctxt_switches/ { s += $2 } END { print s + 0 }' /proc/"$p"/task/*/status) )); done; echo "$n"; }
 # The time of a fixed loop (5 million additions) on the proxies' first core, in ms, taken right
 # after each measurement: the core's own speed, which on a shared host moves between rounds (by
 # up to twice, docs/perf.md), so that a round's ratio can be read against it.
@@ -206,12 +212,15 @@ for conns in $CONNS; do
       name=${target%%:*}; port=${target##*:}
       taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d1s -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >/dev/null  # warm-up
       pid=${proxy_pid[$name]}
-      before=0; ubefore=0; [[ -n $pid ]] && before=$(cpu_of $pid) && ubefore=$(usr_of $pid)
+      before=0; ubefore=0; cbefore=0; [[ -n $pid ]] && before=$(cpu_of $pid) && ubefore=$(usr_of $pid) && cbefore=$(ctx_of $pid)
+      sbefore=$(segs_now)
       taskset -c "$CLIENT_CPUS" wrk -t"$threads" -c"$conns" -d"${DURATION}s" --latency -s "$work/$mode.lua" "http://127.0.0.1:$port/v1/completions" >"$work/out.txt"
-      cpu=0; usr=0
-      [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of $pid)" 'BEGIN { print b - a }') && usr=$(awk -v a="$ubefore" -v b="$(usr_of $pid)" 'BEGIN { print b - a }')
+      segs=$(( $(segs_now) - sbefore ))
+      cpu=0; usr=0; ctx=0
+      [[ -n $pid ]] && cpu=$(awk -v a="$before" -v b="$(cpu_of $pid)" 'BEGIN { print b - a }') && usr=$(awk -v a="$ubefore" -v b="$(usr_of $pid)" 'BEGIN { print b - a }') &&
+        ctx=$(( $(ctx_of $pid) - cbefore ))
       loop=$(core_loop_ms)
-      echo "$conns $mode $name $cpu $usr $loop $(tr '\n' '|' <"$work/out.txt")" >>"$results"
+      echo "$conns $mode $name $cpu $usr $loop $segs $ctx $(tr '\n' '|' <"$work/out.txt")" >>"$results"
     done
   done
 done
@@ -226,19 +235,20 @@ def ms(v):
     return x / 1000 if m.group(2) == "us" else x * 1000 if m.group(2) == "s" else x
 order = []
 for line in open(sys.argv[1]):
-    conns, mode, name, cpu, usr, loop, text = line.split(" ", 6)
+    conns, mode, name, cpu, usr, loop, segs, ctx, text = line.split(" ", 8)
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
     p50 = ms(re.search(r"50%\s+(\S+)", text).group(1))
     p99 = ms(re.search(r"99%\s+(\S+)", text).group(1))
     errs = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
     sock = re.search(r"Socket errors: (.*?)\|", text)
     total = int(re.search(r"(\d+) requests in", text).group(1))
-    runs.setdefault((conns, mode, name), []).append((rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6, float(usr) / total * 1e6, int(loop)))
+    runs.setdefault((conns, mode, name), []).append((rps, p50, p99, int(errs.group(1)) if errs else 0, sock.group(1) if sock else "", float(cpu) / total * 1e6, float(usr) / total * 1e6, int(loop), int(segs) / total, int(ctx) / total))
     if conns not in order: order.append(conns)
 med = lambda xs, i: statistics.median(x[i] for x in xs)
-rows = {k: (med(v, 0), med(v, 1), med(v, 2), sum(x[3] for x in v), ";".join(x[4] for x in v if x[4]), med(v, 5), med(v, 6)) for k, v in runs.items()}
+rows = {k: (med(v, 0), med(v, 1), med(v, 2), sum(x[3] for x in v), ";".join(x[4] for x in v if x[4]), med(v, 5), med(v, 6), med(v, 8), med(v, 9)) for k, v in runs.items()}
 print(f"wrk -d{sys.argv[2]}s; medians of {len(next(iter(runs.values())))} interleaved rounds")
-print(f"{'conns':>5} {'mode':7} {'target':10} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10} {'user':>6}  errors")
+print(f"{'conns':>5} {'mode':7} {'target':10} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10} {'user':>6} {'segs':>5} {'cs':>5}  errors")
+print("(segs: TCP segments sent a request, every process's; cs: the proxy's context switches a request)")
 for conns in order:
     for mode in ("plain", "stream"):
         d = rows[(conns, mode, "direct")]
@@ -246,7 +256,8 @@ for conns in order:
             r = rows[(conns, mode, name)]
             add = "" if name == "direct" else f"{r[1]-d[1]:8.3f} {r[2]-d[2]:8.3f}"
             cpu = "" if name == "direct" else f"{r[5]:10.1f} {r[6]:6.1f}"
-            print(f"{conns:>5} {mode:7} {name:10} {r[0]:10.0f} {r[1]:8.3f} {r[2]:8.3f} {add:>17} {cpu:>10}  {r[3]} {r[4]}")
+            cs = "" if name == "direct" else f"{r[8]:5.2f}"
+            print(f"{conns:>5} {mode:7} {name:10} {r[0]:10.0f} {r[1]:8.3f} {r[2]:8.3f} {add:>17} {cpu:>17} {r[7]:5.2f} {cs:>5}  {r[3]} {r[4]}")
 print("each round, req/s (CPU us/req, user us/req, the proxy core's fixed loop in ms after it):")
 for (conns, mode, name), v in runs.items():
     if name != "direct":

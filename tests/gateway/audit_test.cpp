@@ -3,8 +3,13 @@
 #include "gateway/audit.h"
 #include "gateway/access_log.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/statfs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <ctime>
@@ -221,6 +226,37 @@ TEST_P(AuditSyncTest, SealedSegmentsAreClosedWithTheTrail) {
   EXPECT_TRUE(v.ok) << v.broken;
   EXPECT_EQ(v.records, 200u);
   EXPECT_GT(v.segments, 20u);
+}
+
+// A sealed segment, flushed, leaves the page cache: a long run's trail does not grow the cache by
+// its own size (on a tmpfs, whose pages are the files, there is nothing to drop).
+TEST_P(AuditSyncTest, SealedSegmentsLeaveThePageCache) {
+  fs::create_directories(dir_);
+  struct statfs sfs {};
+  ASSERT_EQ(::statfs(dir_.c_str(), &sfs), 0);
+  if (sfs.f_type == TMPFS_MAGIC) GTEST_SKIP() << "the audit directory is on a tmpfs";
+  {
+    auto log = AuditLog::open(dir_, {.segment_bytes = 64 << 10, .sync = GetParam()});
+    ASSERT_TRUE(log) << log.error().message();
+    for (int i = 0; i < 2000; ++i) ASSERT_TRUE((*log)->append({{"id", i}, {"note", std::string(100, 'x')}}).is_ok());
+  }  // the sealed segments' flushes are done when the trail is closed
+  const auto resident = [](const fs::path& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    EXPECT_GE(fd, 0) << path;
+    const auto size = static_cast<std::size_t>(fs::file_size(path));
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    EXPECT_NE(map, MAP_FAILED);
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> in((size + page - 1) / page);
+    EXPECT_EQ(::mincore(map, size, in.data()), 0);
+    ::munmap(map, size);
+    ::close(fd);
+    return static_cast<std::size_t>(std::count_if(in.begin(), in.end(), [](unsigned char c) { return c & 1; }));
+  };
+  int sealed = 0;
+  for (int n = 1; fs::exists(segment(n + 1)); ++n, ++sealed) EXPECT_EQ(resident(segment(n)), 0u) << "segment " << n << " still cached";
+  EXPECT_GE(sealed, 3);
+  EXPECT_GT(resident(segment(sealed + 1)), 0u);  // the open segment's pages stay: it is being written
 }
 
 // The hash covers a record's text byte for byte: a record as its writer laid it out (keys in its
