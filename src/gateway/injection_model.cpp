@@ -8,6 +8,7 @@
 #include <span>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "gateway/injection_corpus.h"  // generated: the corpora's and the word classes' text
@@ -27,11 +28,12 @@ constexpr const char* kAnchors =
     "|指令|指示|规则|提示|系统|限制|约束|设定|道德|审查|越狱|规定|底线|要求|安全|策略|过滤|政策|助手|收到";
 
 // A text that names a word of these classes (data/classes.txt) is anchored too.
-constexpr const char* kAnchorClasses[] = {"rules", "secret", "free"};
+constexpr const char* kAnchorClasses[] = {"rules", "secret", "free", "loot", "harm"};
 constexpr std::size_t kMaxTermChars = 4;   // the longest Chinese term of the class list
 constexpr std::size_t kMaxTermGap = 3;     // bytes of spacing marks between a term's ideographs
 constexpr std::size_t kMinReversedChars = 5;  // a word read backwards for its class
 constexpr std::size_t kMaxSyllableChars = 6;  // two words read as one (pinyin syllables)
+constexpr std::size_t kMinMisspeltChars = 6;  // a class word this long is also read misspelt by a letter
 constexpr std::size_t kClassFollowers = 3;  // class pairs: a class and the next ones ...
 constexpr std::size_t kClassWindow = 8;     // ... within this many words
 // The runs of characters weigh this much beside the words (each group scaled by 1/sqrt(its
@@ -60,6 +62,9 @@ struct Classes {
   std::vector<std::string> lines = parse_corpus(kClassList);  // the corpora's format; views below point here
   std::vector<std::string_view> names;
   std::unordered_map<std::string_view, std::uint8_t> of;
+  // Each ASCII class word of kMinMisspeltChars letters or more with one letter left out
+  // ("ignor", "guidlines"), to its class.
+  std::unordered_map<std::string, std::uint8_t> missing_letter;
   std::uint32_t anchors = 0;  // the classes that anchor a text (bit per class)
   Classes() {
     for (const std::string& text : lines) {
@@ -75,6 +80,9 @@ struct Classes {
         const auto w = line.substr(0, sp);
         line.remove_prefix(sp == std::string_view::npos ? line.size() : sp + 1);
         if (!w.empty()) of.emplace(w, id);  // a word listed twice keeps its first class
+        if (w.size() >= kMinMisspeltChars && std::all_of(w.begin(), w.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; })) {
+          for (std::size_t k = 0; k < w.size(); ++k) missing_letter.emplace(std::string(w.substr(0, k)).append(w.substr(k + 1)), id);
+        }
       }
     }
   }
@@ -108,10 +116,52 @@ void words_of(std::string_view folded, Words& words) {
   if (start != std::string_view::npos) words.push_back(folded.substr(start));
 }
 
+// The words of the ordinary corpus: a word the model knows as ordinary is not read as a
+// misspelling of a class word ("personal" is not "persona", "directory" not "director").
+const std::unordered_set<std::string>& ordinary_words() {
+  static const auto words = [] {
+    std::unordered_set<std::string> set;
+    Words ws;
+    for (const std::string& text : benign_corpus()) {
+      ws.clear();
+      const GuardText n = guard_normalise(text);
+      words_of(n.folded, ws);
+      for (const auto w : ws) set.emplace(w);
+    }
+    return set;
+  }();
+  return words;
+}
+
+// The class of a word of letters that is a class word of kMinMisspeltChars letters or more
+// misspelt by one letter: one left out ("guidlines"), one added ("ignorre") or two next to each
+// other swapped ("ingore"); -1 when none, or when the ordinary corpus has the word.
+int misspelt_class(std::string_view w, std::string& buf) {
+  const auto& c = classes();
+  if (w.size() + 1 < kMinMisspeltChars || !std::all_of(w.begin(), w.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; })) return -1;
+  buf.assign(w);
+  if (ordinary_words().contains(buf)) return -1;
+  if (const auto it = c.missing_letter.find(buf); it != c.missing_letter.end()) return it->second;
+  auto known = [&](std::string_view v) {
+    const auto it = v.size() >= kMinMisspeltChars ? c.of.find(v) : c.of.end();
+    return it == c.of.end() ? -1 : static_cast<int>(it->second);
+  };
+  for (std::size_t k = 0; k < w.size(); ++k) {
+    buf.assign(w.substr(0, k)).append(w.substr(k + 1));
+    if (const int cl = known(buf); cl >= 0) return cl;
+  }
+  for (std::size_t k = 0; k + 1 < w.size(); ++k) {
+    buf.assign(w);
+    std::swap(buf[k], buf[k + 1]);
+    if (const int cl = known(buf); cl >= 0) return cl;
+  }
+  return -1;
+}
+
 // The class of the ASCII word at i: as written; with its digits read as the letters they stand
 // for ("1gn0r3", "rul3s": 1 as i, then as l); backwards when it is long enough not to meet another
-// word by chance ("snoitcurtsni"); or, with the next word, as one ("gui ze": pinyin in syllables).
-// -1 when none; `took` is how many words it used.
+// word by chance ("snoitcurtsni"); with the next word, as one ("gui ze": pinyin in syllables); or
+// as a misspelt class word (misspelt_class). -1 when none; `took` is how many words it used.
 int ascii_class(const Words& words, std::size_t i, std::string& buf, std::size_t& took) {
   const auto& of = classes().of;
   auto find = [&](std::string_view w) { const auto it = of.find(w); return it == of.end() ? -1 : static_cast<int>(it->second); };
@@ -148,7 +198,7 @@ int ascii_class(const Words& words, std::size_t i, std::string& buf, std::size_t
       return c;
     }
   }
-  return -1;
+  return misspelt_class(w, buf);
 }
 
 // The classes the words name, in order: an ASCII word by ascii_class; a Chinese term as the

@@ -11,7 +11,9 @@
 //
 // A text whose compact form contains an anchor, a word that an injection aims at (instruction,
 // rule, prompt, system, restriction, 指令, 规则, 限制, ...), or that names a word of the classes
-// "rules", "secret" or "free" (safeguards, confidential, unfiltered, 框框, ...), is held to a lower
+// "rules", "secret", "free", "loot" or "harm" (safeguards, confidential, unfiltered, 框框, vault,
+// password, launder, 盗刷, ...; a class word of six letters or more also misspelt by a letter,
+// unless the ordinary corpus has that spelling: "guidlines", "gaurdrails"), is held to a lower
 // bar than one that names none (most traffic, and texts unlike anything the model was trained
 // on), whose probability must be higher to block it (guard.h: kInjectionThreshold,
 // kInjectionThresholdUnanchored), which keeps the model's guesses off questions outside its
