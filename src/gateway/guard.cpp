@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "gateway/hidden_text.h"
 #include "gateway/injection_model.h"
 #include "text/regex.h"
 #include "text/utf8.h"
@@ -407,9 +408,8 @@ double Guard::injection_threshold_unanchored() const { return impl_->threshold_u
 
 std::optional<std::string> Guard::check(std::span<const std::string> texts) const {
   const auto& im = *impl_;
-  for (const auto& raw : texts) {
-    if (raw.empty()) continue;
-    const auto t = guard_normalise(raw);
+  // One text's forms against every rule, then the model.
+  auto judge = [&](const GuardText& t) -> std::optional<std::string> {
     std::vector<std::pair<std::size_t, std::size_t>> allowed;  // folded spans
     for (const auto& a : im.allow) {
       for (const auto& span : a.find_all(t.folded)) allowed.push_back(span);
@@ -469,6 +469,16 @@ std::optional<std::string> Guard::check(std::span<const std::string> texts) cons
       } else if (im.model->anchored(judged) && im.model->probability(judged) >= im.threshold) {
         return "default.injection_model";
       }
+    }
+    return std::nullopt;
+  };
+  for (const auto& raw : texts) {
+    if (raw.empty()) continue;
+    const auto t = guard_normalise(raw);
+    if (auto rule = judge(t)) return rule;
+    // What it says in base64, ROT13 or backwards (hidden_text.h), judged alike.
+    for (const auto& hidden : hidden_texts(raw, t.folded)) {
+      if (auto rule = judge(guard_normalise(hidden))) return rule;
     }
   }
   return std::nullopt;
