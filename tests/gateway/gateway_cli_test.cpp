@@ -166,7 +166,7 @@ TEST_F(GatewayCliTest, GuardCheckSaysWhichRuleBlocksATextAndTheModelsProbability
   EXPECT_NE(tenant.output.find("blocked\tdeny[0]\t"), std::string::npos) << tenant.output;
   auto fine = run_gateway({"guard", "check", "--config", config_, "What is the interest rate on savings?"});
   EXPECT_EQ(fine.code, 0) << fine.output;
-  EXPECT_NE(fine.output.find("of 0.90 (no anchor)"), std::string::npos) << fine.output;  // the higher bar
+  EXPECT_NE(fine.output.find("of 0.85 (no anchor)"), std::string::npos) << fine.output;  // the higher bar
   std::string document(3000, ' ');
   for (std::size_t i = 0; i + 6 < document.size(); i += 7) document.replace(i, 6, "sheet.");
   auto longer = run_gateway({"guard", "check", "--config", config_, document});

@@ -133,7 +133,7 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   const auto general4 = corpus("guard_benign_general4.txt");
   const auto general5 = corpus("guard_benign_general5.txt");
   const auto general6 = corpus("guard_benign_general6.txt");
-  const auto round13 = corpus("guard_injections_round13.txt"), general7 = corpus("guard_benign_general7.txt");
+  const auto general7 = corpus("guard_benign_general7.txt");
   const auto dev = of(injection_corpus()), benign = of(benign_corpus());
   ASSERT_GE(held_out.size(), 100u);
   ASSERT_GE(benign.size(), 500u);
@@ -141,13 +141,10 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   // Issue #30 asks for 95% of held-out injections: not met. The sixth round was written before the
   // model existed (the rules alone block 83.8% of it), but its threshold and anchors were chosen
   // while looking at its scores. Rounds 7 to 11 were each written after the model of their day was
-  // final (72.3%, 67.0%, 76.0%, 75.0%, 73.1%, 83.0% at their first runs) and are now part of its
-  // corpus (docs/gateway.md). The thirteenth round and the seventh ordinary set were written after
-  // 815c749 was committed: 86.1% and 0 of 101 blocked at their first run (the rules alone 17.8%;
-  // the model of the 48th session's start, 80.2%). The fourth to sixth ordinary sets (written with
-  // rounds 10 to 12) are held out too. The floors catch a regression.
+  // final (72.3%, 67.0%, 76.0%, 75.0%, 73.1%, 83.0%, 86.1% at their first runs) and are now part
+  // of its corpus (docs/gateway.md). The fourth to seventh ordinary sets (written with rounds 10 to
+  // 13) are held out too. The floors catch a regression.
   EXPECT_GE(blocked_percent(*g, held_out, true, "held-out injections"), 95.0);
-  EXPECT_GE(blocked_percent(*g, round13, true, "held-out injections, round 13"), 86.0);
   EXPECT_GE(blocked_percent(*g, dev, true, "development injections"), 99.0);
   EXPECT_LE(blocked_percent(*g, benign, false, "ordinary questions"), 1.0);  // the model trained on them: see OutOfFold
   EXPECT_LE(blocked_percent(*g, general, false, "held-out ordinary requests"), 1.0);
@@ -161,13 +158,12 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   auto rules = build({.injection_model = false});
   ASSERT_TRUE(rules);
   EXPECT_GE(blocked_percent(*rules, held_out, true, "held-out injections, rules alone"), 83.0);
-  EXPECT_GE(blocked_percent(*rules, round13, true, "held-out injections, round 13, rules alone"), 17.0);
 }
 
 // The model on what it did not learn from: five models, each trained without a fifth of both
 // corpora, score that fifth. The benign corpus's out-of-fold scores are what the thresholds were
-// chosen by (docs/gateway.md: 0.7 for texts that name an anchor; 0.9, the lowest of 0.8-0.97 that
-// blocked none of the 693 without one), so this holds them to the issue's 99%.
+// chosen by (docs/gateway.md: 0.7 for texts that name an anchor; 0.85 for the rest since the 48th
+// session, where 0.8 blocked 18 of the 1,671 and 0.85 15), so this holds them to the issue's 99%.
 TEST(InjectionModel, OutOfFoldOrdinaryQuestionsStayUnderTheThreshold) {
   const auto inj = of(injection_corpus()), ben = of(benign_corpus());
   constexpr std::size_t kFolds = 5;
@@ -194,7 +190,7 @@ TEST(InjectionModel, OutOfFoldOrdinaryQuestionsStayUnderTheThreshold) {
   std::fprintf(stderr, "injection model out of fold: %zu of %zu ordinary questions blocked (%.1f%%), %zu of %zu injections (%.1f%%)\n", ben_blocked,
                ben.size(), ben_pct, inj_blocked, inj.size(), inj_pct);
   EXPECT_LE(ben_pct, 1.0);
-  EXPECT_GE(inj_pct, 85.0);  // the model alone (anchored at 0.7, the rest at 0.9): the rules take the rest
+  EXPECT_GE(inj_pct, 85.0);  // the model alone (anchored at 0.7, the rest at 0.85): the rules take the rest
 }
 
 // An operator's own examples (guard.injection_examples, guard.benign_examples) change what the
