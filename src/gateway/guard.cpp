@@ -88,7 +88,7 @@ const DefaultRule kDefaultRules[] = {
     {"default.persona_zh", Form::kCompact, R"(你(就|将|已经|已)?(不再)?(不受|没有|不存在)(任何)?(限制|约束|规则|规定|审查|底线))"},
     // Asking for the hidden prompt.
     {"default.prompt_leak", Form::kFolded,
-     R"(\b(reveal|show|print|output|repeat|leak|tell me|give me|display|dump|write out|recite|spell out|what (is|are|was|were))\b[^.!?\n]{0,30}?\b(system prompt|system message|initial (prompt|instructions)|hidden (prompt|instructions)|original (prompt|instructions)|your (instructions|prompt|rules)|the (text|prompt|instructions) above|everything above|developer (message|instructions)|your (full|entire|complete|whole|exact|verbatim|unredacted) (prompt|system prompt|configuration|config)|your context window)\b)"},
+     R"(\b(reveal|show|print|output|repeat|leak|tell me|give me|display|dump|write out|recite|spell out)\b[^.!?\n]{0,30}?\b(system prompt|system message|initial (prompt|instructions)|hidden (prompt|instructions)|original (prompt|instructions)|your (instructions|prompt|rules)|the (text|prompt|instructions) above|everything above|developer (message|instructions)|your (full|entire|complete|whole|exact|verbatim|unredacted) (prompt|system prompt|configuration|config)|your context window)\b)"},
     {"default.prompt_leak_zh", Form::kCompact,
      R"((输出|显示|告诉我|透露|泄露|打印|重复|给我看|说出|展示|复述).{0,8}?(你的)?(系统提示|系统提示词|系统指令|初始指令|初始提示|隐藏指令|原始指令|原始提示|上面的(内容|指令|文字)|以上(内容|指令)))"},
     {"default.new_instructions", Form::kFolded, R"(\b(new|updated|real|actual|true) (instructions?|system prompt|task)\s*[:：])"},
