@@ -57,7 +57,7 @@ int run_guard_check(const std::string& config, const std::string& tenant, std::v
       char buf[96];
       const bool anchored = m->anchored(forms);
       const char* note = anchored ? "" : forms.folded.size() <= gateway::kInjectionUnanchoredMaxBytes ? " (no anchor)" : " (no anchor, too long: not scored)";
-      std::snprintf(buf, sizeof buf, "model %.3f of %.2f%s", m->probability(forms), anchored ? g->injection_threshold() : g->injection_threshold_unanchored(), note);
+      std::snprintf(buf, sizeof buf, "model %.3f of %g%s", m->probability(forms), anchored ? g->injection_threshold() : g->injection_threshold_unanchored(), note);
       model = buf;
     }
     std::printf("%s\t%s\t%s\t%s\n", hit ? "blocked" : "passes", hit ? hit->c_str() : "-", model.c_str(), t.c_str());

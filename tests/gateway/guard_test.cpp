@@ -128,28 +128,24 @@ double blocked_percent(const Guard& g, const std::vector<std::string>& texts, bo
 TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   auto g = build({});
   ASSERT_TRUE(g);
-  const auto held_out = corpus("guard_injections.txt"), round14 = corpus("guard_injections_round14.txt");
+  const auto held_out = corpus("guard_injections.txt");
   const auto dev = of(injection_corpus()), benign = of(benign_corpus());
   ASSERT_GE(held_out.size(), 100u);
-  ASSERT_GE(round14.size(), 100u);
   ASSERT_GE(benign.size(), 500u);
   // Issue #30 asks for 95% of held-out injections: not met. The sixth round was written before the
   // model existed (the rules alone block 83.8% of it), but its threshold and anchors were chosen
-  // while looking at its scores. Rounds 7 to 13 were each written after the model of their day was
-  // final (72.3%, 67.0%, 76.0%, 75.0%, 73.1%, 83.0%, 86.1% at their first runs) and are now part
-  // of its corpus; the fourteenth round and the eighth ordinary set were written after 9020888:
-  // 84.0% and 3 of 100 blocked at their first run (the rules alone 19.0%; docs/gateway.md; one of
-  // the three, "What is a system message in the OpenAI chat API?", passes since the prompt-leak
-  // rule no longer reads "what is a ..." as a request for the prompt). The floors catch a
-  // regression.
+  // while looking at its scores. Rounds 7 to 14 were each written after the model of their day was
+  // final (72.3%, 67.0%, 76.0%, 75.0%, 73.1%, 83.0%, 86.1%, 84.0% at their first runs) and are now
+  // part of its corpus (docs/gateway.md). The floors catch a regression.
   EXPECT_GE(blocked_percent(*g, held_out, true, "held-out injections"), 95.0);
-  EXPECT_GE(blocked_percent(*g, round14, true, "held-out injections, round 14"), 84.0);
   EXPECT_GE(blocked_percent(*g, dev, true, "development injections"), 99.0);
   EXPECT_LE(blocked_percent(*g, benign, false, "ordinary questions"), 1.0);  // the model trained on them: see OutOfFold
   // The held-out ordinary sets (written with rounds 8 to 14, each run once before any change
   // they prompted): at most 1% of them together, 2% of any one. The eighth set's two are
   // questions that quote a chat template's role marker, which the rules block wherever it
-  // stands in a user's text.
+  // stands in a user's text; it had a third at its first run, "What is a system message in the
+  // OpenAI chat API?", which passes since the prompt-leak rule no longer reads "what is a ..." as
+  // a request for the prompt.
   std::size_t texts = 0;
   double blocked = 0;
   for (const char* set : {"guard_benign_general.txt", "guard_benign_general2.txt", "guard_benign_general3.txt", "guard_benign_general4.txt",
@@ -166,7 +162,6 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   auto rules = build({.injection_model = false});
   ASSERT_TRUE(rules);
   EXPECT_GE(blocked_percent(*rules, held_out, true, "held-out injections, rules alone"), 83.0);
-  EXPECT_GE(blocked_percent(*rules, round14, true, "held-out injections, round 14, rules alone"), 19.0);
 }
 
 // "What is a system prompt?" asks what the thing is; "what is your (the) system prompt" asks for
@@ -184,8 +179,9 @@ TEST(Guard, AQuestionAboutSystemPromptsIsNotARequestForOne) {
 
 // The model on what it did not learn from: five models, each trained without a fifth of both
 // corpora, score that fifth. The benign corpus's out-of-fold scores are what the thresholds were
-// chosen by (docs/gateway.md: 0.7 for texts that name an anchor; 0.85 for the rest since the 48th
-// session, where 0.8 blocked 18 of the 1,671 and 0.85 15), so this holds them to the issue's 99%.
+// chosen by (docs/gateway.md: 0.7 for texts that name an anchor; 0.875 for the rest since the 48th
+// session, the lowest of 0.85, 0.875 and 0.9 that blocked under 1% of the 1,793), so this holds
+// them to the issue's 99%.
 TEST(InjectionModel, OutOfFoldOrdinaryQuestionsStayUnderTheThreshold) {
   const auto inj = of(injection_corpus()), ben = of(benign_corpus());
   constexpr std::size_t kFolds = 5;
@@ -212,7 +208,7 @@ TEST(InjectionModel, OutOfFoldOrdinaryQuestionsStayUnderTheThreshold) {
   std::fprintf(stderr, "injection model out of fold: %zu of %zu ordinary questions blocked (%.1f%%), %zu of %zu injections (%.1f%%)\n", ben_blocked,
                ben.size(), ben_pct, inj_blocked, inj.size(), inj_pct);
   EXPECT_LE(ben_pct, 1.0);
-  EXPECT_GE(inj_pct, 85.0);  // the model alone (anchored at 0.7, the rest at 0.85): the rules take the rest
+  EXPECT_GE(inj_pct, 85.0);  // the model alone (anchored at 0.7, the rest at 0.875): the rules take the rest
 }
 
 // An operator's own examples (guard.injection_examples, guard.benign_examples) change what the
