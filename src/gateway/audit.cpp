@@ -211,8 +211,8 @@ AuditLog::~AuditLog() {
 // A sealed segment, once on the disk, is never read by the gateway again: its pages leave the page
 // cache, so that the next segment's writes take pages the kernel has just freed. Left cached, a
 // trail of ~1 KB a request grew the cache by ~60 MB a second, the write path taking fresh pages
-// (and on a virtual machine, memory its host had not yet given it): the policy gateway's system
-// time a request rose by a third within 20 s (docs/perf.md, the 48th session).
+// (and on a virtual machine, memory its host had not yet given it): on the build VM the policy
+// gateway's system time a request rose by a third within 20 s (docs/perf.md, the 48th session).
 static void drop_cached(int fd) { (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); }
 
 void AuditLog::retire(int fd) {
