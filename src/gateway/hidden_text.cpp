@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <array>
-#include <initializer_list>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "text/utf8.h"
 
