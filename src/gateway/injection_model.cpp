@@ -57,6 +57,9 @@ std::uint32_t bucket(char kind, std::string_view a, std::string_view b = {}) {
   return static_cast<std::uint32_t>(h % kBuckets);
 }
 
+bool is_letter(char ch) { return ch >= 'a' && ch <= 'z'; }  // of the folded form's ASCII words
+bool all_letters(std::string_view w) { return std::all_of(w.begin(), w.end(), is_letter); }
+
 // The word classes of data/classes.txt: each word or Chinese term to its class's number.
 struct Classes {
   std::vector<std::string> lines = parse_corpus(kClassList);  // the corpora's format; views below point here
@@ -80,7 +83,7 @@ struct Classes {
         const auto w = line.substr(0, sp);
         line.remove_prefix(sp == std::string_view::npos ? line.size() : sp + 1);
         if (!w.empty()) of.emplace(w, id);  // a word listed twice keeps its first class
-        if (w.size() >= kMinMisspeltChars && std::all_of(w.begin(), w.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; })) {
+        if (w.size() >= kMinMisspeltChars && all_letters(w)) {
           for (std::size_t k = 0; k < w.size(); ++k) missing_letter.emplace(std::string(w.substr(0, k)).append(w.substr(k + 1)), id);
         }
       }
@@ -138,7 +141,7 @@ const std::unordered_set<std::string>& ordinary_words() {
 // other swapped ("ingore"); -1 when none, or when the ordinary corpus has the word.
 int misspelt_class(std::string_view w, std::string& buf) {
   const auto& c = classes();
-  if (w.size() + 1 < kMinMisspeltChars || !std::all_of(w.begin(), w.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; })) return -1;
+  if (w.size() + 1 < kMinMisspeltChars || !all_letters(w)) return -1;
   buf.assign(w);
   if (ordinary_words().contains(buf)) return -1;
   if (const auto it = c.missing_letter.find(buf); it != c.missing_letter.end()) return it->second;
@@ -168,7 +171,7 @@ int ascii_class(const Words& words, std::size_t i, std::string& buf, std::size_t
   const std::string_view w = words[i];
   if (const int c = find(w); c >= 0) return c;
   const bool digits = std::any_of(w.begin(), w.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-  const bool letters = std::any_of(w.begin(), w.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; });
+  const bool letters = std::any_of(w.begin(), w.end(), is_letter);
   if (digits && letters) {
     for (const char one : {'i', 'l'}) {
       buf.assign(w);
