@@ -219,13 +219,20 @@ struct Gateway::Impl : http::Application {
         return refuse_audited(std::move(rec), std::move(refusal->first), model->name, refusal->second);
       }
     }
-    if (state->audit) {  // the admission's record, before anything goes to a replica
+    if (state->audit) {
+      info.audit_text = snap->config.tenant(info.tenant).audit_content == TenantConfig::AuditContent::kRedacted;
+      // A whole answer waits for its outcome's record (proxy.cpp), which then carries the prompt's
+      // digest: one record a request. A stream's first bytes go out before its outcome is known,
+      // so its admission is recorded before anything goes to a replica; so is every request's
+      // while the trail fails, which turns it away before a replica spends anything on it.
+      if (!fields.stream && !state->audit_failing.load(std::memory_order_relaxed)) {
+        if (info.audit_text) info.audit_prompt = redact(prompt_text(body()));
+        return start_proxy(*state, std::move(snap), *model, ex, std::move(info));
+      }
+      info.admission_audited = true;
       auto rec = audit_base("admitted", info.id, info.tenant, info.key_id, model->name, req);
       rec.str("lane", info.lane);
-      if (snap->config.tenant(info.tenant).audit_content == TenantConfig::AuditContent::kRedacted) {
-        info.audit_text = true;
-        rec.str("prompt", redact(prompt_text(body())));
-      }
+      if (info.audit_text) rec.str("prompt", redact(prompt_text(body())));
       // The I/O thread goes on with other requests while the record is written.
       return audit_then(std::move(rec), ex, [this, ex, snap = std::move(snap), model, tenant, info = std::move(info)](bool ok) mutable {
         if (!ok) {

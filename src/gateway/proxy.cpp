@@ -252,7 +252,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     pending_.clear();
     tail_.clear();
     content_type_.clear();
-    streamed_ = keep_alive_ = false;
+    streamed_ = event_stream_ = keep_alive_ = false;
     status_ = 0;
     if (auto s = replica_->take_idle(io_)) {
       sock_.emplace(std::move(*s));
@@ -402,7 +402,10 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     }
     if (status_ >= 500) return attempt_failed("status_" + std::to_string(status_), true);
     replica_->on_success();
-    streamed_ = p.content_type.starts_with("text/event-stream");
+    // A stream flows to the client only after its admission's record; one that a request asking
+    // for a whole answer gets (recorded only at its end) is passed on whole.
+    event_stream_ = p.content_type.starts_with("text/event-stream");
+    streamed_ = event_stream_ && (!state_.audit || info_.admission_audited);
     content_type_ = std::move(p.content_type);
     if (!streamed_ && p.content_length()) whole_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(*p.content_length(), kMaxWholeBody)));
     head_lines_ = std::move(p.pass_lines);
@@ -461,7 +464,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     }
     if (streamed_) return finish(status_);
     ttft_ = seconds_since(arrived_);
-    if (answer_) answer_->take(whole_, false);
+    if (answer_) answer_->take(whole_, event_stream_);
     if (!state_.audit) return reply_whole();
     // The outcome's record before the answer: an answer is not served unaudited. The thread
     // serves other requests while it is written (a deadline or the client's going may end this
@@ -642,7 +645,12 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     const auto& req = ex_.request();
     JsonLine rec;
     rec.str("event", "completed").num("id", static_cast<std::int64_t>(id_)).str("time", utc_now()).str("tenant", info_.tenant).str("key_id", info_.key_id);
-    rec.str("model", model_.name).str("path", req.path).str("lane", info_.lane).num("status", status).boolean("stream", streamed_);
+    rec.str("model", model_.name).str("path", req.path);
+    if (!info_.admission_audited) {  // the request's only record
+      rec.str("prompt_sha256", sha256_hex(req.body));
+      if (info_.audit_text) rec.str("prompt", info_.audit_prompt);
+    }
+    rec.str("lane", info_.lane).num("status", status).boolean("stream", streamed_);
     rec.num("retries", retries_).millis("latency_ms", seconds_since(arrived_)).str("completion_sha256", a.hash->hex());
     rec.str("replica", replica_ ? replica_->url() : "").str("version", replica_ ? version_ : "");  // the last one tried
     if (ttft_ < 0) rec.null("ttft_ms");
@@ -697,6 +705,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
   std::uint64_t gen_ = 0;  // the current attempt; handlers of earlier ones do nothing
   const char* timeout_kind_ = nullptr;
   bool counted_ = false, reused_ = false, streamed_ = false, sent_ = false, keep_alive_ = false, done_ = false;
+  bool event_stream_ = false;  // the answer is an event stream (passed on whole when not streamed_)
   int status_ = 0, retries_ = 0;
   double ttft_ = -1;
   std::optional<int> retry_after_;

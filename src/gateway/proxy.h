@@ -34,7 +34,12 @@ struct RouteInfo {
   std::string key_id, tenant;
   bool drop_authorization = false;
   std::uint64_t id = 0;  // the request's id (State::next_id), as its audit record and log line name it
-  bool audit_text = false;  // the audit keeps the answer's text (redacted)
+  bool audit_text = false;  // the audit keeps the prompt's and the answer's text (redacted)
+  // The admission's record was written before the call (a stream's, or any while the trail
+  // fails); else the outcome's record is the request's only one and carries the prompt's digest
+  // and, with audit_text, `audit_prompt` (the prompt's text, redacted).
+  bool admission_audited = false;
+  std::string audit_prompt;
   std::shared_ptr<Grant> grant;  // the key's limits: settled when the call ends
 };
 

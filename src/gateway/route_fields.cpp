@@ -15,7 +15,7 @@ namespace {
 // Where a value stands: the top level's routing members, and with the policies' fields what they
 // read of "prompt", "messages" and the token limits.
 enum class Member {
-  kOther, kModel, kUser,
+  kOther, kModel, kUser, kStream,
   kPrompt, kPromptItem, kMaxTokens, kMaxCompletionTokens,
   kMessages, kMessage, kRole, kContent, kPart, kPartText,
 };
@@ -173,6 +173,7 @@ class Scan {
     if (level == Level::kTop) {
       if (key == "model") return Member::kModel;
       if (key == "user") return Member::kUser;
+      if (key == "stream") return out_.stream = false, Member::kStream;
       if (!policy_) return Member::kOther;
       if (key == "prompt") {
         policy_->prompt_texts.clear();
@@ -241,6 +242,7 @@ class Scan {
   bool literal(std::string_view word, Member member) {
     if (static_cast<std::size_t>(end_ - at_) < word.size() || std::string_view(at_, word.size()) != word) return false;
     at_ += word.size();
+    if (member == Member::kStream) out_.stream = word == "true";
     return scalar(member);
   }
 

@@ -20,6 +20,7 @@ struct RouteFieldValues {
   bool object = false;  // the body is a JSON object
   std::optional<std::string> model;
   std::string user;  // the last top-level "user" string
+  bool stream = false;  // the last top-level "stream" is true: the client asks for a stream
   // Why the body is refused although it parses: "model" not a string, or given twice (two
   // readers of one body could route by one and serve the other), or nested beyond kMaxJsonDepth
   // (common/json_depth.h: serve refuses it too, and whatever reads the body after the gateway
@@ -74,7 +75,10 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json>, public RouteField
   explicit RouteFields(nlohmann::json* document = nullptr) : document_(document) {}
 
   bool null() override { return scalar() && value(nullptr); }
-  bool boolean(bool v) override { return scalar() && value(v); }
+  bool boolean(bool v) override {
+    if (depth_ == 1 && key_ == Key::kStream) stream = v;
+    return scalar() && value(v);
+  }
   bool number_integer(number_integer_t v) override { return scalar() && value(v); }
   bool number_unsigned(number_unsigned_t v) override { return scalar() && value(v); }
   bool number_float(number_float_t v, const string_t&) override { return scalar() && value(v); }
@@ -92,7 +96,11 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json>, public RouteField
   }
   bool key(string_t& k) override {
     if (depth_ == 1) {
-      key_ = k == std::string_view("model") ? Key::kModel : k == std::string_view("user") ? Key::kUser : Key::kOther;
+      key_ = k == std::string_view("model")    ? Key::kModel
+             : k == std::string_view("user")   ? Key::kUser
+             : k == std::string_view("stream") ? Key::kStream
+                                               : Key::kOther;
+      if (key_ == Key::kStream) stream = false;  // until its value says true
       if (key_ == Key::kModel && seen_model_) return refuse(kModelTwice);
       seen_model_ = seen_model_ || key_ == Key::kModel;
     }
@@ -137,7 +145,7 @@ class RouteFields : public nlohmann::json_sax<nlohmann::json>, public RouteField
   }
   int depth_ = 0;
   bool seen_model_ = false;
-  enum class Key { kOther, kModel, kUser };
+  enum class Key { kOther, kModel, kUser, kStream };
   Key key_ = Key::kOther;  // the top-level member being read
   nlohmann::json* document_;
   std::vector<nlohmann::json*> open_;

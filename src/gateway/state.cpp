@@ -63,8 +63,9 @@ void State::audit_then(boost::asio::io_context& io, std::string record, std::fun
     // Posted now, it runs after the handlers already queued: those of this turn's events.
     boost::asio::post(io, [this, &io] {
       auto& t = tl_audit;
-      audit->append(std::move(t.records), [&io, thens = std::move(t.thens), fail_closed = audit_fail_closed](const Status& st) mutable {
+      audit->append(std::move(t.records), [this, &io, thens = std::move(t.thens), fail_closed = audit_fail_closed](const Status& st) mutable {
         if (!st.is_ok()) spdlog::error("gateway: {} audit record(s) not written: {}", thens.size(), st.message());
+        audit_failing.store(!st.is_ok(), std::memory_order_relaxed);
         // Moved, not copied: each continuation holds a request's routing state.
         boost::asio::post(io, [thens = std::move(thens), ok = st.is_ok() || !fail_closed] {
           for (const auto& each : thens) {

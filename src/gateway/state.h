@@ -44,10 +44,14 @@ struct State {
   ReplicaRegistry replicas;
   GatewayMetrics metrics;
   ShardedCounter in_flight;  // calls under way
-  // The audit trail (config audit.dir; null without): every admitted request's record is written
-  // before it goes to a replica, and its outcome's when it ends.
+  // The audit trail (config audit.dir; null without): a request's outcome is recorded before its
+  // answer is served, and a stream's admission before it goes to a replica (gateway.cpp).
   std::unique_ptr<AuditLog> audit;
   bool audit_fail_closed = true;
+  // The trail's last group of records could not be written: until one is again, every request's
+  // admission is recorded before it goes to a replica, so that a failing trail turns requests
+  // away before a replica spends anything on them.
+  std::atomic<bool> audit_failing{false};
   std::unique_ptr<Limiter> limiter = make_local_limiter();  // the keys' limits
 
   // The configuration in force. current() is what a request takes: a pointer whose reference

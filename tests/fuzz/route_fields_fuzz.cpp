@@ -19,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (scan_parsed != sax_parsed) __builtin_trap();
   if ((scan.refusal == nullptr) != (sax.refusal == nullptr)) __builtin_trap();
   if (sax.refusal && std::strcmp(scan.refusal, sax.refusal) != 0) __builtin_trap();
-  if (sax_parsed && (scan.object != sax.object || scan.model != sax.model || scan.user != sax.user)) __builtin_trap();
+  if (sax_parsed && (scan.object != sax.object || scan.model != sax.model || scan.user != sax.user || scan.stream != sax.stream)) __builtin_trap();
   RouteFieldValues scan_p;
   PolicyFieldValues policy;
   if (scan_route_fields(body, scan_p, &policy) != sax_parsed || (scan_p.refusal == nullptr) != (sax.refusal == nullptr)) __builtin_trap();

@@ -62,7 +62,7 @@ void FakeUpstream::handle(http::Exchange ex) {
     seen_authorization = req.header("authorization");
   }
   const auto j = nlohmann::json::parse(req.body, nullptr, false);
-  const bool stream = !j.is_discarded() && j.value("stream", false);
+  const bool stream = behaviour.always_stream || (!j.is_discarded() && j.value("stream", false));
   // As vLLM: a last event with the usage when the client asks for it.
   const bool usage = stream && j.contains("stream_options") && j["stream_options"].is_object() && j["stream_options"].value("include_usage", false);
   ex.watch_disconnect([this] { ++disconnects; });

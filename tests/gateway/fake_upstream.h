@@ -31,6 +31,7 @@ struct FakeBehaviour {
   std::atomic<int> max_concurrent{0};     // > 0: requests beyond it wait in a queue
   std::atomic<int> body_bytes{0};         // > 0: the completion text is this many bytes
   std::atomic<int> event_bytes{0};        // > 0: each streamed event's text is this many bytes
+  std::atomic<bool> always_stream{false};  // streams whatever the request asks ("stream": false too)
 };
 
 class FakeUpstream : public server::http::Application {

@@ -4,6 +4,7 @@
 // cannot be written).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -176,14 +177,19 @@ TEST_F(GatewayPolicyTest, TheAuditRecordsEveryAdmittedRequestItsOutcomeAndRefusa
   const auto verdict = verify_audit(trail.string());
   EXPECT_TRUE(verdict.ok) << verdict.broken;
   EXPECT_GT(verdict.segments, 1u);  // sealed and continued
+  // A stream has two records (its admission's, before it reached the replica, and its outcome's);
+  // a whole answer one, its outcome's, with the prompt's digest.
   const auto records = audit_records(trail);
-  ASSERT_EQ(records.size(), 2 * sent.size() + 1);
-  std::map<std::string, nlohmann::json> admitted_by_digest;  // prompt digest -> record
+  const auto streams = static_cast<std::size_t>(std::count_if(sent.begin(), sent.end(), [](const Sent& x) { return x.stream; }));
+  ASSERT_EQ(records.size(), sent.size() + streams + 1);
+  std::map<std::string, nlohmann::json> first_by_digest;  // prompt digest -> the request's first record
   std::map<std::uint64_t, nlohmann::json> completed_by_id;
   int refused = 0;
   for (const auto& r : records) {
     EXPECT_TRUE(r["time"].is_string());
-    if (r["event"] == "admitted") admitted_by_digest[r["prompt_sha256"]] = r;
+    if (r["event"] == "admitted" || (r["event"] == "completed" && r.contains("prompt_sha256"))) {
+      EXPECT_TRUE(first_by_digest.emplace(r["prompt_sha256"], r).second) << "two first records for one prompt";
+    }
     if (r["event"] == "completed") {
       EXPECT_TRUE(completed_by_id.emplace(r["id"].get<std::uint64_t>(), r).second) << "two outcomes for one request";
     }
@@ -197,9 +203,10 @@ TEST_F(GatewayPolicyTest, TheAuditRecordsEveryAdmittedRequestItsOutcomeAndRefusa
   }
   EXPECT_EQ(refused, 1);
   for (const auto& x : sent) {
-    const auto it = admitted_by_digest.find(sha256_hex(x.body));
-    ASSERT_NE(it, admitted_by_digest.end()) << "no admission record for " << x.body;
+    const auto it = first_by_digest.find(sha256_hex(x.body));
+    ASSERT_NE(it, first_by_digest.end()) << "no record with the prompt's digest for " << x.body;
     const auto& ad = it->second;
+    EXPECT_EQ(ad["event"], x.stream ? "admitted" : "completed") << x.body;
     EXPECT_EQ(ad["tenant"], "compliance");
     EXPECT_EQ(ad["key_id"], compliance->second.id);
     EXPECT_EQ(ad["model"], "m");
@@ -268,10 +275,10 @@ TEST_F(GatewayPolicyTest, AnAuditThatCannotBeWrittenRefusesRequestsAndNothingIsS
   fs::permissions(trail, fs::perms::owner_all);
   for (const auto& l : links) fs::remove(l);
 
-  std::set<std::string> recorded;  // the prompt digests with both records
+  std::set<std::string> recorded;  // the prompt digests of the outcomes recorded as answered
   std::map<std::uint64_t, std::string> digest_of;
   for (const auto& r : audit_records(trail)) {
-    if (r["event"] == "admitted") digest_of[r["id"].get<std::uint64_t>()] = r["prompt_sha256"];
+    if (r.contains("prompt_sha256")) digest_of[r["id"].get<std::uint64_t>()] = r["prompt_sha256"];
     if (r["event"] == "completed" && r["status"] == 200) recorded.insert(digest_of[r["id"].get<std::uint64_t>()]);
   }
   int ok = 0, refused = 0;
@@ -287,11 +294,77 @@ TEST_F(GatewayPolicyTest, AnAuditThatCannotBeWrittenRefusesRequestsAndNothingIsS
       EXPECT_FALSE(r.header("retry-after").empty());
     }
   }
-  std::fprintf(stderr, "%d answered with their records, %d refused once the trail could not be written\n", ok, refused);
+  std::fprintf(stderr, "%d answered with their records, %d refused once the trail could not be written, %lld reached the replica\n", ok, refused,
+               static_cast<long long>(a.requests.load()));
   EXPECT_GE(ok, 90);  // the 100 begun before the break, but those under way then
   EXPECT_GT(refused, 250);  // every request after the break, but those whose records went in before it
+  // Once a group of records has failed, requests are turned away before a replica sees them
+  // (their admission's record fails): only those under way at the break reached it in vain.
+  EXPECT_LT(a.requests.load(), ok + 40);
   const auto verdict = verify_audit(trail.string());
   EXPECT_TRUE(verdict.ok) << verdict.broken;  // what was written is a whole chain
+}
+
+// A whole answer's one record (the outcome's, with the prompt's digest) is written when it ends
+// and before it is served; a stream's admission is recorded before the replica gets it.
+TEST_F(GatewayPolicyTest, AWholeAnswerHasOneRecordAndAStreamItsAdmissionsBeforeTheReplicaSeesIt) {
+  auto& a = fake("a");
+  a.behaviour.first_byte_delay_ms = 400;
+  const auto trail = dir_ / "trail";
+  fs::create_directories(dir_);
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()), "audit: {dir: " + trail.string() + "}\n");
+  for (const bool stream : {false, true}) {
+    const std::string body = std::string(R"({"model":"m","prompt":"held )") + (stream ? R"(","stream":true})" : R"("})");
+    const auto before = audit_records(trail).size();
+    const auto seen = a.requests.load();
+    lmserve::testing::Reply reply;
+    std::thread client([&] { reply = Client(port_).send(post(body)); });
+    while (a.requests.load() == seen) std::this_thread::sleep_for(Ms(1));
+    // The replica holds the request: a stream's admission is in the trail, a whole answer has none yet.
+    const auto held = audit_records(trail);
+    ASSERT_EQ(held.size(), before + (stream ? 1 : 0)) << body;
+    if (stream) {
+      EXPECT_EQ(held.back()["event"], "admitted");
+      EXPECT_EQ(held.back()["prompt_sha256"], sha256_hex(body));
+    }
+    client.join();
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    const auto done = audit_records(trail);
+    ASSERT_EQ(done.size(), before + (stream ? 2 : 1)) << body;
+    const auto& out = done.back();
+    EXPECT_EQ(out["event"], "completed");
+    EXPECT_EQ(out["stream"], stream);
+    EXPECT_EQ(out["completion_sha256"], sha256_hex(reply.body));
+    if (stream) {
+      EXPECT_FALSE(out.contains("prompt_sha256"));  // in the admission's record, with the same id
+      EXPECT_EQ(out["id"], held.back()["id"]);
+    } else {
+      EXPECT_EQ(out["prompt_sha256"], sha256_hex(body));
+      EXPECT_EQ(out["prompt_tokens"], 3);
+    }
+  }
+  // A replica that streams what was asked for whole: the answer is passed on whole, after its one
+  // record (a stream would reach the client before anything of it was recorded).
+  a.behaviour.always_stream = true;
+  a.behaviour.first_byte_delay_ms = 0;
+  a.behaviour.chunks = 3;
+  const std::string body = R"({"model":"m","prompt":"whole, please","stream_options":{"include_usage":true}})";
+  const auto before = audit_records(trail).size();
+  const auto reply = Client(port_).send(post(body));
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  EXPECT_TRUE(reply.header("content-type").starts_with("text/event-stream"));
+  EXPECT_FALSE(reply.header("content-length").empty()) << "sent whole, with its length";
+  EXPECT_NE(reply.body.find("data: [DONE]"), std::string::npos) << reply.body;
+  const auto after = audit_records(trail);
+  ASSERT_EQ(after.size(), before + 1);
+  EXPECT_EQ(after.back()["event"], "completed");
+  EXPECT_EQ(after.back()["stream"], false);
+  EXPECT_EQ(after.back()["prompt_sha256"], sha256_hex(body));
+  EXPECT_EQ(after.back()["completion_sha256"], sha256_hex(reply.body));
+  EXPECT_EQ(after.back()["completion_tokens"], 3);  // read from the events' usage
+  stop_gateway();
+  const auto verdict = verify_audit(trail.string());
+  EXPECT_TRUE(verdict.ok) << verdict.broken;
 }
 
 TEST_F(GatewayPolicyTest, LimitsHoldExactlyUnder200ConcurrentClientsAndTokensSettleToTheReportedUsage) {

@@ -44,6 +44,7 @@ TEST(RouteFields, TheDocumentIsTheParsersAndTheFieldsTheSameEitherWay) {
     EXPECT_EQ(with.fields.object, without.fields.object) << body;
     EXPECT_EQ(with.fields.model, without.fields.model) << body;
     EXPECT_EQ(with.fields.user, without.fields.user) << body;
+    EXPECT_EQ(with.fields.stream, without.fields.stream) << body;
   }
   Pass with, without;
   route(R"({"user":"first","user":"second","model":"m","x":{"model":"inner"}})", with, without);
@@ -99,6 +100,8 @@ void expect_same_reading(const std::string& body) {
   EXPECT_EQ(scan.user, sax.user) << shown;
   EXPECT_EQ(scan_p.model, sax.model) << shown;
   EXPECT_EQ(scan_p.user, sax.user) << shown;
+  EXPECT_EQ(scan.stream, sax.stream) << shown;
+  EXPECT_EQ(scan_p.stream, sax.stream) << shown;
   if (sax.refusal) return;
   const auto want = policy_fields(nlohmann::json::parse(body));
   EXPECT_EQ(policy.prompt_texts, want.prompt_texts) << shown;
@@ -144,6 +147,25 @@ TEST(ScanRouteFields, ReadsThePoliciesFieldsAsTheDocumentHasThem) {
       R"({"model":"m","messages":[{"role":"user","content":"a"}],"model":"n"})", R"({"model":1,"prompt":"p"})",
   };
   for (const auto& body : bodies) expect_same_reading(body);
+}
+
+// Whether the client asks for a stream decides whether the gateway audits a request's admission
+// before it reaches a replica (gateway.cpp): the last top-level "stream", true only as the literal.
+TEST(ScanRouteFields, ReadsWhetherAStreamIsAskedFor) {
+  const std::vector<std::pair<std::string, bool>> cases = {
+      {R"({"model":"m","stream":true})", true},       {R"({"stream":false})", false},
+      {R"({"stream":true,"stream":false})", false},   {R"({"stream":false,"stream":true})", true},
+      {R"({"stream":"true"})", false},                {R"({"stream":1})", false},
+      {R"({"stream":true,"stream":null})", false},    {R"({"str\u0065am":true})", true},
+      {R"({"x":{"stream":true}})", false},            {R"({"stream":[true]})", false},
+      {R"({"stream":{"stream":true}})", false},       {R"({"model":"m"})", false},
+  };
+  for (const auto& [body, want] : cases) {
+    RouteFieldValues out;
+    ASSERT_TRUE(scan_route_fields(body, out)) << body;
+    EXPECT_EQ(out.stream, want) << body;
+    expect_same_reading(body);
+  }
 }
 
 TEST(ScanRouteFields, ReadsTheFieldsOfAnOrdinaryRequest) {
