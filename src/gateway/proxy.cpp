@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <strings.h>
+#include <sys/socket.h>
 
 #include "common/json_line.h"
 #include "gateway/access_log.h"
@@ -207,6 +208,21 @@ struct RecyclingAllocator {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Sends what the socket takes of `bufs` now, without waiting: the bytes sent (0 where it takes
+// none or fails; the asynchronous write of the rest then waits or reports the error).
+std::size_t send_now(UpstreamSocket& sock, const std::array<net::const_buffer, 2>& bufs) {
+  iovec iov[2];
+  for (std::size_t i = 0; i < 2; ++i) iov[i] = {const_cast<void*>(bufs[i].data()), bufs[i].size()};
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = 2;
+  for (;;) {
+    const ssize_t n = ::sendmsg(sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno != EINTR) return 0;
+  }
+}
+
 thread_local std::mt19937_64 tl_rng{std::random_device{}()};
 
 class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall> {
@@ -297,6 +313,13 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     out_.append(req.remote_address).append("\r\nContent-Length: "sv).append(std::to_string(req.body.size())).append("\r\n\r\n"sv);
     arm(cfg_.timeouts.first_token, "first_token_timeout");
     std::array<net::const_buffer, 2> bufs{net::buffer(out_), net::buffer(req.body)};
+    // A request is a few hundred bytes, which the socket takes at once: the answer's read starts
+    // here, without the turn of the event loop an asynchronous write takes to report that it is
+    // done. What the socket does not take goes asynchronously.
+    const std::size_t sent = send_now(*sock_, bufs);
+    if (sent == out_.size() + req.body.size()) return read_head();
+    if (sent < out_.size()) bufs[0] += sent;
+    else bufs = {net::buffer(req.body) + (sent - out_.size()), net::const_buffer()};
     net::async_write(*sock_, bufs, [self = shared_from_this(), g = gen_](beast::error_code ec, std::size_t) {
       if (g != self->gen_ || self->done_) return;
       if (ec) return self->stale_or_failed();
