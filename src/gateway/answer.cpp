@@ -1,5 +1,6 @@
 #include "gateway/answer.h"
 
+#include <array>
 #include <boost/container/small_vector.hpp>
 #include <cmath>
 #include <cstdint>
@@ -104,6 +105,13 @@ class UsageEvents {
   bool in_usage_ = false;
   Field field_ = Field::kOther;
 };
+
+// The bytes a JSON string holds as they are: printable ASCII but the quote and the backslash.
+constexpr std::array<bool, 256> kPlain = [] {
+  std::array<bool, 256> plain{};
+  for (int c = 0x20; c < 0x80; ++c) plain[c] = c != '"' && c != '\\';
+  return plain;
+}();
 
 // A JSON answer scanned in place, without a document or a token's copy: accepts exactly what
 // nlohmann::json::parse accepts (RFC 8259, a leading UTF-8 BOM, strings of valid UTF-8 with
@@ -257,6 +265,8 @@ class AnswerScan {
   bool string(bool* escaped) {
     ++p_;
     while (p_ != end_) {
+      while (p_ != end_ && kPlain[static_cast<unsigned char>(*p_)]) ++p_;  // most of a string
+      if (p_ == end_) break;
       const auto b = static_cast<unsigned char>(*p_);
       if (b == '"') {
         ++p_;
