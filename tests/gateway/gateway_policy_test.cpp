@@ -1,7 +1,7 @@
 // What the gateway enforces and records per request, end to end in front of fake replicas: API
-// keys (401/403, the key's lane, never a key in a log), the audit trail (a record per admitted
-// request and its outcome, refusals, digests, redacted content, fail-closed refusal when a record
-// cannot be written).
+// keys (401/403, the key's lane, never a key in a log), the audit trail (a whole answer's one
+// record, a stream's admission and outcome, refusals, digests, redacted content, fail-closed
+// refusal when a record cannot be written).
 #include <sys/stat.h>
 
 #include <algorithm>
