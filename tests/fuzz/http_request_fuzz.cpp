@@ -36,11 +36,12 @@ struct Reading {
 };
 
 // Reads `bytes` delivered `cut` at a time (all at once when cut is 0), as the transport does.
-Reading read(std::string_view bytes, std::size_t cut, std::size_t max_header, std::size_t max_body) {
+Reading read(std::string_view bytes, std::size_t cut, std::size_t max_header, std::size_t max_body,
+             RequestParser::Reading how = RequestParser::Reading::kPlainWherePossible) {
   Reading out;
   Request request;
   std::optional<RequestParser> parser;
-  parser.emplace(request, max_header, max_body);
+  parser.emplace(request, max_header, max_body, how);
   std::string buffer;  // received and not yet taken by the parser
   std::size_t given = 0;
   while (given < bytes.size() || !buffer.empty()) {
@@ -66,7 +67,7 @@ Reading read(std::string_view bytes, std::size_t cut, std::size_t max_header, st
       if (version == 11 ? hosts != 1 : hosts > 1) __builtin_trap();
       out.keep_alive.push_back(parser->keep_alive());
       out.requests.push_back(request);
-      parser.emplace(request, max_header, max_body);
+      parser.emplace(request, max_header, max_body, how);
       continue;
     }
     if (given == bytes.size()) break;  // needs more than there is
@@ -86,5 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const Reading whole = read(bytes, 0, max_header, max_body);
   const Reading pieces = read(bytes, cut, max_header, max_body);
   if (!(whole == pieces)) __builtin_trap();
+  const Reading beast = read(bytes, 0, max_header, max_body, RequestParser::Reading::kBeastOnly);
+  if (!(whole == beast) || whole.end != beast.end) __builtin_trap();
   return 0;
 }

@@ -1,12 +1,17 @@
 #include "server/http/request_parser.h"
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "server/http/plain_head.h"
 
 namespace lmserve::server::http {
 
 namespace bhttp = boost::beast::http;
 
-RequestParser::RequestParser(Request& r, std::size_t max_header, std::size_t max_body) : r_(r), max_header_(max_header) {
+RequestParser::RequestParser(Request& r, std::size_t max_header, std::size_t max_body, Reading reading)
+    : r_(r), max_header_(max_header), max_body_(max_body), reading_(reading) {
   header_limit(static_cast<std::uint32_t>(std::min<std::size_t>(max_header, UINT32_MAX)));
   body_limit(max_body);
   eager(false);  // put() stops at the header's end: its size is then what was taken
@@ -16,6 +21,9 @@ RequestParser::RequestParser(Request& r, std::size_t max_header, std::size_t max
 
 RequestParser::Step RequestParser::feed(std::string_view bytes) {
   std::size_t used = 0;
+  if (reading_ == Reading::kPlainWherePossible && taken_ == 0 && !is_done() && read_plain(bytes, used)) {
+    return {used, State::kDone, TransportError::kMalformed};
+  }
   while (used < bytes.size() && !is_done()) {
     error_code ec;
     const std::size_t n = put(boost::asio::const_buffer(bytes.data() + used, bytes.size() - used), ec);
@@ -34,6 +42,88 @@ RequestParser::Step RequestParser::feed(std::string_view bytes) {
     if (n == 0) break;  // no progress without more bytes
   }
   return {used, is_done() ? State::kDone : State::kNeedMore, TransportError::kMalformed};
+}
+
+bool RequestParser::read_plain(std::string_view bytes, std::size_t& used) {
+  const char* p = bytes.data();
+  const char* const end = p + bytes.size();
+  // The request line: method SP origin-form SP HTTP/1.x CRLF.
+  const char* const method = p;
+  while (p < end && kTokenChar[static_cast<unsigned char>(*p)]) ++p;
+  if (p == method || p == end || *p != ' ') return false;
+  const std::string_view method_v(method, p - method);
+  const char* const target = ++p;
+  if (p == end || *p != '/') return false;
+  p = skip_text(p, end, false);
+  const std::string_view target_v(target, p - target);
+  if (end - p < 11 || std::memcmp(p, " HTTP/1.", 8) != 0 || (p[8] != '0' && p[8] != '1') || p[9] != '\r' || p[10] != '\n') return false;
+  const unsigned v = p[8] == '1' ? 11 : 10;
+  p += 11;
+  // The fields: Beast's own (Connection, Content-Length, ...) only where plain, and Host counted.
+  struct Field {
+    std::string_view name, value;
+  };
+  std::array<Field, 32> fields;
+  std::size_t n = 0;
+  int hosts = 0;
+  bool close = false, keep_alive = false, has_length = false;
+  std::uint64_t length = 0;
+  p = read_plain_fields(p, end, [&](std::string_view name, std::string_view value) {
+    if (n == fields.size()) return false;
+    switch (name.size()) {
+      case 4:
+        hosts += names(name, "host");
+        break;
+      case 7:
+        if (names(name, "upgrade")) return false;
+        break;
+      case 10:
+        if (names(name, "connection")) {
+          if (names(value, "close")) {
+            close = true;
+          } else if (names(value, "keep-alive")) {
+            keep_alive = true;
+          } else {
+            return false;
+          }
+        }
+        break;
+      case 14:
+        if (names(name, "content-length")) {
+          if (has_length || value.empty() || value.size() > 15) return false;
+          for (const char c : value) {
+            if (c < '0' || c > '9') return false;
+            length = length * 10 + static_cast<std::uint64_t>(c - '0');
+          }
+          has_length = true;
+        }
+        break;
+      case 16:
+        if (names(name, "proxy-connection")) return false;
+        break;
+      case 17:
+        if (names(name, "transfer-encoding")) return false;
+        break;
+      default:
+        break;
+    }
+    fields[n++] = {name, value};
+    return true;
+  });
+  if (p == nullptr) return false;
+  const std::size_t header = static_cast<std::size_t>(p - bytes.data());
+  if (header > max_header_ || length > max_body_ || static_cast<std::uint64_t>(end - p) < length) return false;
+  if (v == 11 ? hosts != 1 : hosts > 1) return false;
+  r_.method.assign(method_v);
+  r_.target.assign(target_v);
+  r_.path.assign(target_v.substr(0, target_v.find('?')));
+  for (std::size_t i = 0; i < n; ++i) r_.headers.emplace_back(fields[i].name, fields[i].value);
+  r_.body.assign(p, static_cast<std::size_t>(length));
+  version = v;
+  plain_keep_alive_ = v == 11 ? !close : keep_alive;
+  plain_done_ = true;
+  used = header + static_cast<std::size_t>(length);
+  return true;
 }
 
 void RequestParser::on_request_impl(bhttp::verb, string_view method, string_view target, int v, error_code&) {

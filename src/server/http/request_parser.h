@@ -8,6 +8,14 @@
 // as empty would make its body the next request: smuggling), and an HTTP/1.1 request without
 // exactly one Host. A chunked body's trailer fields are dropped: a client could otherwise add
 // headers (an Authorization, a lane) after the ones a proxy checked.
+//
+// A request that is all there and plain (an origin-form target of printable ASCII, HTTP/1.0 or
+// 1.1, fields of printable ASCII without folding, at most one Content-Length of digits, no
+// Transfer-Encoding, Upgrade or Proxy-Connection, a Connection of just "close" or "keep-alive",
+// within the limits, the Host rule kept) is read by a plain pass instead, a third of Beast's
+// instructions; anything else goes to Beast as it arrived. So the plain pass only ever takes a
+// request Beast takes, and reads it as Beast does (`Reading::kBeastOnly` reads every request with
+// Beast: the fuzz target and the tests compare the two).
 #pragma once
 
 #include <boost/beast/core.hpp>
@@ -19,11 +27,14 @@
 
 namespace lmserve::server::http {
 
-class RequestParser : public boost::beast::http::basic_parser<true> {
+class RequestParser : private boost::beast::http::basic_parser<true> {
+  using Beast = boost::beast::http::basic_parser<true>;
+
  public:
+  enum class Reading { kPlainWherePossible, kBeastOnly };
   // Fills `r` (its headers and body cleared first); refuses more than `max_header` bytes of
   // request line and headers and more than `max_body` bytes of body.
-  RequestParser(Request& r, std::size_t max_header, std::size_t max_body);
+  RequestParser(Request& r, std::size_t max_header, std::size_t max_body, Reading reading = Reading::kPlainWherePossible);
 
   enum class State { kNeedMore, kDone, kError };
   struct Step {
@@ -36,8 +47,17 @@ class RequestParser : public boost::beast::http::basic_parser<true> {
   Step feed(std::string_view bytes);
 
   unsigned version = 11;  // 10 or 11, once the request line is read
+  bool is_done() const { return plain_done_ || Beast::is_done(); }
+  bool got_some() const { return plain_done_ || Beast::got_some(); }
+  // Whether the connection stays open after this request (once it is done).
+  bool keep_alive() const { return plain_done_ ? plain_keep_alive_ : Beast::keep_alive(); }
+  // Whether the request was read by the plain pass.
+  bool read_plainly() const { return plain_done_; }
 
  private:
+  // Reads `bytes` as one whole plain request (above); false, and `r_` as it was, for anything else.
+  bool read_plain(std::string_view bytes, std::size_t& used);
+
   using string_view = boost::beast::string_view;
   using error_code = boost::beast::error_code;
   void on_request_impl(boost::beast::http::verb, string_view method, string_view target, int v, error_code&) override;
@@ -51,10 +71,12 @@ class RequestParser : public boost::beast::http::basic_parser<true> {
   void on_finish_impl(error_code&) override {}
 
   Request& r_;
-  std::size_t max_header_, taken_ = 0;  // bytes put() has taken so far
+  std::size_t max_header_, max_body_, taken_ = 0;  // taken_: bytes put() has taken so far
   bool header_sized_ = false;
   int hosts_ = 0;
   bool transfer_encoding_ = false, header_done_ = false;
+  Reading reading_;
+  bool plain_done_ = false, plain_keep_alive_ = false;
 };
 
 }  // namespace lmserve::server::http
