@@ -17,6 +17,7 @@
 #include "gateway/digest.h"
 #include "gateway/errors.h"
 #include "gateway/redact.h"
+#include "gateway/upstream_parser.h"
 #include "server/http/asio.h"
 #include "server/http/drained_read.h"
 
@@ -101,68 +102,6 @@ constexpr std::size_t kMaxWholeBody = 64 << 20;  // a non-streamed answer
 
 bool iequals(std::string_view a, std::string_view b) { return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0; }
 
-// Hop-by-hop and framing headers: the gateway sets its own on each side.
-bool hop_by_hop(std::string_view name) {
-  for (const char* h : {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection",
-                        "proxy-authorization", "proxy-authenticate", "host", "content-length", "content-type", "server", "date"}) {
-    if (iequals(name, h)) return true;
-  }
-  return false;
-}
-
-// The replica's answer as Beast's parser reads it, kept lean: the status and the headers the
-// gateway acts on are kept, the others are formatted once into the lines that pass to the client,
-// and the body goes to `on_body` as it is parsed (no field container, no body buffer).
-class UpstreamParser : public bhttp::basic_parser<false> {
- public:
-  explicit UpstreamParser(std::function<bool(std::string_view)> on_body) : on_body_(std::move(on_body)) { body_limit(boost::none); }
-  int status = 0;
-  std::string content_type, retry_after;
-  std::string pass_lines;  // "Name: value\r\n" for each header the client gets as the replica sent it
-
- private:
-  void on_request_impl(bhttp::verb, beast::string_view, beast::string_view, int, beast::error_code& ec) override { ec = bhttp::error::bad_method; }
-  void on_response_impl(int code, beast::string_view, int, beast::error_code&) override { status = code; }
-  void on_field_impl(bhttp::field f, beast::string_view name, beast::string_view value, beast::error_code&) override {
-    switch (f) {
-      case bhttp::field::content_type:
-        content_type.assign(value.data(), value.size());
-        return;
-      case bhttp::field::retry_after:
-        retry_after.assign(value.data(), value.size());
-        break;
-      // Hop-by-hop and framing headers: the gateway sets its own on each side.
-      case bhttp::field::connection:
-      case bhttp::field::keep_alive:
-      case bhttp::field::transfer_encoding:
-      case bhttp::field::te:
-      case bhttp::field::trailer:
-      case bhttp::field::upgrade:
-      case bhttp::field::proxy_connection:
-      case bhttp::field::proxy_authorization:
-      case bhttp::field::proxy_authenticate:
-      case bhttp::field::host:
-      case bhttp::field::content_length:
-      case bhttp::field::server:
-      case bhttp::field::date:
-        return;
-      default:
-        break;
-    }
-    pass_lines.append(name.data(), name.size()).append(": "sv).append(value.data(), value.size()).append("\r\n"sv);
-  }
-  void on_header_impl(beast::error_code&) override {}
-  void on_body_init_impl(const boost::optional<std::uint64_t>&, beast::error_code&) override {}
-  std::size_t on_body_impl(beast::string_view body, beast::error_code& ec) override { return deliver(body, ec); }
-  void on_chunk_header_impl(std::uint64_t, beast::string_view, beast::error_code&) override {}
-  std::size_t on_chunk_body_impl(std::uint64_t, beast::string_view body, beast::error_code& ec) override { return deliver(body, ec); }
-  void on_finish_impl(beast::error_code&) override {}
-  std::size_t deliver(beast::string_view body, beast::error_code& ec) {
-    if (!on_body_(std::string_view(body.data(), body.size()))) ec = net::error::operation_aborted;  // the call gave up on this attempt
-    return body.size();
-  }
-  std::function<bool(std::string_view)> on_body_;
-};
 
 // Calls are allocated from a free list per thread: a call is about a kilobyte, which glibc serves
 // from its large bins, consolidating its fast bins first on every request (perf on the build VM:

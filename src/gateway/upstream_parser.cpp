@@ -1,0 +1,143 @@
+#include "gateway/upstream_parser.h"
+
+#include <array>
+#include <boost/asio/error.hpp>
+#include <cstring>
+
+#include "server/http/plain_head.h"
+
+namespace lmserve::gateway {
+
+namespace bhttp = boost::beast::http;
+using server::http::names;
+using namespace std::string_view_literals;
+
+UpstreamParser::UpstreamParser(std::function<bool(std::string_view)> on_body, Reading reading)
+    : on_body_(std::move(on_body)), reading_(reading) {
+  body_limit(boost::none);
+}
+
+std::size_t UpstreamParser::put(boost::asio::const_buffer bytes, error_code& ec) {
+  ec = {};
+  const std::string_view in(static_cast<const char*>(bytes.data()), bytes.size());
+  if (plain_) {  // the body, counted off by its length
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left_, in.size()));
+    left_ -= n;
+    return n == 0 ? 0 : deliver(in.substr(0, n), ec);
+  }
+  std::size_t used = 0;
+  if (reading_ == Reading::kPlainWherePossible && !taken_any_ && read_plain(in, used)) return used;
+  used = Beast::put(bytes, ec);
+  taken_any_ = taken_any_ || used > 0;
+  return used;
+}
+
+void UpstreamParser::put_eof(error_code& ec) {
+  if (!plain_) return Beast::put_eof(ec);
+  ec = left_ == 0 ? error_code{} : error_code(bhttp::error::partial_message);
+}
+
+bool UpstreamParser::read_plain(std::string_view bytes, std::size_t& used) {
+  // The status line: HTTP/1.x SP 3DIGIT SP reason CRLF, for a status with a body.
+  const char* p = bytes.data();
+  const char* const end = p + bytes.size();
+  if (end - p < 13 || std::memcmp(p, "HTTP/1.", 7) != 0 || (p[7] != '0' && p[7] != '1') || p[8] != ' ') return false;
+  int code = 0;
+  for (int i = 9; i < 12; ++i) {
+    if (p[i] < '0' || p[i] > '9') return false;
+    code = code * 10 + (p[i] - '0');
+  }
+  if (p[12] != ' ' || code < 200 || code == 204 || code == 304) return false;
+  const bool http11 = p[7] == '1';
+  p = server::http::skip_text(p + 13, end, true);
+  if (end - p < 2 || p[0] != '\r' || p[1] != '\n') return false;
+  p += 2;
+  // The fields: Beast's own (Connection, Content-Length, ...) only where plain; a Content-Length
+  // needed. Nothing is kept until the head has proved plain.
+  struct Field {
+    std::string_view name, value;
+  };
+  std::array<Field, 32> fields;
+  std::size_t n = 0;
+  bool close = false, keep_alive = false, has_length = false;
+  std::uint64_t length = 0;
+  p = server::http::read_plain_fields(p, end, [&](std::string_view name, std::string_view value) {
+    if (n == fields.size() || names(name, "transfer-encoding") || names(name, "upgrade") || names(name, "proxy-connection")) return false;
+    if (names(name, "connection")) {
+      close = close || names(value, "close");
+      keep_alive = keep_alive || names(value, "keep-alive");
+      if (!names(value, "close") && !names(value, "keep-alive")) return false;
+    } else if (names(name, "content-length")) {
+      if (has_length || value.empty() || value.size() > 15) return false;
+      for (const char c : value) {
+        if (c < '0' || c > '9') return false;
+        length = length * 10 + static_cast<std::uint64_t>(c - '0');
+      }
+      has_length = true;
+    }
+    fields[n++] = {name, value};
+    return true;
+  });
+  if (p == nullptr || !has_length) return false;
+  for (std::size_t i = 0; i < n; ++i) take_field(fields[i].name, fields[i].value);
+  status = code;
+  plain_ = true;
+  plain_keep_alive_ = http11 ? !close : keep_alive;
+  length_ = left_ = length;
+  used = static_cast<std::size_t>(p - bytes.data());
+  return true;
+}
+
+bool hop_by_hop(std::string_view name) {
+  switch (name.size()) {  // by length first: most names are none of these
+    case 2:
+      return names(name, "te");
+    case 4:
+      return names(name, "host") || names(name, "date");
+    case 6:
+      return names(name, "server");
+    case 7:
+      return names(name, "trailer") || names(name, "upgrade");
+    case 10:
+      return names(name, "connection") || names(name, "keep-alive");
+    case 12:
+      return names(name, "content-type");
+    case 14:
+      return names(name, "content-length");
+    case 16:
+      return names(name, "proxy-connection");
+    case 17:
+      return names(name, "transfer-encoding");
+    case 18:
+      return names(name, "proxy-authenticate");
+    case 19:
+      return names(name, "proxy-authorization");
+    default:
+      return false;
+  }
+}
+
+void UpstreamParser::take_field(std::string_view name, std::string_view value) {
+  if (names(name, "content-type")) {
+    content_type.assign(value);
+    return;
+  }
+  if (names(name, "retry-after")) retry_after.assign(value);
+  if (hop_by_hop(name)) return;
+  pass_lines.append(name).append(": "sv).append(value).append("\r\n"sv);
+}
+
+void UpstreamParser::on_request_impl(bhttp::verb, boost::beast::string_view, boost::beast::string_view, int, error_code& ec) {
+  ec = bhttp::error::bad_method;
+}
+
+void UpstreamParser::on_field_impl(bhttp::field, boost::beast::string_view name, boost::beast::string_view value, error_code&) {
+  take_field({name.data(), name.size()}, {value.data(), value.size()});
+}
+
+std::size_t UpstreamParser::deliver(std::string_view body, error_code& ec) {
+  if (!on_body_(body)) ec = boost::asio::error::operation_aborted;  // the call gave up on this attempt
+  return body.size();
+}
+
+}  // namespace lmserve::gateway

@@ -1,0 +1,77 @@
+// gateway: a replica's answer as the proxy reads it (proxy.cpp), kept lean: the status and the
+// headers the gateway acts on are kept, the others are formatted once into the lines that pass to
+// the client, and the body goes to `on_body` as it is parsed (no field container, no body buffer).
+//
+// Beast's parser reads the answer, except for a plain head that arrived whole with a
+// Content-Length (HTTP/1.0 or 1.1, a status with a body, fields as server/http/plain_head.h
+// reads them, no Transfer-Encoding, Upgrade or Proxy-Connection, a Connection of just "close" or
+// "keep-alive"): that one a plain pass reads and its body is counted off by the length, at a
+// fraction of Beast's instructions (its field-name lookup). A stream's chunks stay Beast's.
+// `Reading::kBeastOnly` reads every answer with Beast (the tests compare the two).
+#pragma once
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/optional.hpp>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace lmserve::gateway {
+
+// Hop-by-hop and framing headers (and Host, Server, Date, Content-Type): the gateway sets its own
+// on each side.
+bool hop_by_hop(std::string_view name);
+
+class UpstreamParser : private boost::beast::http::basic_parser<false> {
+  using Beast = boost::beast::http::basic_parser<false>;
+  using error_code = boost::beast::error_code;
+
+ public:
+  enum class Reading { kPlainWherePossible, kBeastOnly };
+  // `on_body` gets the body's bytes as they are parsed; false gives the answer up (put() then
+  // fails with operation_aborted).
+  explicit UpstreamParser(std::function<bool(std::string_view)> on_body, Reading reading = Reading::kPlainWherePossible);
+
+  int status = 0;
+  std::string content_type, retry_after;
+  std::string pass_lines;  // "Name: value\r\n" for each header the client gets as the replica sent it
+
+  // As Beast's: put() takes the head (and stops there) or body bytes, and says how many it used;
+  // need_more when the head is not all there. put_eof() where the connection ended.
+  std::size_t put(boost::asio::const_buffer bytes, error_code& ec);
+  void put_eof(error_code& ec);
+  bool is_header_done() const { return plain_ || Beast::is_header_done(); }
+  bool is_done() const { return plain_ ? left_ == 0 : Beast::is_done(); }
+  bool keep_alive() const { return plain_ ? plain_keep_alive_ : Beast::keep_alive(); }
+  boost::optional<std::uint64_t> content_length() const { return plain_ ? boost::optional<std::uint64_t>(length_) : Beast::content_length(); }
+  // Whether the head was read by the plain pass.
+  bool read_plainly() const { return plain_; }
+
+ private:
+  // Reads a whole plain head from `bytes` (above); false, and nothing kept, for anything else.
+  bool read_plain(std::string_view bytes, std::size_t& used);
+  // A header field as the client gets it (or not), by its name.
+  void take_field(std::string_view name, std::string_view value);
+
+  void on_request_impl(boost::beast::http::verb, boost::beast::string_view, boost::beast::string_view, int, error_code& ec) override;
+  void on_response_impl(int code, boost::beast::string_view, int, error_code&) override { status = code; }
+  void on_field_impl(boost::beast::http::field, boost::beast::string_view name, boost::beast::string_view value, error_code&) override;
+  void on_header_impl(error_code&) override {}
+  void on_body_init_impl(const boost::optional<std::uint64_t>&, error_code&) override {}
+  std::size_t on_body_impl(boost::beast::string_view body, error_code& ec) override { return deliver({body.data(), body.size()}, ec); }
+  void on_chunk_header_impl(std::uint64_t, boost::beast::string_view, error_code&) override {}
+  std::size_t on_chunk_body_impl(std::uint64_t, boost::beast::string_view body, error_code& ec) override {
+    return deliver({body.data(), body.size()}, ec);
+  }
+  void on_finish_impl(error_code&) override {}
+  std::size_t deliver(std::string_view body, error_code& ec);
+
+  std::function<bool(std::string_view)> on_body_;
+  Reading reading_;
+  bool plain_ = false, plain_keep_alive_ = false, taken_any_ = false;
+  std::uint64_t length_ = 0, left_ = 0;  // the plain answer's body: its length, the bytes still to come
+};
+
+}  // namespace lmserve::gateway

@@ -1,0 +1,189 @@
+// gateway/upstream_parser.h: a replica's plain answer with a length is read by the parser's own
+// pass, and every answer reads as Beast reads it. Each case is read by default and with
+// Reading::kBeastOnly, as the proxy feeds its parser (the head, then the body, from what each
+// read brought), and the two readings must be equal.
+#include "gateway/upstream_parser.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace lmserve::gateway {
+namespace {
+
+struct Reading {
+  bool head = false, done = false, plain = false, keep_alive = false;
+  int status = 0;
+  std::string content_type, retry_after, pass_lines, body;
+  std::optional<std::uint64_t> length;
+  std::string error;  // the first error but need_more, "" for none
+  bool operator==(const Reading&) const = default;
+};
+
+// Reads `bytes` arriving `cut` at a time (all at once for 0), then the connection's end; the body
+// is given up after `give_up_after` bytes (never by default).
+Reading read(std::string_view bytes, UpstreamParser::Reading how, std::size_t cut = 0, std::size_t give_up_after = SIZE_MAX) {
+  Reading out;
+  UpstreamParser parser(
+      [&](std::string_view b) {
+        out.body.append(b);
+        return out.body.size() <= give_up_after;
+      },
+      how);
+  std::string buffer;
+  std::size_t given = 0;
+  const auto fail = [&](const boost::beast::error_code& ec) {
+    out.error = ec.message();
+    return out;
+  };
+  while (!parser.is_done()) {
+    if (given == bytes.size()) {
+      if (!parser.is_header_done()) break;
+      boost::beast::error_code ec;
+      parser.put_eof(ec);
+      if (ec) return fail(ec);
+      break;
+    }
+    const std::size_t n = cut == 0 ? bytes.size() - given : std::min(cut, bytes.size() - given);
+    buffer.append(bytes.substr(given, n));
+    given += n;
+    while (!buffer.empty() && !parser.is_done()) {
+      boost::beast::error_code ec;
+      const bool had_head = parser.is_header_done();
+      const std::size_t used = parser.put(boost::asio::buffer(buffer), ec);
+      buffer.erase(0, used);
+      if (ec == boost::beast::http::error::need_more) break;
+      if (ec) return fail(ec);
+      if (!had_head && parser.is_header_done()) {
+        out.head = true;
+        out.status = parser.status;
+        out.plain = parser.read_plainly();
+        out.keep_alive = parser.keep_alive();
+        if (const auto l = parser.content_length()) out.length = *l;
+      }
+      if (used == 0) break;
+    }
+  }
+  out.done = parser.is_done();
+  out.content_type = parser.content_type;
+  out.retry_after = parser.retry_after;
+  out.pass_lines = parser.pass_lines;
+  return out;
+}
+
+bool same_but_plain(Reading a, Reading b) {
+  a.plain = b.plain = false;
+  return a == b;
+}
+
+const std::string kAnswer =
+    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: r-1 \r\nServer: lmserve\r\nDate: today\r\n"
+    "Connection: keep-alive\r\nRetry-After: 3\r\nContent-Length: 27\r\n\r\n{\"choices\":[{\"text\":\"hi\"}]}";
+
+TEST(UpstreamParser, APlainAnswerWithALengthIsReadByThePlainPassAsBeastReadsIt) {
+  const std::vector<std::string> plain = {
+      kAnswer,
+      "HTTP/1.1 200 \r\ncontent-length: 0\r\n\r\n",
+      "HTTP/1.0 404 Not Found\r\nContent-Length: 2\r\nConnection: Keep-Alive\r\n\r\n{}",
+      "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+      "HTTP/1.1 429 Too Many Requests\r\nRetry-After:  7\t\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+      "HTTP/1.0 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+  };
+  for (const auto& bytes : plain) {
+    for (const std::size_t cut : {0, 1, 5, 64}) {
+      const Reading fast = read(bytes, UpstreamParser::Reading::kPlainWherePossible, cut);
+      const Reading beast = read(bytes, UpstreamParser::Reading::kBeastOnly, cut);
+      EXPECT_TRUE(same_but_plain(fast, beast)) << bytes << " cut " << cut;
+      EXPECT_TRUE(fast.done) << bytes;
+      EXPECT_FALSE(beast.plain);
+      if (cut == 0) {
+        EXPECT_TRUE(fast.plain) << bytes;
+      }
+    }
+  }
+  const Reading r = read(kAnswer, UpstreamParser::Reading::kPlainWherePossible);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.content_type, "application/json");
+  EXPECT_EQ(r.retry_after, "3");
+  EXPECT_EQ(r.pass_lines, "X-Request-Id: r-1\r\nRetry-After: 3\r\n");  // not Server, Date, Connection, the length
+  EXPECT_EQ(r.body, "{\"choices\":[{\"text\":\"hi\"}]}");
+  EXPECT_TRUE(r.keep_alive);
+  EXPECT_FALSE(read(plain[4], UpstreamParser::Reading::kPlainWherePossible).keep_alive);
+  EXPECT_TRUE(read(plain[2], UpstreamParser::Reading::kPlainWherePossible).keep_alive);
+  EXPECT_FALSE(read(plain[3], UpstreamParser::Reading::kPlainWherePossible).keep_alive);
+  EXPECT_FALSE(read(plain[5], UpstreamParser::Reading::kPlainWherePossible).keep_alive);
+}
+
+TEST(UpstreamParser, WhatThePlainPassDoesNotTakeIsBeasts) {
+  const std::vector<std::string> others = {
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\ndata:\r\n0\r\n\r\n",
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"to\":\"the end\"}",  // a body to the connection's end
+      "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",                           // no body whatever the length
+      "HTTP/1.1 100 Continue\r\n\r\n",
+      "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Folded: a\r\n b\r\n\r\nbody",
+      "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\nbody",
+      "HTTP/1.1 200 OK\r\nContent-Length: 4\r\nX-Latin: caf\xc3\xa9\r\n\r\nbody",
+      "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",                             // cut short: partial_message
+      "HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n",                                      // no SP after the status
+      "HTTP/2.0 200 OK\r\nContent-Length: 0\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: h\r\n\r\n",
+  };
+  for (const auto& bytes : others) {
+    const Reading fast = read(bytes, UpstreamParser::Reading::kPlainWherePossible);
+    const Reading beast = read(bytes, UpstreamParser::Reading::kBeastOnly);
+    EXPECT_TRUE(same_but_plain(fast, beast)) << bytes;
+    if (bytes.find("short") == std::string::npos) {
+      EXPECT_FALSE(fast.plain) << bytes;
+    }
+  }
+  EXPECT_FALSE(read(others[7], UpstreamParser::Reading::kPlainWherePossible).error.empty());  // partial_message either way
+}
+
+TEST(UpstreamParser, AnAnswerGivenUpStopsTheBodyEitherWay) {
+  const Reading fast = read(kAnswer, UpstreamParser::Reading::kPlainWherePossible, 0, 5);
+  EXPECT_TRUE(fast.plain);
+  EXPECT_FALSE(fast.error.empty());
+  EXPECT_TRUE(same_but_plain(fast, read(kAnswer, UpstreamParser::Reading::kBeastOnly, 0, 5)));
+}
+
+TEST(UpstreamParser, HopByHopNamesAreTheGatewaysOwnInAnyCase) {
+  for (const char* name : {"Connection", "keep-alive", "TRANSFER-ENCODING", "TE", "Trailer", "Upgrade", "Proxy-Connection",
+                           "Proxy-Authorization", "proxy-authenticate", "Host", "Content-Length", "content-type", "Server", "Date"}) {
+    EXPECT_TRUE(hop_by_hop(name)) << name;
+  }
+  for (const char* name : {"X-Host", "Dates", "Content-Types", "Tf", "Authorization", "Retry-After", "X-Request-Id", ""}) {
+    EXPECT_FALSE(hop_by_hop(name)) << name;
+  }
+}
+
+// Seeded mutations of plain answers: whatever the plain pass takes it must read as Beast does.
+TEST(UpstreamParser, MutatedAnswersReadAsBeastReadsThem) {
+  const std::vector<std::string> bases = {kAnswer, "HTTP/1.0 503 Busy\r\nRetry-After: 1\r\nContent-Length: 2\r\n\r\n{}"};
+  const std::string alphabet = std::string(" \t\r\n:,;\"\x7f\x80\x01\x00" "aZ09-", 17);
+  std::mt19937 rng(20261207);
+  int taken = 0, left = 0;
+  for (int i = 0; i < 30000; ++i) {
+    std::string bytes = bases[rng() % bases.size()];
+    for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
+      const std::size_t at = rng() % bytes.size();
+      const char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 3) {
+        case 0: bytes[at] = c; break;
+        case 1: bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(at), c); break;
+        default: bytes.erase(at, 1); break;
+      }
+    }
+    const Reading fast = read(bytes, UpstreamParser::Reading::kPlainWherePossible);
+    ASSERT_TRUE(same_but_plain(fast, read(bytes, UpstreamParser::Reading::kBeastOnly))) << bytes;
+    (fast.plain ? taken : left)++;
+  }
+  EXPECT_GT(taken, 3000);
+  EXPECT_GT(left, 3000);
+}
+
+}  // namespace
+}  // namespace lmserve::gateway
