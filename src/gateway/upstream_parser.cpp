@@ -1,6 +1,6 @@
 #include "gateway/upstream_parser.h"
 
-#include <array>
+#include <iterator>
 #include <boost/asio/error.hpp>
 #include <cstring>
 
@@ -54,15 +54,16 @@ bool UpstreamParser::read_plain(std::string_view bytes, std::size_t& used) {
   p += 2;
   // The fields: Beast's own (Connection, Content-Length, ...) only where plain; a Content-Length
   // needed. Nothing is kept until the head has proved plain.
-  struct Field {
-    std::string_view name, value;
+  struct Field {  // left uninitialised: only the first n are read
+    const char *name, *value;
+    std::size_t name_size, value_size;
   };
-  std::array<Field, 32> fields;
+  Field fields[32];
   std::size_t n = 0;
   bool close = false, keep_alive = false, has_length = false;
   std::uint64_t length = 0;
   p = server::http::read_plain_fields(p, end, [&](std::string_view name, std::string_view value) {
-    if (n == fields.size() || names(name, "transfer-encoding") || names(name, "upgrade") || names(name, "proxy-connection")) return false;
+    if (n == std::size(fields) || names(name, "transfer-encoding") || names(name, "upgrade") || names(name, "proxy-connection")) return false;
     if (names(name, "connection")) {
       close = close || names(value, "close");
       keep_alive = keep_alive || names(value, "keep-alive");
@@ -75,11 +76,11 @@ bool UpstreamParser::read_plain(std::string_view bytes, std::size_t& used) {
       }
       has_length = true;
     }
-    fields[n++] = {name, value};
+    fields[n++] = {name.data(), value.data(), name.size(), value.size()};
     return true;
   });
   if (p == nullptr || !has_length) return false;
-  for (std::size_t i = 0; i < n; ++i) take_field(fields[i].name, fields[i].value);
+  for (std::size_t i = 0; i < n; ++i) take_field({fields[i].name, fields[i].name_size}, {fields[i].value, fields[i].value_size});
   status = code;
   plain_ = true;
   plain_keep_alive_ = http11 ? !close : keep_alive;

@@ -1,7 +1,7 @@
 #include "server/http/request_parser.h"
 
 #include <algorithm>
-#include <array>
+#include <iterator>
 #include <cstring>
 
 #include "server/http/plain_head.h"
@@ -15,8 +15,7 @@ RequestParser::RequestParser(Request& r, std::size_t max_header, std::size_t max
   header_limit(static_cast<std::uint32_t>(std::min<std::size_t>(max_header, UINT32_MAX)));
   body_limit(max_body);
   eager(false);  // put() stops at the header's end: its size is then what was taken
-  r_.headers.clear();
-  r_.body.clear();
+  r_.body.clear();  // the headers' strings are kept for this request's (add_field)
 }
 
 RequestParser::Step RequestParser::feed(std::string_view bytes) {
@@ -60,16 +59,17 @@ bool RequestParser::read_plain(std::string_view bytes, std::size_t& used) {
   const unsigned v = p[8] == '1' ? 11 : 10;
   p += 11;
   // The fields: Beast's own (Connection, Content-Length, ...) only where plain, and Host counted.
-  struct Field {
-    std::string_view name, value;
+  struct Field {  // left uninitialised: only the first n are read
+    const char *name, *value;
+    std::size_t name_size, value_size;
   };
-  std::array<Field, 32> fields;
+  Field fields[32];
   std::size_t n = 0;
   int hosts = 0;
   bool close = false, keep_alive = false, has_length = false;
   std::uint64_t length = 0;
   p = read_plain_fields(p, end, [&](std::string_view name, std::string_view value) {
-    if (n == fields.size()) return false;
+    if (n == std::size(fields)) return false;
     switch (name.size()) {
       case 4:
         hosts += names(name, "host");
@@ -107,7 +107,7 @@ bool RequestParser::read_plain(std::string_view bytes, std::size_t& used) {
       default:
         break;
     }
-    fields[n++] = {name, value};
+    fields[n++] = {name.data(), value.data(), name.size(), value.size()};
     return true;
   });
   if (p == nullptr) return false;
@@ -117,7 +117,8 @@ bool RequestParser::read_plain(std::string_view bytes, std::size_t& used) {
   r_.method.assign(method_v);
   r_.target.assign(target_v);
   r_.path.assign(target_v.substr(0, target_v.find('?')));
-  for (std::size_t i = 0; i < n; ++i) r_.headers.emplace_back(fields[i].name, fields[i].value);
+  for (std::size_t i = 0; i < n; ++i) add_field({fields[i].name, fields[i].name_size}, {fields[i].value, fields[i].value_size});
+  r_.headers.resize(n);
   r_.body.assign(p, static_cast<std::size_t>(length));
   version = v;
   plain_keep_alive_ = v == 11 ? !close : keep_alive;
@@ -139,11 +140,22 @@ void RequestParser::on_field_impl(bhttp::field f, string_view name, string_view 
   if (header_done_) return;  // a chunked body's trailer: never taken as a header (RFC 9110 6.5.1)
   hosts_ += f == bhttp::field::host;
   transfer_encoding_ = transfer_encoding_ || f == bhttp::field::transfer_encoding;
-  r_.headers.emplace_back(std::string(name.data(), name.size()), std::string(value.data(), value.size()));
+  add_field({name.data(), name.size()}, {value.data(), value.size()});
+}
+
+void RequestParser::add_field(std::string_view name, std::string_view value) {
+  if (fields_ < r_.headers.size()) {  // the last request's strings, their room reused
+    r_.headers[fields_].first.assign(name);
+    r_.headers[fields_].second.assign(value);
+  } else {
+    r_.headers.emplace_back(name, value);
+  }
+  ++fields_;
 }
 
 void RequestParser::on_header_impl(error_code& ec) {
   header_done_ = true;
+  r_.headers.resize(fields_);  // the last request's beyond this one's
   if (transfer_encoding_ && !chunked()) ec = bhttp::error::bad_transfer_encoding;
   if (version == 11 ? hosts_ != 1 : hosts_ > 1) ec = bhttp::error::bad_field;
 }

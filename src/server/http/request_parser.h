@@ -32,7 +32,8 @@ class RequestParser : private boost::beast::http::basic_parser<true> {
 
  public:
   enum class Reading { kPlainWherePossible, kBeastOnly };
-  // Fills `r` (its headers and body cleared first); refuses more than `max_header` bytes of
+  // Fills `r`, whose headers are this request's once its head is read (until then they may be
+  // the last request's: their strings' room is reused); refuses more than `max_header` bytes of
   // request line and headers and more than `max_body` bytes of body.
   RequestParser(Request& r, std::size_t max_header, std::size_t max_body, Reading reading = Reading::kPlainWherePossible);
 
@@ -57,6 +58,7 @@ class RequestParser : private boost::beast::http::basic_parser<true> {
  private:
   // Reads `bytes` as one whole plain request (above); false, and `r_` as it was, for anything else.
   bool read_plain(std::string_view bytes, std::size_t& used);
+  void add_field(std::string_view name, std::string_view value);  // the next of r_.headers
 
   using string_view = boost::beast::string_view;
   using error_code = boost::beast::error_code;
@@ -72,6 +74,7 @@ class RequestParser : private boost::beast::http::basic_parser<true> {
 
   Request& r_;
   std::size_t max_header_, max_body_, taken_ = 0;  // taken_: bytes put() has taken so far
+  std::size_t fields_ = 0;                         // r_.headers of this request so far
   bool header_sized_ = false;
   int hosts_ = 0;
   bool transfer_encoding_ = false, header_done_ = false;
