@@ -6,8 +6,8 @@
 #include <boost/beast/http.hpp>
 #include <boost/container/small_vector.hpp>
 #include <cstring>
+#include <optional>
 #include <random>
-#include <strings.h>
 #include <sys/socket.h>
 
 #include "common/json_line.h"
@@ -20,6 +20,7 @@
 #include "gateway/upstream_parser.h"
 #include "server/http/asio.h"
 #include "server/http/drained_read.h"
+#include "server/http/plain_head.h"
 
 namespace lmserve::gateway {
 
@@ -29,6 +30,7 @@ namespace bhttp = beast::http;
 using tcp = net::ip::tcp;
 using server::http::Exchange;
 using server::http::Response;
+using server::http::names;
 
 namespace {
 
@@ -99,8 +101,6 @@ class InBuffer {
 };
 constexpr std::size_t kMaxQueued = 1 << 20;       // client backlog before reading from the replica pauses
 constexpr std::size_t kMaxWholeBody = 64 << 20;  // a non-streamed answer
-
-bool iequals(std::string_view a, std::string_view b) { return a.size() == b.size() && ::strncasecmp(a.data(), b.data(), a.size()) == 0; }
 
 
 // Calls are allocated from a free list per thread: a call is about a kilobyte, which glibc serves
@@ -238,17 +238,23 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     out_.clear();
     out_.reserve(size);
     out_.append(req.method).append(" "sv).append(req.target).append(" HTTP/1.1\r\nHost: "sv).append(replica_->host_port()).append("\r\n"sv);
+    std::optional<std::string_view> ct, xff;  // the first of each, as Request::header reads them
     for (const auto& [k, v] : req.headers) {
-      if (hop_by_hop(k) || iequals(k, "x-forwarded-for") || iequals(k, "x-lmserve-lane")) continue;
-      if (info_.drop_authorization && iequals(k, "authorization")) continue;
+      if (hop_by_hop(k)) {
+        if (!ct && names(k, "content-type")) ct = v;
+        continue;
+      }
+      if (names(k, "x-forwarded-for")) {
+        if (!xff) xff = v;
+        continue;
+      }
+      if (names(k, "x-lmserve-lane") || (info_.drop_authorization && names(k, "authorization"))) continue;
       out_.append(k).append(": "sv).append(v).append("\r\n"sv);
     }
     if (!info_.lane.empty()) out_.append("x-lmserve-lane: "sv).append(info_.lane).append("\r\n"sv);
-    const auto ct = req.header("content-type");
-    if (!ct.empty()) out_.append("Content-Type: "sv).append(ct).append("\r\n"sv);
-    const auto xff = req.header("x-forwarded-for");
+    if (ct && !ct->empty()) out_.append("Content-Type: "sv).append(*ct).append("\r\n"sv);
     out_.append("X-Forwarded-For: "sv);
-    if (!xff.empty()) out_.append(xff).append(", "sv);
+    if (xff && !xff->empty()) out_.append(*xff).append(", "sv);
     out_.append(req.remote_address).append("\r\nContent-Length: "sv).append(std::to_string(req.body.size())).append("\r\n\r\n"sv);
     arm(cfg_.timeouts.first_token, "first_token_timeout");
     std::array<net::const_buffer, 2> bufs{net::buffer(out_), net::buffer(req.body)};

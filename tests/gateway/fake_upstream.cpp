@@ -60,6 +60,7 @@ void FakeUpstream::handle(http::Exchange ex) {
     std::lock_guard lock(seen_mu);
     seen_lane = req.header("x-lmserve-lane");
     seen_authorization = req.header("authorization");
+    seen_headers = req.headers;
   }
   const auto j = nlohmann::json::parse(req.body, nullptr, false);
   const bool stream = behaviour.always_stream || (!j.is_discarded() && j.value("stream", false));

@@ -52,6 +52,7 @@ class FakeUpstream : public server::http::Application {
   // The last completion request's x-lmserve-lane and Authorization headers.
   std::mutex seen_mu;
   std::string seen_lane, seen_authorization;
+  std::vector<std::pair<std::string, std::string>> seen_headers;  // the last request's, all of them
 
   void handle(server::http::Exchange ex) override;
   server::http::Response error_response(server::http::TransportError) override;

@@ -228,6 +228,33 @@ TEST_F(GatewayTest, WithEveryReplicaEjectedTheEjectionsAreIgnored) {
   EXPECT_EQ(only.requests.load(), 2);
 }
 
+// The replica gets the client's headers but the hop-by-hop and framing ones (the gateway sets its
+// own Host, Content-Type, Content-Length), the client's X-Forwarded-For with the client's address
+// after it, and the lane the client asked for (no key here to override it) once, as the gateway's.
+TEST_F(GatewayTest, TheReplicaGetsTheClientsHeadersButTheHopByHopOnes) {
+  auto& a = fake("a");
+  start_gateway("  - name: m\n    backends:\n" + backend(a.url()));
+  auto r = Client(port_).send(post(completion(), {{"X-Custom", "kept"},
+                                                  {"x-forwarded-for", "10.0.0.9"},
+                                                  {"Keep-Alive", "timeout=5"},
+                                                  {"TE", "trailers"},
+                                                  {"X-Lmserve-Lane", "high"},
+                                                  {"x-second", "b"}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::lock_guard lock(a.seen_mu);
+  std::vector<std::pair<std::string, std::string>> passed;
+  for (const auto& [k, v] : a.seen_headers) {
+    if (k == "Host" || k == "Content-Type" || k == "X-Forwarded-For" || k == "Content-Length") {
+      EXPECT_EQ(std::count_if(a.seen_headers.begin(), a.seen_headers.end(), [&](const auto& h) { return h.first == k; }), 1) << k;
+      const std::string want = k == "Host" ? a.url().substr(7) : k == "Content-Type" ? "application/json" : k == "X-Forwarded-For" ? "10.0.0.9, 127.0.0.1" : v;
+      EXPECT_EQ(v, want) << k;  // Host: the replica's address ("http://" left out)
+      continue;
+    }
+    passed.emplace_back(k, v);
+  }
+  EXPECT_EQ(passed, (std::vector<std::pair<std::string, std::string>>{{"X-Custom", "kept"}, {"x-second", "b"}, {"x-lmserve-lane", "high"}}));
+}
+
 TEST_F(GatewayTest, AReplicaAnswering429IsSkippedForItsRetryAfterAndNoneLeftIs503) {
   auto& busy = fake("busy");
   busy.behaviour.status = 429;
