@@ -20,20 +20,21 @@ UpstreamParser::UpstreamParser(std::function<bool(std::string_view)> on_body, Re
 std::size_t UpstreamParser::put(boost::asio::const_buffer bytes, error_code& ec) {
   ec = {};
   const std::string_view in(static_cast<const char*>(bytes.data()), bytes.size());
-  if (plain_) {  // the body, counted off by its length
+  if (plain_ && !chunks_) {  // the body, counted off by its length
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left_, in.size()));
     left_ -= n;
     return n == 0 ? 0 : deliver(in.substr(0, n), ec);
   }
+  if (chunks_) return Beast::put(bytes, ec);
+  // The plain pass only where Beast has seen nothing: a head that came in pieces is Beast's (and
+  // its parser must start from the start to be put in the chunks' state).
   std::size_t used = 0;
-  if (reading_ == Reading::kPlainWherePossible && !taken_any_ && read_plain(in, used)) return used;
-  used = Beast::put(bytes, ec);
-  taken_any_ = taken_any_ || used > 0;
-  return used;
+  if (reading_ == Reading::kPlainWherePossible && !Beast::got_some() && read_plain(in, used)) return used;
+  return Beast::put(bytes, ec);
 }
 
 void UpstreamParser::put_eof(error_code& ec) {
-  if (!plain_) return Beast::put_eof(ec);
+  if (!plain_ || chunks_) return Beast::put_eof(ec);
   ec = left_ == 0 ? error_code{} : error_code(bhttp::error::partial_message);
 }
 
@@ -60,11 +61,14 @@ bool UpstreamParser::read_plain(std::string_view bytes, std::size_t& used) {
   };
   Field fields[32];
   std::size_t n = 0;
-  bool close = false, keep_alive = false, has_length = false;
+  bool close = false, keep_alive = false, has_length = false, chunked = false;
   std::uint64_t length = 0;
   p = server::http::read_plain_fields(p, end, [&](std::string_view name, std::string_view value) {
-    if (n == std::size(fields) || names(name, "transfer-encoding") || names(name, "upgrade") || names(name, "proxy-connection")) return false;
-    if (names(name, "connection")) {
+    if (n == std::size(fields) || names(name, "upgrade") || names(name, "proxy-connection")) return false;
+    if (names(name, "transfer-encoding")) {  // just "chunked", once, in HTTP/1.1
+      if (chunked || !http11 || !names(value, "chunked")) return false;
+      chunked = true;
+    } else if (names(name, "connection")) {
       close = close || names(value, "close");
       keep_alive = keep_alive || names(value, "keep-alive");
       if (!names(value, "close") && !names(value, "keep-alive")) return false;
@@ -79,13 +83,23 @@ bool UpstreamParser::read_plain(std::string_view bytes, std::size_t& used) {
     fields[n++] = {name.data(), value.data(), name.size(), value.size()};
     return true;
   });
-  if (p == nullptr || !has_length) return false;
+  if (p == nullptr || has_length == chunked) return false;  // a length or chunks, not both
   for (std::size_t i = 0; i < n; ++i) take_field({fields[i].name, fields[i].name_size}, {fields[i].value, fields[i].value_size});
   status = code;
   plain_ = true;
   plain_keep_alive_ = http11 ? !close : keep_alive;
   length_ = left_ = length;
   used = static_cast<std::size_t>(p - bytes.data());
+  if (chunked) {
+    // The chunks are Beast's: its parser is put in their state by the head that says only that
+    // (its fields and status are not taken: priming_).
+    static constexpr std::string_view kChunkedHead = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+    priming_ = true;
+    error_code ec;  // none: the head is Beast's to take whole (upstream_parser_test reads chunks through it)
+    Beast::put(boost::asio::buffer(kChunkedHead.data(), kChunkedHead.size()), ec);
+    priming_ = false;
+    chunks_ = true;
+  }
   return true;
 }
 
@@ -133,7 +147,7 @@ void UpstreamParser::on_request_impl(bhttp::verb, boost::beast::string_view, boo
 }
 
 void UpstreamParser::on_field_impl(bhttp::field, boost::beast::string_view name, boost::beast::string_view value, error_code&) {
-  take_field({name.data(), name.size()}, {value.data(), value.size()});
+  if (!priming_) take_field({name.data(), name.size()}, {value.data(), value.size()});
 }
 
 std::size_t UpstreamParser::deliver(std::string_view body, error_code& ec) {

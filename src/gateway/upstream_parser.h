@@ -3,10 +3,11 @@
 // the client, and the body goes to `on_body` as it is parsed (no field container, no body buffer).
 //
 // Beast's parser reads the answer, except for a plain head that arrived whole with a
-// Content-Length (HTTP/1.0 or 1.1, a status with a body, fields as server/http/plain_head.h
-// reads them, no Transfer-Encoding, Upgrade or Proxy-Connection, a Connection of just "close" or
-// "keep-alive"): that one a plain pass reads and its body is counted off by the length, at a
-// fraction of Beast's instructions (its field-name lookup). A stream's chunks stay Beast's.
+// Content-Length or (HTTP/1.1) a Transfer-Encoding of just "chunked" (a status with a body, fields
+// as server/http/plain_head.h reads them, no Upgrade or Proxy-Connection, a Connection of just
+// "close" or "keep-alive"): that one a plain pass reads, at a fraction of Beast's instructions
+// (its field-name lookup). A body of that length is counted off by it; chunks stay Beast's, its
+// parser put in their state by a head that says only that they follow.
 // `Reading::kBeastOnly` reads every answer with Beast (the tests compare the two).
 #pragma once
 
@@ -43,9 +44,12 @@ class UpstreamParser : private boost::beast::http::basic_parser<false> {
   std::size_t put(boost::asio::const_buffer bytes, error_code& ec);
   void put_eof(error_code& ec);
   bool is_header_done() const { return plain_ || Beast::is_header_done(); }
-  bool is_done() const { return plain_ ? left_ == 0 : Beast::is_done(); }
+  bool is_done() const { return plain_ && !chunks_ ? left_ == 0 : Beast::is_done(); }
   bool keep_alive() const { return plain_ ? plain_keep_alive_ : Beast::keep_alive(); }
-  boost::optional<std::uint64_t> content_length() const { return plain_ ? boost::optional<std::uint64_t>(length_) : Beast::content_length(); }
+  boost::optional<std::uint64_t> content_length() const {
+    if (chunks_) return boost::none;
+    return plain_ ? boost::optional<std::uint64_t>(length_) : Beast::content_length();
+  }
   // Whether the head was read by the plain pass.
   bool read_plainly() const { return plain_; }
 
@@ -56,7 +60,9 @@ class UpstreamParser : private boost::beast::http::basic_parser<false> {
   void take_field(std::string_view name, std::string_view value);
 
   void on_request_impl(boost::beast::http::verb, boost::beast::string_view, boost::beast::string_view, int, error_code& ec) override;
-  void on_response_impl(int code, boost::beast::string_view, int, error_code&) override { status = code; }
+  void on_response_impl(int code, boost::beast::string_view, int, error_code&) override {
+    if (!priming_) status = code;
+  }
   void on_field_impl(boost::beast::http::field, boost::beast::string_view name, boost::beast::string_view value, error_code&) override;
   void on_header_impl(error_code&) override {}
   void on_body_init_impl(const boost::optional<std::uint64_t>&, error_code&) override {}
@@ -70,7 +76,9 @@ class UpstreamParser : private boost::beast::http::basic_parser<false> {
 
   std::function<bool(std::string_view)> on_body_;
   Reading reading_;
-  bool plain_ = false, plain_keep_alive_ = false, taken_any_ = false;
+  bool plain_ = false, plain_keep_alive_ = false;
+  bool chunks_ = false;   // a plain head's chunked body, which Beast reads (primed by a head of just that)
+  bool priming_ = false;  // Beast reading that head: its status and fields are not the answer's
   std::uint64_t length_ = 0, left_ = 0;  // the plain answer's body: its length, the bytes still to come
 };
 

@@ -1,11 +1,12 @@
-// gateway/upstream_parser.h: a replica's plain answer with a length is read by the parser's own
-// pass, and every answer reads as Beast reads it. Each case is read by default and with
+// gateway/upstream_parser.h: a replica's plain answer with a length or chunks is read by the
+// parser's own pass (the chunks by Beast after it), and every answer reads as Beast reads it. Each case is read by default and with
 // Reading::kBeastOnly, as the proxy feeds its parser (the head, then the body, from what each
 // read brought), and the two readings must be equal.
 #include "gateway/upstream_parser.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 #include <random>
 #include <string>
@@ -80,11 +81,15 @@ bool same_but_plain(Reading a, Reading b) {
   return a == b;
 }
 
+const std::string kStream =
+    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nX-Request-Id: s-1\r\n\r\n"
+    "f\r\ndata: {\"a\":1}\n\n\r\nc\r\ndata: [DONE]\r\n0\r\n\r\n";
+
 const std::string kAnswer =
     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: r-1 \r\nServer: lmserve\r\nDate: today\r\n"
     "Connection: keep-alive\r\nRetry-After: 3\r\nContent-Length: 27\r\n\r\n{\"choices\":[{\"text\":\"hi\"}]}";
 
-TEST(UpstreamParser, APlainAnswerWithALengthIsReadByThePlainPassAsBeastReadsIt) {
+TEST(UpstreamParser, APlainAnswerIsReadByThePlainPassAsBeastReadsIt) {
   const std::vector<std::string> plain = {
       kAnswer,
       "HTTP/1.1 200 \r\ncontent-length: 0\r\n\r\n",
@@ -92,6 +97,8 @@ TEST(UpstreamParser, APlainAnswerWithALengthIsReadByThePlainPassAsBeastReadsIt) 
       "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}",
       "HTTP/1.1 429 Too Many Requests\r\nRetry-After:  7\t\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
       "HTTP/1.0 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}",
+      kStream,
+      "HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\nConnection: close\r\n\r\n3;ext=1\r\nabc\r\n0\r\nX-Trailer: t\r\n\r\n",
   };
   for (const auto& bytes : plain) {
     for (const std::size_t cut : {0, 1, 5, 64}) {
@@ -120,7 +127,11 @@ TEST(UpstreamParser, APlainAnswerWithALengthIsReadByThePlainPassAsBeastReadsIt) 
 
 TEST(UpstreamParser, WhatThePlainPassDoesNotTakeIsBeasts) {
   const std::vector<std::string> others = {
-      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n5\r\ndata:\r\n0\r\n\r\n",
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\ndata:\r\n0\r\n\r\n",  // a coding before the chunks
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+      "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n",
+      "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+      "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\ndata:\r\n0\r\n\r\n",
       "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{\"to\":\"the end\"}",  // a body to the connection's end
       "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n",                           // no body whatever the length
       "HTTP/1.1 100 Continue\r\n\r\n",
@@ -140,7 +151,8 @@ TEST(UpstreamParser, WhatThePlainPassDoesNotTakeIsBeasts) {
       EXPECT_FALSE(fast.plain) << bytes;
     }
   }
-  EXPECT_FALSE(read(others[7], UpstreamParser::Reading::kPlainWherePossible).error.empty());  // partial_message either way
+  const std::string cut_short = *std::find_if(others.begin(), others.end(), [](const std::string& o) { return o.ends_with("short"); });
+  EXPECT_FALSE(read(cut_short, UpstreamParser::Reading::kPlainWherePossible).error.empty());  // partial_message either way
 }
 
 TEST(UpstreamParser, AnAnswerGivenUpStopsTheBodyEitherWay) {
@@ -162,7 +174,7 @@ TEST(UpstreamParser, HopByHopNamesAreTheGatewaysOwnInAnyCase) {
 
 // Seeded mutations of plain answers: whatever the plain pass takes it must read as Beast does.
 TEST(UpstreamParser, MutatedAnswersReadAsBeastReadsThem) {
-  const std::vector<std::string> bases = {kAnswer, "HTTP/1.0 503 Busy\r\nRetry-After: 1\r\nContent-Length: 2\r\n\r\n{}"};
+  const std::vector<std::string> bases = {kAnswer, kStream, "HTTP/1.0 503 Busy\r\nRetry-After: 1\r\nContent-Length: 2\r\n\r\n{}"};
   const std::string alphabet = std::string(" \t\r\n:,;\"\x7f\x80\x01\x00" "aZ09-", 17);
   std::mt19937 rng(20261207);
   int taken = 0, left = 0;
