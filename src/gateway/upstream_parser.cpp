@@ -1,8 +1,8 @@
 #include "gateway/upstream_parser.h"
 
-#include <iterator>
 #include <boost/asio/error.hpp>
 #include <cstring>
+#include <iterator>
 
 #include "server/http/plain_head.h"
 

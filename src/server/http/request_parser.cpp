@@ -1,8 +1,8 @@
 #include "server/http/request_parser.h"
 
 #include <algorithm>
-#include <iterator>
 #include <cstring>
+#include <iterator>
 
 #include "server/http/plain_head.h"
 

@@ -12,7 +12,7 @@
 // A request that is all there and plain (an origin-form target of printable ASCII, HTTP/1.0 or
 // 1.1, fields of printable ASCII without folding, at most one Content-Length of digits, no
 // Transfer-Encoding, Upgrade or Proxy-Connection, a Connection of just "close" or "keep-alive",
-// within the limits, the Host rule kept) is read by a plain pass instead, a third of Beast's
+// within the limits, the Host rule kept) is read by a plain pass instead, at about half Beast's
 // instructions; anything else goes to Beast as it arrived. So the plain pass only ever takes a
 // request Beast takes, and reads it as Beast does (`Reading::kBeastOnly` reads every request with
 // Beast: the fuzz target and the tests compare the two).
