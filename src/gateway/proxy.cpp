@@ -376,6 +376,7 @@ class ProxyCall : public Watched, public std::enable_shared_from_this<ProxyCall>
     streamed_ = event_stream_ && (!state_.audit || info_.admission_audited);
     content_type_ = std::move(p.content_type);
     if (!streamed_ && p.content_length()) whole_.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(*p.content_length(), kMaxWholeBody)));
+    if (streamed_) pending_.reserve(rbuf_.size());  // the events that came with the head, at most
     head_lines_ = std::move(p.pass_lines);
     keep_alive_ = p.keep_alive();
     if (!streamed_) arm(cfg_.timeouts.idle, "idle_timeout");

@@ -25,6 +25,9 @@ std::size_t UpstreamParser::put(boost::asio::const_buffer bytes, error_code& ec)
     left_ -= n;
     return n == 0 ? 0 : deliver(in.substr(0, n), ec);
   }
+  // Past the head, Beast takes all it can in one put (eager): the head stops a put, so that the
+  // caller acts on it before any of the body arrives.
+  if (Beast::is_header_done() && !Beast::eager()) Beast::eager(true);
   if (chunks_) return Beast::put(bytes, ec);
   // The plain pass only where Beast has seen nothing: a head that came in pieces is Beast's (and
   // its parser must start from the start to be put in the chunks' state).

@@ -39,8 +39,9 @@ class UpstreamParser : private boost::beast::http::basic_parser<false> {
   std::string content_type, retry_after;
   std::string pass_lines;  // "Name: value\r\n" for each header the client gets as the replica sent it
 
-  // As Beast's: put() takes the head (and stops there) or body bytes, and says how many it used;
-  // need_more when the head is not all there. put_eof() where the connection ended.
+  // As Beast's: put() takes the head (and stops there) or body bytes (as many as it can), and says
+  // how many it used; need_more when the head is not all there. put_eof() where the connection
+  // ended.
   std::size_t put(boost::asio::const_buffer bytes, error_code& ec);
   void put_eof(error_code& ec);
   bool is_header_done() const { return plain_ || Beast::is_header_done(); }
