@@ -102,7 +102,6 @@ class InBuffer {
 constexpr std::size_t kMaxQueued = 1 << 20;       // client backlog before reading from the replica pauses
 constexpr std::size_t kMaxWholeBody = 64 << 20;  // a non-streamed answer
 
-
 // Calls are allocated from a free list per thread: a call is about a kilobyte, which glibc serves
 // from its large bins, consolidating its fast bins first on every request (perf on the build VM:
 // malloc_consolidate in the profile of every plain request).

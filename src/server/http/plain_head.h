@@ -21,7 +21,8 @@ extern const std::array<bool, 256> kTokenChar;
 // value's (also SP and HTAB); `end` where there is none.
 const char* skip_text(const char* p, const char* end, bool value);
 
-// Whether `s` is `lower` (lower-case letters and '-') in any case.
+// Whether `s` is `lower` (lower-case letters and '-') in any case. For a name or a field value
+// as read here: a byte that is neither (a CR, which a value never holds) could pass for '-'.
 inline bool names(std::string_view s, std::string_view lower) {
   if (s.size() != lower.size()) return false;
   for (std::size_t i = 0; i < s.size(); ++i) {
