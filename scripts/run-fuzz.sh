@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-45}
 shift $(( $# > 0 ? 1 : 0 ))
 targets=("$@")
-(( ${#targets[@]} )) || targets=(tokenizer template safetensors grammar openai_request tool_calls gateway_config answer guard route_fields http_request)
+(( ${#targets[@]} )) || targets=(tokenizer template safetensors grammar openai_request tool_calls gateway_config answer guard route_fields http_request upstream)
 command -v clang++ >/dev/null || { echo "run-fuzz: clang++ not found (scripts/install-deps.sh installs it)" >&2; exit 1; }
 if [[ -z ${FUZZ_NO_BUILD:-} ]]; then
   cmake --preset fuzz > build/fuzz.configure.log 2>&1 || { cat build/fuzz.configure.log; exit 1; }

@@ -22,8 +22,11 @@ std::size_t UpstreamParser::put(boost::asio::const_buffer bytes, error_code& ec)
   const std::string_view in(static_cast<const char*>(bytes.data()), bytes.size());
   if (plain_ && !chunks_) {  // the body, counted off by its length
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left_, in.size()));
+    if (n == 0) return 0;
     left_ -= n;
-    return n == 0 ? 0 : deliver(in.substr(0, n), ec);
+    deliver(in.substr(0, n), ec);
+    given_up_ = given_up_ || static_cast<bool>(ec);  // as Beast: never complete after that
+    return n;
   }
   // Past the head, Beast takes all it can in one put (eager): the head stops a put, so that the
   // caller acts on it before any of the body arrives.
@@ -38,7 +41,7 @@ std::size_t UpstreamParser::put(boost::asio::const_buffer bytes, error_code& ec)
 
 void UpstreamParser::put_eof(error_code& ec) {
   if (!plain_ || chunks_) return Beast::put_eof(ec);
-  ec = left_ == 0 ? error_code{} : error_code(bhttp::error::partial_message);
+  ec = plain_body_done() ? error_code{} : error_code(bhttp::error::partial_message);
 }
 
 bool UpstreamParser::read_plain(std::string_view bytes, std::size_t& used) {

@@ -45,7 +45,7 @@ class UpstreamParser : private boost::beast::http::basic_parser<false> {
   std::size_t put(boost::asio::const_buffer bytes, error_code& ec);
   void put_eof(error_code& ec);
   bool is_header_done() const { return plain_ || Beast::is_header_done(); }
-  bool is_done() const { return plain_ && !chunks_ ? left_ == 0 : Beast::is_done(); }
+  bool is_done() const { return plain_ && !chunks_ ? plain_body_done() : Beast::is_done(); }
   bool keep_alive() const { return plain_ ? plain_keep_alive_ : Beast::keep_alive(); }
   boost::optional<std::uint64_t> content_length() const {
     if (chunks_) return boost::none;
@@ -55,6 +55,7 @@ class UpstreamParser : private boost::beast::http::basic_parser<false> {
   bool read_plainly() const { return plain_; }
 
  private:
+  bool plain_body_done() const { return left_ == 0 && !given_up_; }
   // Reads a whole plain head from `bytes` (above); false, and nothing kept, for anything else.
   bool read_plain(std::string_view bytes, std::size_t& used);
   // A header field as the client gets it (or not), by its name.
@@ -78,6 +79,7 @@ class UpstreamParser : private boost::beast::http::basic_parser<false> {
   std::function<bool(std::string_view)> on_body_;
   Reading reading_;
   bool plain_ = false, plain_keep_alive_ = false;
+  bool given_up_ = false;  // on_body gave the plain answer up
   bool chunks_ = false;   // a plain head's chunked body, which Beast reads (primed by a head of just that)
   bool priming_ = false;  // Beast reading that head: its status and fields are not the answer's
   std::uint64_t length_ = 0, left_ = 0;  // the plain answer's body: its length, the bytes still to come

@@ -39,6 +39,7 @@ Reading read(std::string_view bytes, UpstreamParser::Reading how, std::size_t cu
   std::size_t given = 0;
   const auto fail = [&](const boost::beast::error_code& ec) {
     out.error = ec.message();
+    out.done = parser.is_done();  // never, after a failure
     return out;
   };
   while (!parser.is_done()) {
