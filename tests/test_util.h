@@ -1,4 +1,5 @@
-// Small helpers shared by the test suites: JSON fixtures, fixture listings, test names.
+// Small helpers shared by the test suites: JSON fixtures, fixture listings, test names, seeded
+// byte edits.
 #pragma once
 
 #include <algorithm>
@@ -6,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace lmserve::testing {
@@ -38,5 +41,19 @@ struct ParamName {
     return param_name(std::filesystem::path(info.param).filename().string());
   }
 };
+
+// One to three seeded edits of `bytes`, each a byte replaced, inserted or removed, the byte drawn
+// from `alphabet` (the parsers' differential tests: the bytes that matter to a syntax).
+inline void mutate_bytes(std::string& bytes, std::mt19937& rng, std::string_view alphabet) {
+  for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
+    const std::size_t at = rng() % bytes.size();
+    const char c = alphabet[rng() % alphabet.size()];
+    switch (rng() % 3) {
+      case 0: bytes[at] = c; break;
+      case 1: bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(at), c); break;
+      default: bytes.erase(at, 1); break;
+    }
+  }
+}
 
 }  // namespace lmserve::testing

@@ -10,6 +10,8 @@ namespace lmserve::gateway {
 
 namespace bhttp = boost::beast::http;
 using server::http::names;
+using server::http::PlainField;
+using server::http::read_plain_length;
 using namespace std::string_view_literals;
 
 UpstreamParser::UpstreamParser(std::function<bool(std::string_view)> on_body, Reading reading)
@@ -61,11 +63,7 @@ bool UpstreamParser::read_plain(std::string_view bytes, std::size_t& used) {
   p += 2;
   // The fields: Beast's own (Connection, Content-Length, ...) only where plain; a Content-Length
   // needed. Nothing is kept until the head has proved plain.
-  struct Field {  // left uninitialised: only the first n are read
-    const char *name, *value;
-    std::size_t name_size, value_size;
-  };
-  Field fields[32];
+  PlainField fields[32];  // left uninitialised: only the first n are read
   std::size_t n = 0;
   bool close = false, keep_alive = false, has_length = false, chunked = false;
   std::uint64_t length = 0;
@@ -79,18 +77,14 @@ bool UpstreamParser::read_plain(std::string_view bytes, std::size_t& used) {
       keep_alive = keep_alive || names(value, "keep-alive");
       if (!names(value, "close") && !names(value, "keep-alive")) return false;
     } else if (names(name, "content-length")) {
-      if (has_length || value.empty() || value.size() > 15) return false;
-      for (const char c : value) {
-        if (c < '0' || c > '9') return false;
-        length = length * 10 + static_cast<std::uint64_t>(c - '0');
-      }
+      if (has_length || !read_plain_length(value, length)) return false;
       has_length = true;
     }
     fields[n++] = {name.data(), value.data(), name.size(), value.size()};
     return true;
   });
   if (p == nullptr || has_length == chunked) return false;  // a length or chunks, not both
-  for (std::size_t i = 0; i < n; ++i) take_field({fields[i].name, fields[i].name_size}, {fields[i].value, fields[i].value_size});
+  for (std::size_t i = 0; i < n; ++i) take_field(fields[i].name_v(), fields[i].value_v());
   status = code;
   plain_ = true;
   plain_keep_alive_ = http11 ? !close : keep_alive;

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "test_util.h"
+
 namespace lmserve::server::http {
 namespace {
 
@@ -179,15 +181,7 @@ TEST(RequestParser, MutatedRequestsReadAsBeastReadsThem) {
   int taken = 0, left = 0;
   for (int i = 0; i < 30000; ++i) {
     std::string bytes = bases[rng() % bases.size()];
-    for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
-      const std::size_t at = rng() % bytes.size();
-      const char c = alphabet[rng() % alphabet.size()];
-      switch (rng() % 3) {
-        case 0: bytes[at] = c; break;
-        case 1: bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(at), c); break;
-        default: bytes.erase(at, 1); break;
-      }
-    }
+    lmserve::testing::mutate_bytes(bytes, rng, alphabet);
     const Reading fast = read(bytes, RequestParser::Reading::kPlainWherePossible);
     const Reading beast = read(bytes, RequestParser::Reading::kBeastOnly);
     ASSERT_TRUE(same(fast, beast)) << show(bytes);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <string_view>
 
 namespace lmserve::server::http {
@@ -28,6 +29,28 @@ inline bool names(std::string_view s, std::string_view lower) {
   for (std::size_t i = 0; i < s.size(); ++i) {
     if ((s[i] | 0x20) != lower[i]) return false;
   }
+  return true;
+}
+
+// A field as a plain pass keeps it until the head has proved plain (trivial: a list of them is left
+// uninitialised, only the first n read).
+struct PlainField {
+  const char *name, *value;
+  std::size_t name_size, value_size;
+  std::string_view name_v() const { return {name, name_size}; }
+  std::string_view value_v() const { return {value, value_size}; }
+};
+
+// A Content-Length value as the plain passes take it: 1 to 15 digits (Beast takes more: a list of
+// equal values, which the passes leave to it). False for anything else.
+inline bool read_plain_length(std::string_view value, std::uint64_t& length) {
+  if (value.empty() || value.size() > 15) return false;
+  std::uint64_t v = 0;
+  for (const char c : value) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  length = v;
   return true;
 }
 

@@ -59,11 +59,7 @@ bool RequestParser::read_plain(std::string_view bytes, std::size_t& used) {
   const unsigned v = p[8] == '1' ? 11 : 10;
   p += 11;
   // The fields: Beast's own (Connection, Content-Length, ...) only where plain, and Host counted.
-  struct Field {  // left uninitialised: only the first n are read
-    const char *name, *value;
-    std::size_t name_size, value_size;
-  };
-  Field fields[32];
+  PlainField fields[32];  // left uninitialised: only the first n are read
   std::size_t n = 0;
   int hosts = 0;
   bool close = false, keep_alive = false, has_length = false;
@@ -90,11 +86,7 @@ bool RequestParser::read_plain(std::string_view bytes, std::size_t& used) {
         break;
       case 14:
         if (names(name, "content-length")) {
-          if (has_length || value.empty() || value.size() > 15) return false;
-          for (const char c : value) {
-            if (c < '0' || c > '9') return false;
-            length = length * 10 + static_cast<std::uint64_t>(c - '0');
-          }
+          if (has_length || !read_plain_length(value, length)) return false;
           has_length = true;
         }
         break;
@@ -117,7 +109,7 @@ bool RequestParser::read_plain(std::string_view bytes, std::size_t& used) {
   r_.method.assign(method_v);
   r_.target.assign(target_v);
   r_.path.assign(target_v.substr(0, target_v.find('?')));
-  for (std::size_t i = 0; i < n; ++i) add_field({fields[i].name, fields[i].name_size}, {fields[i].value, fields[i].value_size});
+  for (std::size_t i = 0; i < n; ++i) add_field(fields[i].name_v(), fields[i].value_v());
   r_.headers.resize(n);
   r_.body.assign(p, static_cast<std::size_t>(length));
   version = v;
