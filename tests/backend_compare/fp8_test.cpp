@@ -36,12 +36,13 @@ void expect_quantized_as_the_cpu(const std::vector<float>& out, int rows, int k,
 
 // Rows of x in act: the device's scales and e4m3 bytes are the CPU's exactly (both divide the
 // same act-rounded values by the same max / 448 and round to nearest even, saturating). A row of
-// zeros has scale 1; a row with one huge value saturates nothing (it sets the scale).
+// zeros has scale 1; a row with one huge value saturates nothing (it sets the scale). The widths
+// take each of the kernel's forms: rows held in registers in 4 or 16 groups, or read twice.
 TEST_P(Fp8Ops, ActivationsQuantizePerTokenAsTheCpu) {
   LMSERVE_REQUIRE_GPU();
   const Act act = GetParam();
   std::mt19937 rng(34);
-  for (auto [n, k] : {std::pair{1, 16}, {2, 4096}, {5, 14336}, {64, 272}}) {
+  for (auto [n, k] : {std::pair{1, 16}, {2, 4096}, {5, 14336}, {64, 272}, {300, 4096}, {3, 4112}, {2, 17408}}) {
     SCOPED_TRACE(std::to_string(n) + "x" + std::to_string(k));
     auto x = random_vec(rng, static_cast<std::size_t>(n) * k, -3, 3);
     std::fill(x.begin(), x.begin() + k, 0.0f);  // row 0: zeros

@@ -13,13 +13,20 @@ namespace {
 constexpr int kQuantThreads = 256;
 
 // Row t of x (act, k elements, k % 4 == 0) quantized per token (quantize_fp8.cuh): xs[t], xq[t, :].
-template <Act A>
+// kGroups > 0: the row held in registers (k <= kQuantThreads * 4 * kGroups), read once with its
+// loads in flight together; 0: read twice in a loop, any k.
+template <Act A, int kGroups>
 __global__ void __launch_bounds__(kQuantThreads) quantize_rows_kernel(const void* __restrict__ x, int k, std::uint8_t* __restrict__ xq,
                                                                       float* __restrict__ xs) {
   __shared__ float part[kQuantThreads / 32];
   pdl_wait();
   pdl_release();
-  quantize_row_e4m3<A, kQuantThreads, true>(x, static_cast<std::int64_t>(blockIdx.x) * k, k, xq, xs + blockIdx.x, part);
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * k;
+  if constexpr (kGroups > 0) {
+    quantize_row_e4m3_held<A, kQuantThreads, kGroups>(x, row, k, xq, xs + blockIdx.x, part);
+  } else {
+    quantize_row_e4m3<A, kQuantThreads, true>(x, row, k, xq, xs + blockIdx.x, part);
+  }
 }
 
 // ---- one or two rows: streaming e4m3 weights through the tensor cores ----
@@ -169,7 +176,15 @@ bool stream_fp8(const Gemm::Fp8Weight& w, int n) { return n <= Gemm::kStreamRows
 void launch_quantize_rows_fp8(const void* x, Act act, int n, int k, void* xq, float* xs, cudaStream_t s) {
   if (n == 0) return;
   auto* q = static_cast<std::uint8_t*>(xq);
-  LMSERVE_WITH_ACT(act, A, (launch_pdl(quantize_rows_kernel<A>, dim3(static_cast<unsigned>(n)), dim3(kQuantThreads), 0, s, x, k, q, xs)));
+  const dim3 grid(static_cast<unsigned>(n)), block(kQuantThreads);
+  constexpr int kRow = kQuantThreads * 4;  // values a block holds a group
+  if (k <= 4 * kRow) {  // o_proj's input at the common widths (k <= 4,096)
+    LMSERVE_WITH_ACT(act, A, (launch_pdl(quantize_rows_kernel<A, 4>, grid, block, 0, s, x, k, q, xs)));
+  } else if (k <= 16 * kRow) {
+    LMSERVE_WITH_ACT(act, A, (launch_pdl(quantize_rows_kernel<A, 16>, grid, block, 0, s, x, k, q, xs)));
+  } else {
+    LMSERVE_WITH_ACT(act, A, (launch_pdl(quantize_rows_kernel<A, 0>, grid, block, 0, s, x, k, q, xs)));
+  }
 }
 
 std::string Gemm::quantize(const void* x, int n, int k, Act act, cudaStream_t s) {
