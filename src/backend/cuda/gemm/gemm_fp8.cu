@@ -177,8 +177,11 @@ void launch_quantize_rows_fp8(const void* x, Act act, int n, int k, void* xq, fl
   if (n == 0) return;
   auto* q = static_cast<std::uint8_t*>(xq);
   const dim3 grid(static_cast<unsigned>(n)), block(kQuantThreads);
-  constexpr int kRow = kQuantThreads * 4;  // values a block holds a group
-  if (k <= 4 * kRow) {  // o_proj's input at the common widths (k <= 4,096)
+  constexpr int kRow = kQuantThreads * 4;  // the values one group of loads covers
+  // Four groups up to k = 4,096 (o_proj's input at the 8B shape), sixteen up to 16,384 (down's
+  // at one or two rows: 14,336). On an H100 the held row took 0.9% off the b1 step (docs/perf.md,
+  // "FP8 at one or two rows").
+  if (k <= 4 * kRow) {
     LMSERVE_WITH_ACT(act, A, (launch_pdl(quantize_rows_kernel<A, 4>, grid, block, 0, s, x, k, q, xs)));
   } else if (k <= 16 * kRow) {
     LMSERVE_WITH_ACT(act, A, (launch_pdl(quantize_rows_kernel<A, 16>, grid, block, 0, s, x, k, q, xs)));
