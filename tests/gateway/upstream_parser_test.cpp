@@ -13,75 +13,17 @@
 #include <string_view>
 #include <vector>
 
+#include "parser_readings.h"
 #include "test_util.h"
 
 namespace lmserve::gateway {
 namespace {
 
-struct Reading {
-  bool head = false, done = false, plain = false, keep_alive = false;
-  int status = 0;
-  std::string content_type, retry_after, pass_lines, body;
-  std::optional<std::uint64_t> length;
-  std::string error;  // the first error but need_more, "" for none
-  bool operator==(const Reading&) const = default;
-};
+using Reading = lmserve::testing::AnswerReading;
+using lmserve::testing::same_but_plain;
 
-// Reads `bytes` arriving `cut` at a time (all at once for 0), then the connection's end; the body
-// is given up after `give_up_after` bytes (never by default).
 Reading read(std::string_view bytes, UpstreamParser::Reading how, std::size_t cut = 0, std::size_t give_up_after = SIZE_MAX) {
-  Reading out;
-  UpstreamParser parser(
-      [&](std::string_view b) {
-        out.body.append(b);
-        return out.body.size() <= give_up_after;
-      },
-      how);
-  std::string buffer;
-  std::size_t given = 0;
-  const auto fail = [&](const boost::beast::error_code& ec) {
-    out.error = ec.message();
-    out.done = parser.is_done();  // never, after a failure
-    return out;
-  };
-  while (!parser.is_done()) {
-    if (given == bytes.size()) {
-      if (!parser.is_header_done()) break;
-      boost::beast::error_code ec;
-      parser.put_eof(ec);
-      if (ec) return fail(ec);
-      break;
-    }
-    const std::size_t n = cut == 0 ? bytes.size() - given : std::min(cut, bytes.size() - given);
-    buffer.append(bytes.substr(given, n));
-    given += n;
-    while (!buffer.empty() && !parser.is_done()) {
-      boost::beast::error_code ec;
-      const bool had_head = parser.is_header_done();
-      const std::size_t used = parser.put(boost::asio::buffer(buffer), ec);
-      buffer.erase(0, used);
-      if (ec == boost::beast::http::error::need_more) break;
-      if (ec) return fail(ec);
-      if (!had_head && parser.is_header_done()) {
-        out.head = true;
-        out.status = parser.status;
-        out.plain = parser.read_plainly();
-        out.keep_alive = parser.keep_alive();
-        if (const auto l = parser.content_length()) out.length = *l;
-      }
-      if (used == 0) break;
-    }
-  }
-  out.done = parser.is_done();
-  out.content_type = parser.content_type;
-  out.retry_after = parser.retry_after;
-  out.pass_lines = parser.pass_lines;
-  return out;
-}
-
-bool same_but_plain(Reading a, Reading b) {
-  a.plain = b.plain = false;
-  return a == b;
+  return lmserve::testing::read_answer(bytes, how, cut, give_up_after);
 }
 
 const std::string kStream =

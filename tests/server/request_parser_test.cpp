@@ -12,59 +12,20 @@
 #include <string_view>
 #include <vector>
 
+#include "parser_readings.h"
 #include "test_util.h"
 
 namespace lmserve::server::http {
 namespace {
 
-struct Reading {
-  std::vector<Request> requests;
-  std::vector<bool> keep_alive, plain;  // per request: kept alive, read by the plain pass
-  std::vector<unsigned> versions;
-  int end = -1;  // -1: the bytes ran out; else the refusal's TransportError
-};
+using Reading = lmserve::testing::RequestReading;
 
-bool same(const Reading& a, const Reading& b) {
-  if (a.requests.size() != b.requests.size() || a.keep_alive != b.keep_alive || a.versions != b.versions || a.end != b.end) return false;
-  for (std::size_t i = 0; i < a.requests.size(); ++i) {
-    const auto &x = a.requests[i], &y = b.requests[i];
-    if (x.method != y.method || x.target != y.target || x.path != y.path || x.headers != y.headers || x.body != y.body) return false;
-  }
-  return true;
-}
+// The same requests, versions and end (the plain flags apart).
+bool same(const Reading& a, const Reading& b) { return lmserve::testing::same_requests(a, b) && a.versions == b.versions && a.end == b.end; }
 
-// Reads `bytes` delivered all at once (`cut` 0) or `cut` bytes at a time, as the transport does.
 Reading read(std::string_view bytes, RequestParser::Reading how, std::size_t cut = 0, std::size_t max_header = 8192,
              std::size_t max_body = 1 << 20) {
-  Reading out;
-  Request request;
-  std::optional<RequestParser> parser;
-  parser.emplace(request, max_header, max_body, how);
-  std::string buffer;
-  std::size_t given = 0;
-  while (given < bytes.size() || !buffer.empty()) {
-    if (given < bytes.size()) {
-      const std::size_t n = cut == 0 ? bytes.size() - given : std::min(cut, bytes.size() - given);
-      buffer.append(bytes.substr(given, n));
-      given += n;
-    }
-    const auto step = parser->feed(buffer);
-    buffer.erase(0, step.used);
-    if (step.state == RequestParser::State::kError) {
-      out.end = static_cast<int>(step.error);
-      return out;
-    }
-    if (step.state == RequestParser::State::kDone) {
-      out.requests.push_back(request);
-      out.keep_alive.push_back(parser->keep_alive());
-      out.plain.push_back(parser->read_plainly());
-      out.versions.push_back(parser->version);
-      parser.emplace(request, max_header, max_body, how);
-      continue;
-    }
-    if (given == bytes.size()) break;
-  }
-  return out;
+  return lmserve::testing::read_requests(bytes, how, cut, max_header, max_body);
 }
 
 std::string show(std::string_view s) {
