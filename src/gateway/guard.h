@@ -29,7 +29,7 @@ class InjectionModel;
 
 // The probabilities at which the shipped injection model blocks a text that names an anchor, and
 // one that names none (injection_model.h says how they were chosen).
-inline constexpr double kInjectionThreshold = 0.7;
+inline constexpr double kInjectionThreshold = 0.75;
 inline constexpr double kInjectionThresholdUnanchored = 0.875;
 // A text without an anchor is scored only up to this many bytes (of its folded form): what the
 // model weighs is diluted over a long document (1/sqrt(features)), and scoring 4 KB takes ~0.6 ms.

@@ -155,8 +155,8 @@ int run(int argc, char** argv) {
   // Other bars on the same scores: the left-out batches blocked against the ordinary requests
   // blocked out of fold.
   std::printf("bars (anchored / not): left-out batches blocked, ordinary requests blocked out of fold\n");
-  for (double a : {0.5, 0.6, 0.7, 0.8}) {
-    for (double u : {0.7, 0.8, 0.85, 0.875, 0.9, 0.95}) {
+  for (double a : {0.6, 0.7, 0.725, 0.75, 0.775, 0.8}) {
+    for (double u : {0.8, 0.825, 0.85, 0.875, 0.9}) {
       if (u < a) continue;
       std::size_t i = 0, o = 0;
       for (const auto& s : left_out) i += s.blocked(a, u);
