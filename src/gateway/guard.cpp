@@ -199,10 +199,36 @@ class KeywordMatcher {
 
 // Cyrillic and Greek letters that look like Latin ones (after case folding), as the Latin letter:
 // the part of Unicode's confusables (UTS #39) that spells English words in look-alikes
-// ("Dіsrеgаrd" with Cyrillic і, е, а). Letters that only resemble small capitals (в, м, н, т) are
-// left alone.
+// ("Dіsrеgаrd" with Cyrillic і, е, а); and the Latin small capitals, which NFKC leaves as they
+// are ("ɪɢɴᴏʀᴇ ʀᴜʟᴇꜱ"). Cyrillic letters that only resemble small capitals (в, м, н, т) are left
+// alone.
 char latin_lookalike(char32_t cp) {
   switch (cp) {
+    case 0x0262: return 'g';  // ɢ
+    case 0x026A: return 'i';  // ɪ
+    case 0x0274: return 'n';  // ɴ
+    case 0x0280: return 'r';  // ʀ
+    case 0x028F: return 'y';  // ʏ
+    case 0x0299: return 'b';  // ʙ
+    case 0x029C: return 'h';  // ʜ
+    case 0x029F: return 'l';  // ʟ
+    case 0x1D00: return 'a';  // ᴀ
+    case 0x1D04: return 'c';  // ᴄ
+    case 0x1D05: return 'd';  // ᴅ
+    case 0x1D07: return 'e';  // ᴇ
+    case 0x1D0A: return 'j';  // ᴊ
+    case 0x1D0B: return 'k';  // ᴋ
+    case 0x1D0D: return 'm';  // ᴍ
+    case 0x1D0F: return 'o';  // ᴏ
+    case 0x1D18: return 'p';  // ᴘ
+    case 0x1D1B: return 't';  // ᴛ
+    case 0x1D1C: return 'u';  // ᴜ
+    case 0x1D20: return 'v';  // ᴠ
+    case 0x1D21: return 'w';  // ᴡ
+    case 0x1D22: return 'z';  // ᴢ
+    case 0xA730: return 'f';  // ꜰ
+    case 0xA731: return 's';  // ꜱ
+    case 0xA7AF: return 'q';  // ꞯ
     case 0x0430: return 'a';  // а
     case 0x0435: case 0x0451: return 'e';  // е ё
     case 0x043E: return 'o';  // о
@@ -250,9 +276,10 @@ constexpr const char* kTraditional =
     "後后於于係系餘余徵征憑凭遞递鬆松歸归屬属醫医療疗險险費费稅税購购買买賣卖貨货幾几"
     "雙双劃划嚴严稱称";
 
-// Whether a lead byte starts a Greek, Cyrillic or IPA letter (0xC9-0xD4) or a CJK ideograph of the
-// main block (0xE4-0xE9).
-bool may_fold(unsigned char c) { return (c >= 0xC9 && c <= 0xD4) || (c >= 0xE4 && c <= 0xE9); }
+// Whether a lead byte starts a Greek, Cyrillic or IPA letter (0xC9-0xD4), a small capital of the
+// phonetic extensions (0xE1) or of Latin Extended-D (0xEA), or a CJK ideograph of the main block
+// (0xE4-0xE9).
+bool may_fold(unsigned char c) { return (c >= 0xC9 && c <= 0xD4) || c == 0xE1 || (c >= 0xE4 && c <= 0xEA); }
 
 // The simplified form of a traditional character in kTraditional; 0 for any other.
 char32_t simplified(char32_t cp) {
@@ -281,7 +308,7 @@ void fold_letters(std::string& folded) {
   for (std::size_t i = 0; i < folded.size();) {
     char32_t cp = 0;
     const auto len = static_cast<std::size_t>(std::max(1, text::utf8_decode(folded, i, &cp)));
-    if (const char latin = len == 2 ? latin_lookalike(cp) : 0) {
+    if (const char latin = len <= 3 ? latin_lookalike(cp) : 0) {
       out.push_back(latin);
     } else if (const char32_t simple = len == 3 ? simplified(cp) : 0) {
       text::utf8_append(out, simple);
