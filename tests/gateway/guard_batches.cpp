@@ -61,8 +61,8 @@ std::vector<Batch> batches_of(const std::string& file) {
   return out;
 }
 
-std::shared_ptr<const Guard> guard_with(std::shared_ptr<const InjectionModel> m) {
-  auto g = Guard::build({.model = std::move(m)});
+std::shared_ptr<const Guard> guard_of(const GuardSpec& spec) {
+  auto g = Guard::build(spec);
   if (!g) {
     std::fprintf(stderr, "guard: %s\n", g.error().message().c_str());
     std::exit(2);
@@ -85,75 +85,9 @@ Score score(const Guard& rules, const InjectionModel& m, const std::string& t) {
   return {blocked(rules, t), m.probability(f), m.anchored(f)};
 }
 
-int run(int argc, char** argv) {
-  std::size_t latest = 12;
-  bool quiet = false, misses = false;
-  std::vector<std::pair<std::string, bool>> files;  // path, attacks
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--latest") && i + 1 < argc) {
-      latest = std::stoul(argv[++i]);
-    } else if (!std::strcmp(argv[i], "--misses")) {
-      misses = true;
-    } else if (!std::strcmp(argv[i], "--quiet")) {
-      quiet = true;
-    } else if (!std::strcmp(argv[i], "--benign") && i + 1 < argc) {
-      files.emplace_back(argv[++i], false);
-    } else {
-      files.emplace_back(argv[i], true);
-    }
-  }
-  const auto data = lmserve::testing::source_dir() / "src" / "gateway" / "data";
-  const auto batches = batches_of(read_text(data / "injections.txt"));
-  const std::vector<std::string> inj(injection_corpus().begin(), injection_corpus().end()), ben(benign_corpus().begin(), benign_corpus().end());
-
-  const auto rules = [] {
-    auto g = Guard::build({.injection_model = false});
-    return *g;
-  }();
-  std::vector<Score> left_out, ordinary;  // for the sweep of the bars
-  std::size_t hit = 0, total = 0;
-  for (std::size_t b = batches.size() > latest ? batches.size() - latest : 0; b < batches.size(); ++b) {
-    std::vector<std::string> train;
-    for (std::size_t o = 0; o < batches.size(); ++o) {
-      if (o != b) train.insert(train.end(), batches[o].texts.begin(), batches[o].texts.end());
-    }
-    std::shared_ptr<const InjectionModel> model = InjectionModel::train(train, ben, {});
-    const auto g = guard_with(model);
-    std::size_t n = 0;
-    for (const auto& t : batches[b].texts) {
-      const bool hit_one = blocked(*g, t);
-      left_out.push_back(score(*rules, *model, t));
-      n += hit_one;
-      if (!hit_one && misses) {
-        const auto f = guard_normalise(t);
-        std::printf("  missed (%.3f%s): %s\n", model->probability(f), model->anchored(f) ? "" : ", no anchor", t.c_str());
-      }
-    }
-    hit += n;
-    total += batches[b].texts.size();
-    std::printf("left out %5.1f%% %4zu of %4zu  %.70s\n", 100.0 * n / batches[b].texts.size(), n, batches[b].texts.size(), batches[b].name.c_str());
-  }
-  std::printf("left-out batches: %zu of %zu (%.1f%%)\n", hit, total, total ? 100.0 * hit / total : 0.0);
-
-  constexpr std::size_t kFolds = 5;
-  std::size_t ben_blocked = 0;
-  for (std::size_t k = 0; k < kFolds; ++k) {
-    std::vector<std::string> ti, tb;
-    for (std::size_t i = 0; i < inj.size(); ++i) if (i % kFolds != k) ti.push_back(inj[i]);
-    for (std::size_t i = 0; i < ben.size(); ++i) if (i % kFolds != k) tb.push_back(ben[i]);
-    std::shared_ptr<const InjectionModel> model = InjectionModel::train(ti, tb, {});
-    const auto g = guard_with(model);
-    for (std::size_t i = k; i < ben.size(); i += kFolds) {
-      ordinary.push_back(score(*rules, *model, ben[i]));
-      if (blocked(*g, ben[i])) {
-        ++ben_blocked;
-        if (!quiet) std::printf("  out of fold, blocked: %s\n", ben[i].c_str());
-      }
-    }
-  }
-  std::printf("out of fold: %zu of %zu ordinary requests blocked (%.2f%%)\n", ben_blocked, ben.size(), 100.0 * ben_blocked / ben.size());
-  // Other bars on the same scores: the left-out batches blocked against the ordinary requests
-  // blocked out of fold.
+// The share of the left-out batches and the ordinary requests out of fold that other bars would
+// block, on the same scores; and the best pair of bars within a few budgets of ordinary requests.
+void sweep(const std::vector<Score>& left_out, const std::vector<Score>& ordinary) {
   std::printf("bars (anchored / not): left-out batches blocked, ordinary requests blocked out of fold\n");
   for (double a : {0.6, 0.7, 0.725, 0.75, 0.775, 0.8}) {
     for (double u : {0.8, 0.825, 0.85, 0.875, 0.9}) {
@@ -180,8 +114,74 @@ int run(int argc, char** argv) {
     }
     std::printf("best with at most %zu ordinary requests blocked: %.1f%% (%.3f / %.3f)\n", budget, best, ba, bu);
   }
+}
 
-  const auto shipped = guard_with(nullptr);
+int run(int argc, char** argv) {
+  std::size_t latest = 12;
+  bool quiet = false, misses = false;
+  std::vector<std::pair<std::string, bool>> files;  // path, attacks
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--latest") && i + 1 < argc) {
+      latest = std::stoul(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--misses")) {
+      misses = true;
+    } else if (!std::strcmp(argv[i], "--quiet")) {
+      quiet = true;
+    } else if (!std::strcmp(argv[i], "--benign") && i + 1 < argc) {
+      files.emplace_back(argv[++i], false);
+    } else {
+      files.emplace_back(argv[i], true);
+    }
+  }
+  const auto data = lmserve::testing::source_dir() / "src" / "gateway" / "data";
+  const auto batches = batches_of(read_text(data / "injections.txt"));
+  const std::vector<std::string> inj(injection_corpus().begin(), injection_corpus().end()), ben(benign_corpus().begin(), benign_corpus().end());
+
+  const auto rules = guard_of({.injection_model = false});
+  std::vector<Score> left_out, ordinary;  // for the sweep of the bars
+  std::size_t hit = 0, total = 0;
+  for (std::size_t b = batches.size() > latest ? batches.size() - latest : 0; b < batches.size(); ++b) {
+    std::vector<std::string> train;
+    for (std::size_t o = 0; o < batches.size(); ++o) {
+      if (o != b) train.insert(train.end(), batches[o].texts.begin(), batches[o].texts.end());
+    }
+    std::shared_ptr<const InjectionModel> model = InjectionModel::train(train, ben, {});
+    const auto g = guard_of({.model = model});
+    std::size_t n = 0;
+    for (const auto& t : batches[b].texts) {
+      const bool hit_one = blocked(*g, t);
+      left_out.push_back(score(*rules, *model, t));
+      n += hit_one;
+      if (!hit_one && misses) {
+        const auto f = guard_normalise(t);
+        std::printf("  missed (%.3f%s): %s\n", model->probability(f), model->anchored(f) ? "" : ", no anchor", t.c_str());
+      }
+    }
+    hit += n;
+    total += batches[b].texts.size();
+    std::printf("left out %5.1f%% %4zu of %4zu  %.70s\n", 100.0 * n / batches[b].texts.size(), n, batches[b].texts.size(), batches[b].name.c_str());
+  }
+  std::printf("left-out batches: %zu of %zu (%.1f%%)\n", hit, total, total ? 100.0 * hit / total : 0.0);
+
+  constexpr std::size_t kFolds = 5;
+  std::size_t ben_blocked = 0;
+  for (std::size_t k = 0; k < kFolds; ++k) {
+    std::vector<std::string> ti, tb;
+    for (std::size_t i = 0; i < inj.size(); ++i) if (i % kFolds != k) ti.push_back(inj[i]);
+    for (std::size_t i = 0; i < ben.size(); ++i) if (i % kFolds != k) tb.push_back(ben[i]);
+    std::shared_ptr<const InjectionModel> model = InjectionModel::train(ti, tb, {});
+    const auto g = guard_of({.model = model});
+    for (std::size_t i = k; i < ben.size(); i += kFolds) {
+      ordinary.push_back(score(*rules, *model, ben[i]));
+      if (blocked(*g, ben[i])) {
+        ++ben_blocked;
+        if (!quiet) std::printf("  out of fold, blocked: %s\n", ben[i].c_str());
+      }
+    }
+  }
+  std::printf("out of fold: %zu of %zu ordinary requests blocked (%.2f%%)\n", ben_blocked, ben.size(), 100.0 * ben_blocked / ben.size());
+  if (!left_out.empty()) sweep(left_out, ordinary);
+  const auto shipped = guard_of({});
   for (const auto& [path, attacks] : files) {
     const auto texts = parse_corpus(read_text(path));
     std::size_t n = 0;
