@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/container/small_vector.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -25,7 +26,14 @@ struct DefaultRule {
   const char* id;
   Form form;
   const char* pattern;
+  // A pattern the folded form must match before this rule is tried (one search a text, shared by
+  // the rules that name it), or null: rules that only a rare word can set off skip the texts
+  // without it.
+  const char* gate = nullptr;
 };
+
+// The word the English ai_addressed rules need: an AI by name.
+constexpr const char* kNamesAnAi = R"(\b(ai|a\.i\.|chatbot|bot|llm|llms|language\s+models?)\b)";
 
 // The shipped prompt-injection rules. Folded-form rules see words and punctuation; compact-form
 // rules see letters only (no \b there: their words run together, so each names a phrase that an
@@ -105,6 +113,25 @@ const DefaultRule kDefaultRules[] = {
      R"(\b(instructions|rules|prompts?)\b\s+(were|was|have|had|did)\s+you\s+(been\s+)?(given|told|provided|get|receive)\b)"},
     {"default.prompt_leak_zh", Form::kCompact, R"((系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(是什么|有哪些|是啥|写了什么|的内容))"},
     {"default.prompt_leak_zh", Form::kCompact, R"(你的(系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(的)?(原文|全文|原话|内容)?.{0,4}?(给我看|发给我|发我|贴出来|写出来|拿出来))"},
+    // Content that addresses an AI reader with an order: an injection inside a document, an e-mail
+    // or a tool's result ("Note to the AI: ...", "[to the summariser AI: ...]", "any language model
+    // handling this must ...", 给AI的备注：..., 【给总结AI：...】, 任何处理本文的语言模型都必须...).
+    // The addressee is an AI by name (AI, bot, chatbot, LLM, language model), not an assistant,
+    // which may be a person; a user who greets the bot ("Hi bot, ...") is not held by these.
+    {"default.ai_addressed", Form::kFolded,
+     R"(\b(note|notes|instructions?|message|reminder|remark|memo|commands?|directives?|ps|p\.s\.|order|orders)\s+(for|to)\s+(the\s+|any\s+|all\s+|whatever\s+|every\s+|each\s+)?([\w-]+\s+)?(ai|a\.i\.|chatbot|bot|llm|llms|language\s+models?)(\s+(assistant|model|reader|reviewer|summari[sz]er|system|agent|tool|scheduler))?\s*[:：])", kNamesAnAi},
+    {"default.ai_addressed", Form::kFolded,
+     R"([\[【(（]\s*(note\s+|instructions?\s+)?(to|for)\s+(the\s+|any\s+)?([\w-]+\s+)?(ai|chatbot|bot|llm|language\s+models?)\b[^\]】)）\n]{0,24}[:：])", kNamesAnAi},
+    {"default.ai_addressed", Form::kFolded,
+     R"(\b(any|every|all|whatever|each)\s+(ai|chatbot|bot|llm|llms|language\s+models?|ai\s+(assistants?|models?|systems?|tools?|agents?))\s+(that\s+|which\s+|who\s+)?(reads?|reading|handles?|handling|process(es|ing)?|summari[sz](es|ing)|reviews?|reviewing|sees?|seeing|parses?|parsing)\s+(this|these|the\s+(text|document|file|message|page|email|e-mail|contract|ticket))\b)", kNamesAnAi},
+    {"default.ai_addressed", Form::kFolded,
+     R"(^[^"“「『]*["“「『][\s\S]*?\b(dear|attention|attn|psst|note to)\s*,?\s+(the\s+)?(ai|chatbot|bot|llm|language\s+models?)\b\s*[,:：])", kNamesAnAi},
+    {"default.ai_addressed_zh", Form::kCompact,
+     R"(给(读到这里的|读到这的|看到这里的|处理本文的|阅读本文的)?(总结|审核|评分|排程|客服|智能|翻译)?(ai|人工智能|聊天机器人|机器人|语言模型|大模型|模型)(总结助手|助手|审核员)?的(隐藏)?(备注|指令|话|说明|提示|留言|命令|消息|文字|指示))"},
+    {"default.ai_addressed_zh", Form::kFolded,
+     R"([【（(]\s*给[^】）)\n]{0,8}(ai|机器人|模型)[^】）)\n]{0,6}[:：])"},
+    {"default.ai_addressed_zh", Form::kCompact,
+     R"((任何|所有)?(处理|读到|阅读|审阅|总结|看到)(本文件?|这段文字|这份文件|本邮件|这封邮件)的(ai|人工智能|语言模型|大模型|模型|机器人)(系统|工具)?(都|须|必须|应|应当|要))"},
 };
 
 bool drop_in_compact(char32_t cp) {
@@ -374,8 +401,11 @@ struct Guard::Impl {
     std::string id;
     Form form;
     text::Regex regex;
+    int gate = -1;  // into gates: DefaultRule::gate
   };
   std::vector<Rule> deny;
+  std::vector<text::Regex> gates;
+  std::vector<std::string> gate_patterns;  // the gates' source, to share one between rules
   std::vector<text::Regex> allow;
   std::vector<std::string> keyword_ids;
   std::optional<KeywordMatcher> keywords;
@@ -394,7 +424,18 @@ Result<std::shared_ptr<const Guard>> Guard::build(const GuardSpec& spec) {
     for (const auto& r : kDefaultRules) {
       auto re = text::Regex::compile(r.pattern);
       if (!re) return error(Status(StatusCode::kInternal, std::string("guard: default rule ") + r.id + ": " + re.error().message()));
-      im.deny.push_back({r.id, r.form, std::move(*re)});
+      int gate = -1;
+      if (r.gate != nullptr) {
+        const auto at = std::find(im.gate_patterns.begin(), im.gate_patterns.end(), r.gate);
+        gate = static_cast<int>(at - im.gate_patterns.begin());
+        if (at == im.gate_patterns.end()) {
+          auto gate_re = text::Regex::compile(r.gate);
+          if (!gate_re) return error(Status(StatusCode::kInternal, std::string("guard: default rule ") + r.id + "'s gate: " + gate_re.error().message()));
+          im.gates.push_back(std::move(*gate_re));
+          im.gate_patterns.emplace_back(r.gate);
+        }
+      }
+      im.deny.push_back({r.id, r.form, std::move(*re), gate});
     }
     if (spec.injection_model) {
       if (!(spec.injection_threshold > 0 && spec.injection_threshold <= 1)) return error(Status(StatusCode::kInvalidArgument, "injection_threshold: must be in (0, 1]"));
@@ -450,9 +491,15 @@ std::optional<std::string> Guard::check(std::span<const std::string> texts) cons
     auto folded_span = [&](std::size_t b, std::size_t e) {  // a compact span in folded bytes
       return std::pair{t.to_folded[b], e < t.to_folded.size() ? t.to_folded[e] : t.folded.size()};
     };
+    boost::container::small_vector<signed char, 4> gate_open(im.gates.size(), -1);  // -1: not searched yet
     for (const auto& r : im.deny) {
       const auto& subject = r.form == Form::kFolded ? t.folded : t.compact;
       if (!r.regex.may_match(subject.size())) continue;
+      if (r.gate >= 0) {
+        auto& open = gate_open[static_cast<std::size_t>(r.gate)];
+        if (open < 0) open = im.gates[static_cast<std::size_t>(r.gate)].find(t.folded, 0).has_value() ? 1 : 0;
+        if (open == 0) continue;
+      }
       for (auto m = r.regex.find(subject, 0); m; m = r.regex.find(subject, m->second)) {
         const auto [fb, fe] = r.form == Form::kFolded ? *m : folded_span(m->first, m->second);
         if (!is_allowed(fb, fe)) return r.id;
