@@ -113,6 +113,15 @@ const DefaultRule kDefaultRules[] = {
      R"(\b(instructions|rules|prompts?)\b\s+(were|was|have|had|did)\s+you\s+(been\s+)?(given|told|provided|get|receive)\b)"},
     {"default.prompt_leak_zh", Form::kCompact, R"((系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(是什么|有哪些|是啥|写了什么|的内容))"},
     {"default.prompt_leak_zh", Form::kCompact, R"(你的(系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(的)?(原文|全文|原话|内容)?.{0,4}?(给我看|发给我|发我|贴出来|写出来|拿出来))"},
+    // "Ignore the previous instructions" in the other languages an attack is written in to slip
+    // past English and Chinese rules (French, German, Spanish, Italian, Portuguese, Russian,
+    // Japanese, Korean): the verb and the instructions or rules it dismisses.
+    {"default.ignore_instructions_intl", Form::kFolded,
+     R"(\b(ignore[zr]?|oublie[zr]?|ignorier(e|en|t)?|vergiss|vergessen\s+sie|ignora[rd]?|olvida[rd]?|ignorare|dimentica|ignorem|esque[cç]a)\b[^.!?\n]{0,40}?\b(instructions?|consignes|r[eè]gles|anweisungen|regeln|vorgaben|instrucciones|reglas|normas|istruzioni|regole|instru[cç][oõ]es|regras)\b)"},
+    {"default.ignore_instructions_intl", Form::kFolded,
+     R"((игнорируй(те)?|забудь(те)?|не\s+обращай(те)?\s+внимания\s+на)[^.!?\n]{0,40}?(инструкци|правил|указани))"},
+    {"default.ignore_instructions_intl", Form::kCompact,
+     R"(((以前|前|これまで|上記)の)?(指示|命令|ルール|指令)(を|は)?(すべて|全て)?(无视|無視|忘れ)|(이전|앞의|기존)?(지시|지침|명령|규칙)(을|를|은|는)?(모두|전부)?(무시|잊어))"},
     // Content that addresses an AI reader with an order: an injection inside a document, an e-mail
     // or a tool's result ("Note to the AI: ...", "[to the summariser AI: ...]", "any language model
     // handling this must ...", 给AI的备注：..., 【给总结AI：...】, 任何处理本文的语言模型都必须...).
@@ -326,24 +335,57 @@ char32_t simplified(char32_t cp) {
   return it != table.end() && it->first == cp ? it->second : 0;
 }
 
+// Whether a code point is one of the Latin small capitals latin_lookalike knows (IPA, the phonetic
+// extensions, Latin Extended-D).
+bool small_capital(char32_t cp) { return (cp >= 0x0262 && cp <= 0x029F) || (cp >= 0x1D00 && cp <= 0x1D22) || (cp >= 0xA730 && cp <= 0xA7AF); }
+
+// A code point of a word: a letter or mark of any script, or a digit.
+bool word_cp(char32_t cp) {
+  if (cp < 0x80) return (cp >= 'a' && cp <= 'z') || (cp >= '0' && cp <= '9') || (cp >= 'A' && cp <= 'Z');
+  const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
+  return (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_ME) || cat == UTF8PROC_CATEGORY_ND;
+}
+
 // The folded text with look-alike letters as Latin ones and traditional characters as simplified
-// ones (walked only where such a lead byte occurs).
+// ones (walked only where such a lead byte occurs). A Cyrillic or Greek look-alike is read as Latin
+// only in a word that has Latin letters too ("Dіsrеgаrd": UTS #39's mixed-script confusable): a
+// word written wholly in Cyrillic or Greek stays as it is, so that the rules for Russian read
+// Russian ("игнорируй"). Small capitals are Latin letters and fold wherever they stand.
 void fold_letters(std::string& folded) {
   if (std::none_of(folded.begin(), folded.end(), [](char c) { return may_fold(static_cast<unsigned char>(c)); })) return;
   std::string out;
   out.reserve(folded.size());
+  std::size_t word = 0;  // where the current word starts in `folded`
+  bool latin = false;    // whether it has a Latin letter (ASCII or a small capital)
+  auto flush = [&](std::size_t end) {
+    for (std::size_t i = word; i < end;) {
+      char32_t cp = 0;
+      const auto len = static_cast<std::size_t>(std::max(1, text::utf8_decode(folded, i, &cp)));
+      const char as_latin = len >= 2 && len <= 3 && (latin || small_capital(cp)) ? latin_lookalike(cp) : 0;
+      if (as_latin) {
+        out.push_back(as_latin);
+      } else if (const char32_t simple = len == 3 ? simplified(cp) : 0) {
+        text::utf8_append(out, simple);
+      } else {
+        out.append(folded, i, len);
+      }
+      i += len;
+    }
+    latin = false;
+  };
   for (std::size_t i = 0; i < folded.size();) {
     char32_t cp = 0;
     const auto len = static_cast<std::size_t>(std::max(1, text::utf8_decode(folded, i, &cp)));
-    if (const char latin = len <= 3 ? latin_lookalike(cp) : 0) {
-      out.push_back(latin);
-    } else if (const char32_t simple = len == 3 ? simplified(cp) : 0) {
-      text::utf8_append(out, simple);
-    } else {
+    if (!word_cp(cp)) {
+      flush(i);
       out.append(folded, i, len);
+      word = i + len;
+    } else {
+      latin = latin || (cp < 0x80 && ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z'))) || small_capital(cp);
     }
     i += len;
   }
+  flush(folded.size());
   folded = std::move(out);
 }
 
