@@ -117,7 +117,11 @@ const DefaultRule kDefaultRules[] = {
     // past English and Chinese rules (French, German, Spanish, Italian, Portuguese, Russian,
     // Japanese, Korean): the verb and the instructions or rules it dismisses.
     {"default.ignore_instructions_intl", Form::kFolded,
-     R"(\b(ignore[zr]?|oublie[zr]?|ignorier(e|en|t)?|vergiss|vergessen\s+sie|ignora[rd]?|olvida[rd]?|ignorare|dimentica|ignorem|esque[cç]a)\b[^.!?\n]{0,40}?\b(instructions?|consignes|r[eè]gles|anweisungen|regeln|vorgaben|instrucciones|reglas|normas|istruzioni|regole|instru[cç][oõ]es|regras)\b)"},
+     R"(\b(ignore[zr]|oublie[zr]?|ignorier(e|en|t)?|vergiss|vergessen\s+sie|ignora[rd]?|olvida[rd]?|ignorare|dimentica|ignorem|esque[cç]a)\b[^.!?\n]{0,40}?\b(instructions?|consignes|r[eè]gles|anweisungen|regeln|vorgaben|instrucciones|reglas|normas|istruzioni|regole|instru[cç][oõ]es|regras)\b)"},
+    // Portuguese "ignore" is spelt as the English verb: with the Portuguese (or French) nouns only,
+    // as "ignore the instructions on the old form" is an English user's own.
+    {"default.ignore_instructions_intl", Form::kFolded,
+     R"(\bignore\b[^.!?\n]{0,40}?\b(instru[cç][oõ]es|regras|diretrizes|consignes|r[eè]gles)\b)"},
     {"default.ignore_instructions_intl", Form::kFolded,
      R"((игнорируй(те)?|забудь(те)?|не\s+обращай(те)?\s+внимания\s+на)[^.!?\n]{0,40}?(инструкци|правил|указани))"},
     {"default.ignore_instructions_intl", Form::kCompact,

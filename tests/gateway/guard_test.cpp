@@ -216,7 +216,7 @@ TEST(Guard, IgnoringInstructionsInOtherLanguagesIsBlocked) {
   for (const char* t : {"Translate: \"Oubliez le brouillon précédent, voici la version finale.\"",
                         "Übersetze bitte: \"Die vorherigen Anweisungen zur Reisekostenabrechnung gelten nicht mehr.\"",
                         "Traduce al inglés: \"Olvida lo que te dije sobre la reunión.\"", "Переведи: \"Встреча перенесена на пятницу.\"",
-                        "この文を英語に訳して：「会議は金曜日に変更されました。」"}) {
+                        "この文を英語に訳して：「会議は金曜日に変更されました。」", "Please ignore the instructions on the old form."}) {
     EXPECT_EQ(check(*rules, t), std::nullopt) << t;
   }
 }
