@@ -183,8 +183,18 @@ Command add_gateway_command(CLI::App& app) {
   guard->require_subcommand(1);
   auto* check = guard->add_subcommand("check", "say of each text whether it passes, the rule that blocks it, and the injection model's probability");
   check->add_option("--tenant", *guard_tenant, "check as this tenant's requests are (its rules with the defaults)");
-  check->add_option("text", *guard_texts, "the texts (none: one a line from standard input)");
-  check->callback([which] { *which = "guard check"; });
+  check->add_option("--config", o->config, "the gateway's YAML file (as before `guard`)");
+  // The texts are the arguments left over, each taken as it stands: a positional option would have
+  // CLI11 read "[SYSTEM] ...]"-like texts in brackets as lists and drop the brackets, and the
+  // parent commands would take them through fallthrough. So this command keeps its extras (the
+  // program's own options go before `gateway`).
+  check->fallthrough(false);
+  check->allow_extras();
+  check->footer("TEXT ...: the texts, each argument one; with none, one a line from standard input.");
+  check->callback([which, check, guard_texts] {
+    *which = "guard check";
+    *guard_texts = check->remaining();
+  });
   app.add_option("--port", o->port, "listen on this port instead of the file's `listen` port (0: any free port)");
   app.add_flag("--check", o->check, "validate the configuration, print it back in brief, and exit");
   return [o, k, which, audit_dir, guard_tenant, guard_texts]() {
