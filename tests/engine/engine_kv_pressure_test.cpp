@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -211,7 +212,10 @@ TEST_P(EngineStress, RandomizedStress) {
     EXPECT_GT(s.steps_planned_ahead_total, 0u);
   }
   if (targets) {
-    EXPECT_GT(s.step_time_model[0] + s.step_time_model[1], 0.0) << "the step-time model was meant to be calibrated";
+    // Some term is positive once the model is fitted; which ones depends on the host's timing
+    // (on a loaded two-core VM the fit once put all of a step's time on its sequences and KV, with
+    // w0 and the per-token term clamped at zero).
+    EXPECT_GT(std::accumulate(s.step_time_model.begin(), s.step_time_model.end(), 0.0), 0.0) << "the step-time model was meant to be calibrated";
     ASSERT_EQ(s.tpot_unmet_steps.size(), 1u);
     EXPECT_EQ(s.tpot_unmet_steps[0].first, "high");
   }
