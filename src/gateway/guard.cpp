@@ -32,7 +32,12 @@ struct DefaultRule {
   const char* gate = nullptr;
 };
 
-// The word the English ai_addressed rules need: an AI by name.
+// The gates of the default rules: a Latin letter for the rules written in English words (and the
+// other Latin-script languages), a character past ASCII for those in Chinese, Russian, Japanese
+// and Korean, and an AI by name for the English ai_addressed rules. An English text then skips
+// the Chinese rules and a Chinese one the English rules (docs/gateway.md: the rules' cost).
+constexpr const char* kHasLatin = "[a-z]";
+constexpr const char* kHasNonAscii = R"([^\x{0}-\x{7f}])";
 constexpr const char* kNamesAnAi = R"(\b(ai|a\.i\.|chatbot|bot|llm|llms|language\s+models?)\b)";
 
 // The shipped prompt-injection rules. Folded-form rules see words and punctuation; compact-form
@@ -41,91 +46,91 @@ constexpr const char* kNamesAnAi = R"(\b(ai|a\.i\.|chatbot|bot|llm|llms|language
 const DefaultRule kDefaultRules[] = {
     // "Ignore (all) previous instructions" and its many wordings.
     {"default.ignore_instructions", Form::kFolded,
-     R"(\b(ignore|ingore|ignroe|igonre|ignoer|ingnore|disregard|disreguard|forget|forgett|skip|override|bypass|drop(?= (all|any|every|your|these|those)\b)|abandon|discard|neglect|set aside|put aside|throw away|throw out|toss out|scrap|ditch|erase|wipe out|disobey|dismiss)\b[^.!?\n]{0,40}?\b(previous|prior|above|earlier|preceding|former|foregoing|original|initial|system|all|any|every|your|these|those)\b[^.!?\n]{0,30}?\b(instr\w*|prompts?|rules?|directions?|directives?|guidelines|guardrails|constraints|policies|restrictions|context|orders|commands|programming|training|guidance)\b)"},
+     R"(\b(ignore|ingore|ignroe|igonre|ignoer|ingnore|disregard|disreguard|forget|forgett|skip|override|bypass|drop(?= (all|any|every|your|these|those)\b)|abandon|discard|neglect|set aside|put aside|throw away|throw out|toss out|scrap|ditch|erase|wipe out|disobey|dismiss)\b[^.!?\n]{0,40}?\b(previous|prior|above|earlier|preceding|former|foregoing|original|initial|system|all|any|every|your|these|those)\b[^.!?\n]{0,30}?\b(instr\w*|prompts?|rules?|directions?|directives?|guidelines|guardrails|constraints|policies|restrictions|context|orders|commands|programming|training|guidance)\b)", kHasLatin},
     {"default.ignore_instructions", Form::kCompact,
-     R"((ignore|ingore|ignroe|igonre|disregard|forget|override|bypass|discard|setaside|putaside|throwaway|throwout|scrap|ditch|disobey)(all|any|every|of|the|your|my|these|those)*((previous|prior|above|earlier|preceding|former|original|initial|system)(instr\p{L}{0,9}|prompts?|rules?|directions|directives|guidelines|context)|systemmessages?))"},
+     R"((ignore|ingore|ignroe|igonre|disregard|forget|override|bypass|discard|setaside|putaside|throwaway|throwout|scrap|ditch|disobey)(all|any|every|of|the|your|my|these|those)*((previous|prior|above|earlier|preceding|former|original|initial|system)(instr\p{L}{0,9}|prompts?|rules?|directions|directives|guidelines|context)|systemmessages?))", kHasLatin},
     {"default.ignore_instructions_zh", Form::kCompact,
-     R"((忽略|无视|忘记|忘掉|不要理会|别管|跳过|绕过|抛开|放弃|不再遵守|不要遵守|停止遵守)(了)?.{0,6}?(之前|以上|上面|上述|先前|前面|此前|所有|全部|原来|原有|原先|系统|你的|一切).{0,6}?(指令|指示|提示词|提示|规则|设定|要求|限制|约束|命令|规定|说明))"},
-    {"default.ignore_instructions_zh", Form::kCompact, R"((忽略|忘记|忘掉|无视|不要管|别管)(掉)?(之前|以上|上面|上述|先前|前面)(的)?(所有|一切|全部)?(内容|对话|话|消息|文字|设定))"},
+     R"((忽略|无视|忘记|忘掉|不要理会|别管|跳过|绕过|抛开|放弃|不再遵守|不要遵守|停止遵守)(了)?.{0,6}?(之前|以上|上面|上述|先前|前面|此前|所有|全部|原来|原有|原先|系统|你的|一切).{0,6}?(指令|指示|提示词|提示|规则|设定|要求|限制|约束|命令|规定|说明))", kHasNonAscii},
+    {"default.ignore_instructions_zh", Form::kCompact, R"((忽略|忘记|忘掉|无视|不要管|别管)(掉)?(之前|以上|上面|上述|先前|前面)(的)?(所有|一切|全部)?(内容|对话|话|消息|文字|设定))", kHasNonAscii},
     {"default.ignore_above", Form::kFolded,
-     R"(\b(ignore|disregard|forget)\b[^.!?\n]{0,20}?\b(everything|anything|all|whatever)\b[^.!?\n]{0,10}?\b(above|before|prior|previously|earlier)\b)"},
+     R"(\b(ignore|disregard|forget)\b[^.!?\n]{0,20}?\b(everything|anything|all|whatever)\b[^.!?\n]{0,10}?\b(above|before|prior|previously|earlier)\b)", kHasLatin},
     {"default.ignore_them", Form::kFolded,
-     R"(\b(instr\w*|rules|prompts?|guidelines|directions)\b[^.!?\n]{0,40}?[;,:.!]?\s*\b(ignore|disregard|forget|skip|override)\b\s+(them|it|those|these|that|all of them)\b)"},
+     R"(\b(instr\w*|rules|prompts?|guidelines|directions)\b[^.!?\n]{0,40}?[;,:.!]?\s*\b(ignore|disregard|forget|skip|override)\b\s+(them|it|those|these|that|all of them)\b)", kHasLatin},
     {"default.ignore_told", Form::kFolded,
-     R"(\b(ignore|disregard|forget)\b[^.!?\n]{0,20}?\b(what|everything|anything|whatever)\b(?!\s+(i|we)\b)[^.!?\n]{0,20}?\b(told|said|given|instructed|taught|asked)\b)"},
+     R"(\b(ignore|disregard|forget)\b[^.!?\n]{0,20}?\b(what|everything|anything|whatever)\b(?!\s+(i|we)\b)[^.!?\n]{0,20}?\b(told|said|given|instructed|taught|asked)\b)", kHasLatin},
     {"default.stop_following", Form::kFolded,
-     R"(\b(don'?t|do not|stop|no longer|never|quit)\b\s+(follow(ing)?|obey(ing)?|adher(e|ing) to|listen(ing)? to|comply(ing)? with|respect(ing)?)\b[^.!?\n]{0,20}?\b(previous|prior|earlier|original|initial|your|the|system|those|these|any)\b[^.!?\n]{0,20}?\b(instr\w*|rules|prompts?|guidelines|directions|policies)\b)"},
+     R"(\b(don'?t|do not|stop|no longer|never|quit)\b\s+(follow(ing)?|obey(ing)?|adher(e|ing) to|listen(ing)? to|comply(ing)? with|respect(ing)?)\b[^.!?\n]{0,20}?\b(previous|prior|earlier|original|initial|your|the|system|those|these|any)\b[^.!?\n]{0,20}?\b(instr\w*|rules|prompts?|guidelines|directions|policies)\b)", kHasLatin},
     {"default.instructions_void", Form::kFolded,
-     R"(\b(you were told|you've been told|you have been told|you were given|your (previous|prior|earlier|original) (instr\w*|rules|prompts?))\b[^\n]{0,60}?\b(void|cancell?ed|invalid|obsolete|outdated|revoked|no longer (apply|valid|in effect))\b)"},
+     R"(\b(you were told|you've been told|you have been told|you were given|your (previous|prior|earlier|original) (instr\w*|rules|prompts?))\b[^\n]{0,60}?\b(void|cancell?ed|invalid|obsolete|outdated|revoked|no longer (apply|valid|in effect))\b)", kHasLatin},
     // "Forget the instructions above", "ignore the safety rules": the object named after the verb.
     {"default.ignore_instructions", Form::kFolded,
-     R"(\b(ignore|ingore|disregard|forget|skip|bypass|override|set aside|throw away|abandon)\b\s+(all\s+)?(the|your|those|these)\s+((instr\w*|rules|prompts?|directions|guidelines|directives)\s+(above|before this|so far|you (were|have been) given|you received|given (to you|earlier|before))|(safety|security|content|moderation|ethical|ethics|usage)\s+(rules|polic(y|ies)|guidelines|filters|restrictions|guardrails|protocols))\b)"},
+     R"(\b(ignore|ingore|disregard|forget|skip|bypass|override|set aside|throw away|abandon)\b\s+(all\s+)?(the|your|those|these)\s+((instr\w*|rules|prompts?|directions|guidelines|directives)\s+(above|before this|so far|you (were|have been) given|you received|given (to you|earlier|before))|(safety|security|content|moderation|ethical|ethics|usage)\s+(rules|polic(y|ies)|guidelines|filters|restrictions|guardrails|protocols))\b)", kHasLatin},
     // "All prior instructions are cancelled."
     {"default.instructions_void", Form::kFolded,
-     R"(\b(previous|prior|earlier|original|initial|above|preceding|old|system) (instr\w*|rules|directives|guidelines|prompts?)\s+(are|is|have been|were|has been)\s+(now\s+)?(cancell?ed|void|revoked|invalid|obsolete|overridden|null|suspended|lifted|deleted|removed|disabled|no longer valid)\b)"},
+     R"(\b(previous|prior|earlier|original|initial|above|preceding|old|system) (instr\w*|rules|directives|guidelines|prompts?)\s+(are|is|have been|were|has been)\s+(now\s+)?(cancell?ed|void|revoked|invalid|obsolete|overridden|null|suspended|lifted|deleted|removed|disabled|no longer valid)\b)", kHasLatin},
     {"default.instructions_void_zh", Form::kCompact,
-     R"((你的)?(原始|之前|先前|原来|原有|系统|初始|以上|上面)(的)?(指令|指示|规则|设定|提示词|提示)(已经|已|都|全部|统统)*(失效|作废|无效|取消|废除|不再有效))"},
+     R"((你的)?(原始|之前|先前|原来|原有|系统|初始|以上|上面)(的)?(指令|指示|规则|设定|提示词|提示)(已经|已|都|全部|统统)*(失效|作废|无效|取消|废除|不再有效))", kHasNonAscii},
     {"default.prompt_leak_zh", Form::kCompact,
-     R"((重复|复述|输出|打印|显示|列出)(一下|一遍)?你(在)?(上面|以上|之前|前面|最开始)(收到|接收到|看到|得到)?(的)?(所有|全部)?(内容|文字|指令|指示|信息|提示))"},
+     R"((重复|复述|输出|打印|显示|列出)(一下|一遍)?你(在)?(上面|以上|之前|前面|最开始)(收到|接收到|看到|得到)?(的)?(所有|全部)?(内容|文字|指令|指示|信息|提示))", kHasNonAscii},
     {"default.stop_following_zh", Form::kCompact,
-     R"((不要|别|无需|不必|不用|不再)(再)?(遵守|遵循|理会|管|执行|服从|听从)(你)?(之前|以上|上面|上述|先前|前面|原来|原有|所有|你的|系统|那些)(的)?.{0,4}?(指令|指示|提示|规则|设定|要求|限制|约束|命令|规定|安排|内容))"},
+     R"((不要|别|无需|不必|不用|不再)(再)?(遵守|遵循|理会|管|执行|服从|听从)(你)?(之前|以上|上面|上述|先前|前面|原来|原有|所有|你的|系统|那些)(的)?.{0,4}?(指令|指示|提示|规则|设定|要求|限制|约束|命令|规定|安排|内容))", kHasNonAscii},
     {"default.ignore_instructions_zh", Form::kCompact,
-     R"((之前|以上|上面|上述|先前|前面|原来|原有|所有|全部|你的|系统)(的)?(所有|全部|一切)?(指令|指示|提示词|提示|规则|设定|要求|限制|约束)(都|全部|统统|一律)?(忘掉|忘记|忽略|无视|作废|不用管|别管|不算数|失效|取消|废除))"},
+     R"((之前|以上|上面|上述|先前|前面|原来|原有|所有|全部|你的|系统)(的)?(所有|全部|一切)?(指令|指示|提示词|提示|规则|设定|要求|限制|约束)(都|全部|统统|一律)?(忘掉|忘记|忽略|无视|作废|不用管|别管|不算数|失效|取消|废除))", kHasNonAscii},
     // Role spoofing: a chat template's markers, or a system/developer turn, inside user text.
     {"default.role_marker", Form::kFolded,
-     R"(<\|\s*(im_start|im_end|system|user|assistant|start_header_id|end_header_id|eot_id|begin_of_text|endoftext|end_of_turn)\s*\|>|\[/?inst\]|<<\s*/?sys\s*>>|<\s*/?\s*(system|system_prompt)\s*>|<start_of_turn>)"},
+     R"(<\|\s*(im_start|im_end|system|user|assistant|start_header_id|end_header_id|eot_id|begin_of_text|endoftext|end_of_turn)\s*\|>|\[/?inst\]|<<\s*/?sys\s*>>|<\s*/?\s*(system|system_prompt)\s*>|<start_of_turn>)", kHasLatin},
     {"default.role_spoof", Form::kFolded,
-     R"((^|\n)\s*[#*\[(]*\s*(system|developer|admin|administrator|root)\s*(prompt|message|override|note|instruction)?\s*[\])*]*\s*[:：]\s*\S)"},
-    {"default.role_spoof", Form::kFolded, R"((^|\n)\s*[\[(]\s*(system|admin|administrator|developer|root)\s*[\])])"},
-    {"default.role_spoof_zh", Form::kFolded, R"((^|\n|[。！？!?])\s*(系统|管理员|开发者|超级用户)\s*(提示|消息|指令|通知|命令)?\s*[:：])"},
+     R"((^|\n)\s*[#*\[(]*\s*(system|developer|admin|administrator|root)\s*(prompt|message|override|note|instruction)?\s*[\])*]*\s*[:：]\s*\S)", kHasLatin},
+    {"default.role_spoof", Form::kFolded, R"((^|\n)\s*[\[(]\s*(system|admin|administrator|developer|root)\s*[\])])", kHasLatin},
+    {"default.role_spoof_zh", Form::kFolded, R"((^|\n|[。！？!?])\s*(系统|管理员|开发者|超级用户)\s*(提示|消息|指令|通知|命令)?\s*[:：])", kHasNonAscii},
     // A new persona without limits.
     {"default.persona", Form::kFolded,
-     R"(\b(you are|you're|act as|pretend to be|pretend you are|roleplay as|from now on,? you('ll| will| are)|become)\b[^.!?\n]{0,40}?\b(dan|jailbroken|unrestricted|unfiltered|uncensored|evil|without (any )?(rules|restrictions|limits|filters|guidelines|ethics)|(with|having) (no|zero) (rules|restrictions|limits|limitations|filters|guidelines|ethics|constraints|boundaries|censorship))\b)"},
-    {"default.persona", Form::kFolded, R"(\b(do anything now|dan mode|jailbreak(?![^.!?\n]{0,30}\b(phones?|iphones?|smartphones?|ipads?|tablets?|devices?|consoles?|warranty)\b)|god mode|no longer bound|not bound by)\b)"},
+     R"(\b(you are|you're|act as|pretend to be|pretend you are|roleplay as|from now on,? you('ll| will| are)|become)\b[^.!?\n]{0,40}?\b(dan|jailbroken|unrestricted|unfiltered|uncensored|evil|without (any )?(rules|restrictions|limits|filters|guidelines|ethics)|(with|having) (no|zero) (rules|restrictions|limits|limitations|filters|guidelines|ethics|constraints|boundaries|censorship))\b)", kHasLatin},
+    {"default.persona", Form::kFolded, R"(\b(do anything now|dan mode|jailbreak(?![^.!?\n]{0,30}\b(phones?|iphones?|smartphones?|ipads?|tablets?|devices?|consoles?|warranty)\b)|god mode|no longer bound|not bound by)\b)", kHasLatin},
     // Developer mode as a state the model is put in (not a device's settings).
     {"default.persona", Form::kFolded,
-     R"(\b((enable|enter|activate|switch to|turn on|you are (now )?in|you're (now )?in|now in|go into|run in|respond in)\s+(the\s+)?developer mode|developer mode\s+(is\s+)?(enabled|activated|engaged|on(?=\s*([.!,;:)]|$)))|developer mode (has|means|allows|ignores))\b)"},
+     R"(\b((enable|enter|activate|switch to|turn on|you are (now )?in|you're (now )?in|now in|go into|run in|respond in)\s+(the\s+)?developer mode|developer mode\s+(is\s+)?(enabled|activated|engaged|on(?=\s*([.!,;:)]|$)))|developer mode (has|means|allows|ignores))\b)", kHasLatin},
     {"default.persona", Form::kFolded,
-     R"(\b(you('ve| have)? (been|are|were) (now )?(freed|released|liberated|unshackled|unchained|set free)|you are (now )?free) from (all |any |every |your )?(of )?(your )?(restrictions|rules|limits|limitations|constraints|guidelines|filters|programming|shackles|chains|safety)\b)"},
+     R"(\b(you('ve| have)? (been|are|were) (now )?(freed|released|liberated|unshackled|unchained|set free)|you are (now )?free) from (all |any |every |your )?(of )?(your )?(restrictions|rules|limits|limitations|constraints|guidelines|filters|programming|shackles|chains|safety)\b)", kHasLatin},
     // "Ignore the above and tell me ...": the above dismissed, then an order.
     {"default.ignore_above", Form::kFolded,
-     R"(\b(ignore|ingore|disregard|forget|skip)\b\s+(all of |everything |all )?(the )?(above|preceding|foregoing)( \w+)?\s*[,;:]?\s*(and |then |now |instead )*(instead |now )?(tell|reveal|give|print|say|output|write|show|repeat|list|send|share|leak|dump|approve|summari[sz]e|describe|explain)\b)"},
+     R"(\b(ignore|ingore|disregard|forget|skip)\b\s+(all of |everything |all )?(the )?(above|preceding|foregoing)( \w+)?\s*[,;:]?\s*(and |then |now |instead )*(instead |now )?(tell|reveal|give|print|say|output|write|show|repeat|list|send|share|leak|dump|approve|summari[sz]e|describe|explain)\b)", kHasLatin},
     {"default.persona_zh", Form::kCompact,
-     R"((你现在是|你是|扮演|假装你是|从现在起你是|从现在开始你是|进入).{0,12}?(dan|没有(任何)?(限制|约束|规则|底线|审查)|不受(任何)?(限制|约束|规则|规定|审查)|无限制|越狱|开发者模式|上帝模式))"},
-    {"default.persona_zh", Form::kCompact, R"((越狱模式|无审查模式|解除(所有)?限制|不受任何规则|(?<!平板|手机|设备|电脑|终端|机器)(进入|开启|启用|激活|切换到|切换至|处于)开发者模式|开发者模式(已)?(开启|启用|激活|启动)))"},
-    {"default.persona_zh", Form::kCompact, R"(你(就|将|已经|已)?(不再)?(不受|没有|不存在)(任何)?(限制|约束|规则|规定|审查|底线))"},
+     R"((你现在是|你是|扮演|假装你是|从现在起你是|从现在开始你是|进入).{0,12}?(dan|没有(任何)?(限制|约束|规则|底线|审查)|不受(任何)?(限制|约束|规则|规定|审查)|无限制|越狱|开发者模式|上帝模式))", kHasNonAscii},
+    {"default.persona_zh", Form::kCompact, R"((越狱模式|无审查模式|解除(所有)?限制|不受任何规则|(?<!平板|手机|设备|电脑|终端|机器)(进入|开启|启用|激活|切换到|切换至|处于)开发者模式|开发者模式(已)?(开启|启用|激活|启动)))", kHasNonAscii},
+    {"default.persona_zh", Form::kCompact, R"(你(就|将|已经|已)?(不再)?(不受|没有|不存在)(任何)?(限制|约束|规则|规定|审查|底线))", kHasNonAscii},
     // Asking for the hidden prompt.
     {"default.prompt_leak", Form::kFolded,
-     R"(\b(reveal|show|print|output|repeat|leak|tell me|give me|display|dump|write out|recite|spell out)\b[^.!?\n]{0,30}?\b(system prompt|system message|initial (prompt|instructions)|hidden (prompt|instructions)|original (prompt|instructions)|your (instructions|prompt|rules)|the (text|prompt|instructions) above|everything above|developer (message|instructions)|your (full|entire|complete|whole|exact|verbatim|unredacted) (prompt|system prompt|configuration|config)|your context window)\b)"},
+     R"(\b(reveal|show|print|output|repeat|leak|tell me|give me|display|dump|write out|recite|spell out)\b[^.!?\n]{0,30}?\b(system prompt|system message|initial (prompt|instructions)|hidden (prompt|instructions)|original (prompt|instructions)|your (instructions|prompt|rules)|the (text|prompt|instructions) above|everything above|developer (message|instructions)|your (full|entire|complete|whole|exact|verbatim|unredacted) (prompt|system prompt|configuration|config)|your context window)\b)", kHasLatin},
     {"default.prompt_leak_zh", Form::kCompact,
-     R"((输出|显示|告诉我|透露|泄露|打印|重复|给我看|说出|展示|复述).{0,8}?(你的)?(系统提示|系统提示词|系统指令|初始指令|初始提示|隐藏指令|原始指令|原始提示|上面的(内容|指令|文字)|以上(内容|指令)))"},
-    {"default.new_instructions", Form::kFolded, R"(\b(new|updated|real|actual|true) (instructions?|system prompt|task)\s*[:：])"},
+     R"((输出|显示|告诉我|透露|泄露|打印|重复|给我看|说出|展示|复述).{0,8}?(你的)?(系统提示|系统提示词|系统指令|初始指令|初始提示|隐藏指令|原始指令|原始提示|上面的(内容|指令|文字)|以上(内容|指令)))", kHasNonAscii},
+    {"default.new_instructions", Form::kFolded, R"(\b(new|updated|real|actual|true) (instructions?|system prompt|task)\s*[:：])", kHasLatin},
     {"default.prompt_leak", Form::kFolded,
-     R"(\b(instructions|prompt|rules|guidelines)\b\s+(that\s+)?(you were|you've been|you have been|you got|they gave you|you are|you're)\s*(given|told|provided|programmed|following|operating under)\b)"},
-    {"default.new_instructions_zh", Form::kFolded, R"((新的|真正的|最新的|实际的)\s*(指令|任务|系统提示)\s*(是|[:：]))"},
+     R"(\b(instructions|prompt|rules|guidelines)\b\s+(that\s+)?(you were|you've been|you have been|you got|they gave you|you are|you're)\s*(given|told|provided|programmed|following|operating under)\b)", kHasLatin},
+    {"default.new_instructions_zh", Form::kFolded, R"((新的|真正的|最新的|实际的)\s*(指令|任务|系统提示)\s*(是|[:：]))", kHasNonAscii},
     {"default.prompt_leak", Form::kCompact,
-     R"((reveal|show|print|output|repeat|leak|tellme|giveme|display|dump|recite)(me|us)?(your|the)(systemprompt|systemmessage|initialinstructions|initialprompt|hiddeninstructions|hiddenprompt|originalprompt|originalinstructions))"},
+     R"((reveal|show|print|output|repeat|leak|tellme|giveme|display|dump|recite)(me|us)?(your|the)(systemprompt|systemmessage|initialinstructions|initialprompt|hiddeninstructions|hiddenprompt|originalprompt|originalinstructions))", kHasLatin},
     {"default.prompt_leak_zh", Form::kCompact,
-     R"((你的)?(系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令)(的)?(原文|全文|内容|原话)?.{0,6}?(显示|输出|告诉|发|打印|透露|泄露|说|复述|展示)(出来|给我|一下|我)?)"},
+     R"((你的)?(系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令)(的)?(原文|全文|内容|原话)?.{0,6}?(显示|输出|告诉|发|打印|透露|泄露|说|复述|展示)(出来|给我|一下|我)?)", kHasNonAscii},
     {"default.prompt_leak", Form::kFolded,
-     R"(\b(what'?s|what is|what are|what were|what was)\b[^.!?\n]{0,10}?\b(your\s+(instr\w*|prompt|rules|system prompt|system message)|the\s+(system prompt|system message|hidden prompt|hidden instructions|initial prompt|initial instructions|original prompt|original instructions))\b)"},
+     R"(\b(what'?s|what is|what are|what were|what was)\b[^.!?\n]{0,10}?\b(your\s+(instr\w*|prompt|rules|system prompt|system message)|the\s+(system prompt|system message|hidden prompt|hidden instructions|initial prompt|initial instructions|original prompt|original instructions))\b)", kHasLatin},
     {"default.prompt_leak", Form::kFolded,
-     R"(\b(instructions|rules|prompts?)\b\s+(were|was|have|had|did)\s+you\s+(been\s+)?(given|told|provided|get|receive)\b)"},
-    {"default.prompt_leak_zh", Form::kCompact, R"((系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(是什么|有哪些|是啥|写了什么|的内容))"},
-    {"default.prompt_leak_zh", Form::kCompact, R"(你的(系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(的)?(原文|全文|原话|内容)?.{0,4}?(给我看|发给我|发我|贴出来|写出来|拿出来))"},
+     R"(\b(instructions|rules|prompts?)\b\s+(were|was|have|had|did)\s+you\s+(been\s+)?(given|told|provided|get|receive)\b)", kHasLatin},
+    {"default.prompt_leak_zh", Form::kCompact, R"((系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(是什么|有哪些|是啥|写了什么|的内容))", kHasNonAscii},
+    {"default.prompt_leak_zh", Form::kCompact, R"(你的(系统提示词|系统提示|系统指令|初始指令|初始提示|隐藏指令|原始指令|隐藏提示)(的)?(原文|全文|原话|内容)?.{0,4}?(给我看|发给我|发我|贴出来|写出来|拿出来))", kHasNonAscii},
     // "Ignore the previous instructions" in the other languages an attack is written in to slip
     // past English and Chinese rules (French, German, Spanish, Italian, Portuguese, Russian,
     // Japanese, Korean): the verb and the instructions or rules it dismisses.
     {"default.ignore_instructions_intl", Form::kFolded,
-     R"(\b(ignore[zr]|oublie[zr]?|ignorier(e|en|t)?|vergiss|vergessen\s+sie|ignora[rd]?|olvida[rd]?|ignorare|dimentica|ignorem|esque[cç]a)\b[^.!?\n]{0,40}?\b(instructions?|consignes|r[eè]gles|anweisungen|regeln|vorgaben|instrucciones|reglas|normas|istruzioni|regole|instru[cç][oõ]es|regras)\b)"},
+     R"(\b(ignore[zr]|oublie[zr]?|ignorier(e|en|t)?|vergiss|vergessen\s+sie|ignora[rd]?|olvida[rd]?|ignorare|dimentica|ignorem|esque[cç]a)\b[^.!?\n]{0,40}?\b(instructions?|consignes|r[eè]gles|anweisungen|regeln|vorgaben|instrucciones|reglas|normas|istruzioni|regole|instru[cç][oõ]es|regras)\b)", kHasLatin},
     // Portuguese "ignore" is spelt as the English verb: with the Portuguese (or French) nouns only,
     // as "ignore the instructions on the old form" is an English user's own.
     {"default.ignore_instructions_intl", Form::kFolded,
-     R"(\bignore\b[^.!?\n]{0,40}?\b(instru[cç][oõ]es|regras|diretrizes|consignes|r[eè]gles)\b)"},
+     R"(\bignore\b[^.!?\n]{0,40}?\b(instru[cç][oõ]es|regras|diretrizes|consignes|r[eè]gles)\b)", kHasLatin},
     {"default.ignore_instructions_intl", Form::kFolded,
-     R"((игнорируй(те)?|забудь(те)?|не\s+обращай(те)?\s+внимания\s+на)[^.!?\n]{0,40}?(инструкци|правил|указани))"},
+     R"((игнорируй(те)?|забудь(те)?|не\s+обращай(те)?\s+внимания\s+на)[^.!?\n]{0,40}?(инструкци|правил|указани))", kHasNonAscii},
     {"default.ignore_instructions_intl", Form::kCompact,
-     R"(((以前|前|これまで|上記)の)?(指示|命令|ルール|指令)(を|は)?(すべて|全て)?(无视|無視|忘れ)|(이전|앞의|기존)?(지시|지침|명령|규칙)(을|를|은|는)?(모두|전부)?(무시|잊어))"},
+     R"(((以前|前|これまで|上記)の)?(指示|命令|ルール|指令)(を|は)?(すべて|全て)?(无视|無視|忘れ)|(이전|앞의|기존)?(지시|지침|명령|규칙)(을|를|은|는)?(모두|전부)?(무시|잊어))", kHasNonAscii},
     // Content that addresses an AI reader with an order: an injection inside a document, an e-mail
     // or a tool's result ("Note to the AI: ...", "[to the summariser AI: ...]", "any language model
     // handling this must ...", 给AI的备注：..., 【给总结AI：...】, 任何处理本文的语言模型都必须...).
@@ -142,13 +147,13 @@ const DefaultRule kDefaultRules[] = {
     {"default.ai_addressed", Form::kFolded,
      R"(^[^"“「『]*["“「『][\s\S]*?\b(dear|attention|attn|psst|note to)\s*,?\s+(the\s+)?(ai|chatbot|bot|llm|language\s+models?)\b\s*[,:：])", kNamesAnAi},
     {"default.ai_addressed_zh", Form::kCompact,
-     R"(给(读到这里的|读到这的|看到这里的|处理本文的|阅读本文的)?(总结|审核|评分|排程|客服|智能|翻译)?(ai|人工智能|聊天机器人|机器人|语言模型|大模型|模型)(总结助手|助手|审核员)?的(隐藏)?(备注|指令|话|说明|提示|留言|命令|消息|文字|指示))"},
+     R"(给(读到这里的|读到这的|看到这里的|处理本文的|阅读本文的)?(总结|审核|评分|排程|客服|智能|翻译)?(ai|人工智能|聊天机器人|机器人|语言模型|大模型|模型)(总结助手|助手|审核员)?的(隐藏)?(备注|指令|话|说明|提示|留言|命令|消息|文字|指示))", kHasNonAscii},
     {"default.ai_addressed_zh", Form::kCompact,
-     R"((读到这里|读到这|看到这里|处理本文|阅读本文|处理这段文字|处理本文件)的(ai|人工智能|机器人|语言模型|大模型|模型)(?!团队|部门|公司|项目))"},
+     R"((读到这里|读到这|看到这里|处理本文|阅读本文|处理这段文字|处理本文件)的(ai|人工智能|机器人|语言模型|大模型|模型)(?!团队|部门|公司|项目))", kHasNonAscii},
     {"default.ai_addressed_zh", Form::kFolded,
-     R"([【（(]\s*给[^】）)\n]{0,8}(ai|机器人|模型)[^】）)\n]{0,6}[:：])"},
+     R"([【（(]\s*给[^】）)\n]{0,8}(ai|机器人|模型)[^】）)\n]{0,6}[:：])", kHasNonAscii},
     {"default.ai_addressed_zh", Form::kCompact,
-     R"((任何|所有)?(处理|读到|阅读|审阅|总结|看到)(本文件?|这段文字|这份文件|本邮件|这封邮件)的(ai|人工智能|语言模型|大模型|模型|机器人)(系统|工具)?(都|须|必须|应|应当|要))"},
+     R"((任何|所有)?(处理|读到|阅读|审阅|总结|看到)(本文件?|这段文字|这份文件|本邮件|这封邮件)的(ai|人工智能|语言模型|大模型|模型|机器人)(系统|工具)?(都|须|必须|应|应当|要))", kHasNonAscii},
 };
 
 bool drop_in_compact(char32_t cp) {
