@@ -27,8 +27,8 @@ struct DefaultRule {
   Form form;
   const char* pattern;
   // A pattern the folded form must match before this rule is tried (one search a text, shared by
-  // the rules that name it), or null: rules that only a rare word can set off skip the texts
-  // without it.
+  // the rules that name it), or null: a rule skips the texts that lack its script or the rare
+  // word it needs.
   const char* gate = nullptr;
 };
 
