@@ -185,9 +185,9 @@ Command add_gateway_command(CLI::App& app) {
   check->add_option("--tenant", *guard_tenant, "check as this tenant's requests are (its rules with the defaults)");
   check->add_option("--config", o->config, "the gateway's YAML file (as before `guard`)");
   // The texts are the arguments left over, each taken as it stands: a positional option would have
-  // CLI11 read "[SYSTEM] ...]"-like texts in brackets as lists and drop the brackets, and the
-  // parent commands would take them through fallthrough. So this command keeps its extras (the
-  // program's own options go before `gateway`).
+  // CLI11 read a text in brackets ("[SYSTEM] ... [END]") as a list and drop the brackets, and the
+  // parent commands would take extras through fallthrough. So this command keeps its own extras
+  // (the program's own options go before `gateway`).
   check->fallthrough(false);
   check->allow_extras();
   check->footer("TEXT ...: the texts, each argument one; with none, one a line from standard input.");

@@ -348,13 +348,16 @@ char32_t simplified(char32_t cp) {
   return it != table.end() && it->first == cp ? it->second : 0;
 }
 
-// Whether a code point is one of the Latin small capitals latin_lookalike knows (IPA, the phonetic
-// extensions, Latin Extended-D).
+// Whether a code point lies in the ranges latin_lookalike's small capitals come from (IPA ɢ..ʟ,
+// the phonetic extensions ᴀ..ᴢ, Latin Extended-D ꜰ..ꞯ): Latin letters, so they mark a word as
+// Latin and fold wherever they stand.
 bool small_capital(char32_t cp) { return (cp >= 0x0262 && cp <= 0x029F) || (cp >= 0x1D00 && cp <= 0x1D22) || (cp >= 0xA730 && cp <= 0xA7AF); }
+
+bool ascii_letter(char32_t cp) { return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z'); }
 
 // A code point of a word: a letter or mark of any script, or a digit.
 bool word_cp(char32_t cp) {
-  if (cp < 0x80) return (cp >= 'a' && cp <= 'z') || (cp >= '0' && cp <= '9') || (cp >= 'A' && cp <= 'Z');
+  if (cp < 0x80) return ascii_letter(cp) || (cp >= '0' && cp <= '9');
   const auto cat = utf8proc_category(static_cast<utf8proc_int32_t>(cp));
   return (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_ME) || cat == UTF8PROC_CATEGORY_ND;
 }
@@ -394,7 +397,7 @@ void fold_letters(std::string& folded) {
       out.append(folded, i, len);
       word = i + len;
     } else {
-      latin = latin || (cp < 0x80 && ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z'))) || small_capital(cp);
+      latin = latin || ascii_letter(cp) || small_capital(cp);
     }
     i += len;
   }
