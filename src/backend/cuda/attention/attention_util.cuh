@@ -50,9 +50,11 @@ struct BlockIndex {
       while ((1 << shift) < block_size) ++shift;
     }
   }
+  // The block-table index of position p, and p's place in its block.
+  __device__ __forceinline__ int block(int p) const { return shift >= 0 ? p >> shift : p / size; }
+  __device__ __forceinline__ int offset(int p) const { return shift >= 0 ? p & (size - 1) : p % size; }
   __device__ __forceinline__ std::int64_t slot(const std::int32_t* table, int p) const {
-    if (shift >= 0) return static_cast<std::int64_t>(table[p >> shift]) * size + (p & (size - 1));
-    return static_cast<std::int64_t>(table[p / size]) * size + p % size;
+    return static_cast<std::int64_t>(table[block(p)]) * size + offset(p);
   }
 };
 

@@ -183,22 +183,32 @@ __global__ void __launch_bounds__(32 * W, W == kWarps ? kMinBlocks : 1) decode_m
   unsigned char* ring = smem + static_cast<std::size_t>(warp) * St * S::kStageBytes;
 
   // This warp's k-th tile (the unit's tile first + strides k) into stage k % St: one commit group per
-  // call, empty past the warp's last tile, so that the waits count tiles.
+  // call, empty past the warp's last tile, so that the waits count tiles. Calls come in order
+  // k = 0, 1, ...; lane j < kKeys holds the block-table entry of key j of the tile, loaded by the
+  // call before, so that the load's latency passes under a tile's compute instead of stalling the
+  // copies (and with them the compute that follows them in the loop).
+  const BlockIndex blk(a.block_size);
+  auto entry_of = [&](int k) {
+    const int p = begin + (first + strides * k) * S::kKeys + lane;
+    return k < mine && lane < S::kKeys && p < end ? bt[blk.block(p)] : 0;
+  };
+  // A lane's copies: 16-byte unit w of rows lane / kUnits + i * kRowsPerRound (32 % kUnits == 0).
+  constexpr int kRowsPerRound = 32 / S::kUnits;
+  static_assert(32 % S::kUnits == 0, "a lane's unit is the same in every round");
+  const int w = lane % S::kUnits, j0 = lane / S::kUnits;
+  int entry = entry_of(0);
   auto issue = [&](int k) {
     if (k < mine) {
       const int k0 = begin + (first + strides * k) * S::kKeys;
-      int slot = 0;  // lane j < kKeys: the cache slot of key k0 + j
-      if (lane < S::kKeys && k0 + lane < end) {
-        const int p = k0 + lane;
-        slot = static_cast<int>(BlockIndex(a.block_size).slot(bt, p));
-      }
-      unsigned char* dk = ring + (k % St) * S::kStageBytes;
+      const int slot = entry * a.block_size + blk.offset(k0 + lane);  // lane j < kKeys: key k0 + j's
+      entry = entry_of(k + 1);
+      unsigned char* dk = ring + (k % St) * S::kStageBytes + j0 * S::kStride + w * 16;
       unsigned char* dv = dk + S::kKeys * S::kStride;
 #pragma unroll
-      for (int i = 0; i < S::kKeys * S::kUnits / 32; ++i) {
-        const int u = lane + 32 * i, j = u / S::kUnits, w = u % S::kUnits;
+      for (int i = 0; i < S::kKeys / kRowsPerRound; ++i) {
+        const int j = j0 + i * kRowsPerRound;
         const int sj = __shfl_sync(0xffffffffu, slot, j);
-        const int off = j * S::kStride + w * 16;
+        const int off = i * kRowsPerRound * S::kStride;
         if (k0 + j < end) {
           const std::int64_t at = (static_cast<std::int64_t>(sj) * a.nkv + g) * S::kRowBytes + w * 16;
           cp_async16(dk + off, kc + at);
@@ -279,15 +289,18 @@ __global__ void __launch_bounds__(32 * W, W == kWarps ? kMinBlocks : 1) decode_m
       }
     }
     // Online softmax (exp2 domain); keys past the split are masked.
+    if (t0 + S::kKeys > end) {  // only a split's last tile has keys past it
+#pragma unroll
+      for (int n = 0; n < NF; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = t0 + 8 * n + 2 * c + (e & 1) < end ? s[n][e] : -INFINITY;
+      }
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < NF; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool ok = t0 + 8 * n + 2 * c + (e & 1) < end;
-        s[n][e] = ok ? s[n][e] : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-      }
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
     }
     unsigned pf[KSTEPS][4];
     online_softmax<M, true>(s, mx, m_run, l_run, o, pf);
