@@ -136,7 +136,8 @@ double blocked_percent(const Guard& g, const std::vector<std::string>& texts, bo
 TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   auto g = build({});
   ASSERT_TRUE(g);
-  const auto held_out = corpus("guard_injections.txt"), round19 = corpus("guard_injections_round19.txt");
+  const auto held_out = corpus("guard_injections.txt"), round19 = corpus("guard_injections_round19.txt"),
+             round20 = corpus("guard_injections_round20.txt");
   const auto dev = of(injection_corpus()), benign = of(benign_corpus());
   ASSERT_GE(held_out.size(), 100u);
   ASSERT_GE(benign.size(), 500u);
@@ -147,12 +148,16 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   // their first runs) and are now part of its corpus; the nineteenth round and the thirteenth
   // ordinary set were written after 06d900e: 83.0% and 1 of 100 blocked at their first run (the
   // rules alone 18.0%; the guard of 968d07b, before the 52nd session's classes, rules and
-  // batches, 58.0%; docs/gateway.md). The floors catch a regression.
+  // batches, 58.0%), the twentieth and the fourteenth after 42f6dab, which is still the guard:
+  // 84.0% and 0 of 100 (the rules alone 17.0%; docs/gateway.md). Round 19 stays out of the
+  // corpus: with it the model alone blocked 25 of the 2,281 ordinary requests out of fold (1.1%,
+  // above OutOfFold's 1%). The floors catch a regression.
   EXPECT_GE(blocked_percent(*g, held_out, true, "held-out injections"), 95.0);
   EXPECT_GE(blocked_percent(*g, round19, true, "held-out injections, round 19"), 83.0);
+  EXPECT_GE(blocked_percent(*g, round20, true, "held-out injections, round 20"), 84.0);
   EXPECT_GE(blocked_percent(*g, dev, true, "development injections"), 99.0);
   EXPECT_LE(blocked_percent(*g, benign, false, "ordinary questions"), 1.0);  // the model trained on them: see OutOfFold
-  // The held-out ordinary sets (written with rounds 8 to 19, each run once before any change
+  // The held-out ordinary sets (written with rounds 8 to 20, each run once before any change
   // they prompted): at most 1% of them together (the 99%), 3% of any one. The eighth
   // set's two and the ninth's three are questions that quote a chat template's role marker
   // (<|im_start|>, <|eot_id|>, [INST]), which the rules block wherever it stands in a user's
@@ -167,7 +172,8 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   for (const char* set : {"guard_benign_general.txt", "guard_benign_general2.txt", "guard_benign_general3.txt", "guard_benign_general4.txt",
                           "guard_benign_general5.txt", "guard_benign_general6.txt", "guard_benign_general7.txt", "guard_benign_general8.txt",
                           "guard_benign_general9.txt", "guard_benign_general10.txt",
-                          "guard_benign_general11.txt", "guard_benign_general12.txt", "guard_benign_general13.txt"}) {
+                          "guard_benign_general11.txt", "guard_benign_general12.txt", "guard_benign_general13.txt",
+                          "guard_benign_general14.txt"}) {
     const auto ordinary = corpus(set);
     ASSERT_GE(ordinary.size(), 60u) << set;
     const double pct = blocked_percent(*g, ordinary, false, set);
@@ -181,6 +187,7 @@ TEST(Guard, TheDefaultRulesBlockHeldOutInjectionsAndPassOrdinaryQuestions) {
   ASSERT_TRUE(rules);
   EXPECT_GE(blocked_percent(*rules, held_out, true, "held-out injections, rules alone"), 83.0);
   EXPECT_GE(blocked_percent(*rules, round19, true, "held-out injections, round 19, rules alone"), 18.0);
+  EXPECT_GE(blocked_percent(*rules, round20, true, "held-out injections, round 20, rules alone"), 17.0);
 }
 
 // "What is a system prompt?" asks what the thing is; "what is your (the) system prompt" asks for
