@@ -78,6 +78,128 @@ std::pair<std::string, std::string> reversed(std::string_view s) {
   return {std::move(whole), std::move(words)};
 }
 
+// Each byte's value as a hex digit, -1 for others.
+constexpr std::array<std::int8_t, 256> kHex = [] {
+  std::array<std::int8_t, 256> v{};
+  v.fill(-1);
+  for (int i = 0; i < 10; ++i) v['0' + i] = static_cast<std::int8_t>(i);
+  for (int i = 0; i < 6; ++i) v['a' + i] = v['A' + i] = static_cast<std::int8_t>(10 + i);
+  return v;
+}();
+
+int hex_value(char c) { return kHex[static_cast<unsigned char>(c)]; }
+
+bool is_hex(std::string_view s, std::size_t i) { return i < s.size() && hex_value(s[i]) >= 0; }
+
+bool hex_pair_at(std::string_view s, std::size_t i) { return is_hex(s, i) && is_hex(s, i + 1); }
+
+char hex_pair(std::string_view s, std::size_t i) { return static_cast<char>(hex_value(s[i]) * 16 + hex_value(s[i + 1])); }
+
+// A byte written as two hex digits at `k`, alone (no third digit after them) and perhaps behind
+// "\x", "0x" or "%": where it ends, or npos.
+std::size_t hex_token_at(std::string_view s, std::size_t k, char* byte) {
+  std::size_t at = k;
+  if (s.substr(at, 2) == "\\x" || s.substr(at, 2) == "0x" || s.substr(at, 2) == "0X") {
+    at += 2;
+  } else if (at < s.size() && s[at] == '%') {
+    at += 1;
+  }
+  if (!hex_pair_at(s, at) || is_hex(s, at + 2)) return std::string_view::npos;
+  *byte = hex_pair(s, at);
+  return at + 2;
+}
+
+bool is_separator(char c) { return c == ' ' || c == ',' || c == ':' || c == '-'; }
+
+// The bytes of a sequence of hex tokens from `i` on (hex_token_at), side by side or one separator
+// apart (a comma, colon or dash perhaps followed by a space: "\x69\x67", "0x69, 0x67", "69 67",
+// "%69%67"); `end` is set past the last.
+std::string hex_tokens_at(std::string_view s, std::size_t i, std::size_t* end) {
+  std::string out;
+  *end = i;
+  char byte = 0;
+  for (std::size_t k = i;;) {
+    std::size_t e = hex_token_at(s, k, &byte);
+    if (e == std::string_view::npos && k > i && k < s.size() && is_separator(s[k])) {
+      const std::size_t after = k + 1 + (s[k] != ' ' && k + 1 < s.size() && s[k + 1] == ' ');  // ", " too
+      e = hex_token_at(s, after, &byte);
+    }
+    if (e == std::string_view::npos) break;
+    out.push_back(byte);
+    *end = k = e;
+  }
+  return out;
+}
+
+// Whether a run of the base64 alphabet may hold hex (hidden_texts' first pass): 16 characters
+// or more (a run of hex, or pairs split by dashes), or a lone pair ("69", "0x69", the "x69" of
+// "\\x69"; "%69" leaves "69").
+bool hex_pair_run(std::string_view run) {
+  const std::size_t n = run.size();
+  return n >= 2 && n <= 4 && hex_value(run[n - 1]) >= 0 && hex_value(run[n - 2]) >= 0 &&
+         (n == 2 || (n == 3 && run[0] == 'x') || (n == 4 && run[0] == '0' && (run[1] == 'x' || run[1] == 'X')));
+}
+
+// How many escapes the text may hold: the '%', '\\' and "&#" it has (unescaped decides).
+int escape_marks(std::string_view s) {
+  int n = 0;
+  for (const char c : {'%', '\\', '&'}) {
+    for (auto i = s.find(c); i != std::string_view::npos && n < kMinEscapes; i = s.find(c, i + 1)) n += c != '&' || s.substr(i + 1, 1) == "#";
+  }
+  return n;
+}
+
+// The text with its escapes decoded (%XX, \xXX, \uXXXX with surrogate pairs joined, &#NNN;,
+// &#xXX;); `count`: how many.
+std::string unescaped(std::string_view s, int* count) {
+  std::string out;
+  out.reserve(s.size());
+  *count = 0;
+  auto u16_at = [&](std::size_t i) { return i + 5 < s.size() && s[i] == '\\' && s[i + 1] == 'u' && hex_pair_at(s, i + 2) && hex_pair_at(s, i + 4); };
+  auto u16 = [&](std::size_t i) {
+    return static_cast<char32_t>(static_cast<unsigned char>(hex_pair(s, i + 2)) * 256 + static_cast<unsigned char>(hex_pair(s, i + 4)));
+  };
+  for (std::size_t i = 0; i < s.size();) {
+    std::size_t next = i;
+    if (s[i] == '%' && hex_pair_at(s, i + 1)) {
+      out.push_back(hex_pair(s, i + 1));
+      next = i + 3;
+    } else if (s.substr(i, 2) == "\\x" && hex_pair_at(s, i + 2)) {
+      out.push_back(hex_pair(s, i + 2));
+      next = i + 4;
+    } else if (u16_at(i)) {
+      char32_t cp = u16(i);
+      next = i + 6;
+      if (cp >= 0xD800 && cp < 0xDC00 && u16_at(next) && u16(next) >= 0xDC00 && u16(next) < 0xE000) {
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (u16(next) - 0xDC00);
+        next += 6;
+      }
+      if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;  // a lone surrogate
+      text::utf8_append(out, cp);
+    } else if (s.substr(i, 2) == "&#") {
+      const bool hex = i + 2 < s.size() && (s[i + 2] == 'x' || s[i + 2] == 'X');
+      const std::size_t digits = i + (hex ? 3 : 2);
+      std::size_t j = digits;
+      char32_t cp = 0;
+      while (j < s.size() && j < digits + 7 && (hex ? is_hex(s, j) : s[j] >= '0' && s[j] <= '9')) {
+        cp = cp * (hex ? 16 : 10) + static_cast<char32_t>(hex ? hex_value(s[j]) : s[j] - '0');
+        ++j;
+      }
+      if (j > digits && j < s.size() && s[j] == ';' && cp > 0 && cp < 0x110000 && (cp < 0xD800 || cp >= 0xE000)) {
+        text::utf8_append(out, cp);
+        next = j + 1;
+      }
+    }
+    if (next == i) {
+      out.push_back(s[i++]);
+    } else {
+      ++*count;
+      i = next;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string decode_base64(std::string_view run) {
@@ -104,10 +226,12 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
   std::vector<std::string> out;
   std::size_t budget = kMaxHiddenBytes;
   auto add = [&](std::string s) {
-    if (s.size() > budget) return;
+    if (s.size() > budget || std::find(out.begin(), out.end(), s) != out.end()) return;
     budget -= s.size();
     out.push_back(std::move(s));
   };
+  bool maybe_hex = false;  // the first pass, over the runs of the base64 alphabet, says where hex may be
+  std::size_t hex_pairs = 0;
   for (std::size_t i = 0; i < text.size();) {
     if (!in_alphabet(text[i])) {
       ++i;
@@ -117,11 +241,42 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
     while (j < text.size() && in_alphabet(text[j])) ++j;
     std::size_t end = j;
     while (end < text.size() && end < j + 2 && text[end] == '=') ++end;
-    if (j - i >= kMinBase64Chars && (j - i) * 3 / 4 <= budget) {
-      std::string decoded = decode_base64(text.substr(i, end - i));
-      if (is_text(decoded)) add(std::move(decoded));
+    if (j - i >= kMinBase64Chars) {
+      maybe_hex = true;
+      if ((j - i) * 3 / 4 <= budget) {
+        std::string decoded = decode_base64(text.substr(i, end - i));
+        if (is_text(decoded)) add(std::move(decoded));
+      }
+    } else if (hex_pair_run(text.substr(i, j - i)) && ++hex_pairs >= kMinHexBytes) {
+      maybe_hex = true;
     }
     i = end;
+  }
+  // Hex: runs of pairs, and pairs written one by one (a sequence starts at a run of two digits,
+  // at "0x", "\\x" or "%"); a run is passed over whole. Looked for only where the first pass found
+  // a long run or enough lone pairs.
+  for (std::size_t i = 0; maybe_hex && i < text.size();) {
+    std::size_t next = i + 1, run = i;
+    while (is_hex(text, run)) ++run;
+    if (run - i >= 2 * kMinHexBytes && (run - i) % 2 == 0 && (run - i) / 2 <= budget) {
+      std::string bytes;
+      for (std::size_t k = i; k < run; k += 2) bytes.push_back(hex_pair(text, k));
+      if (is_text(bytes)) add(std::move(bytes));
+    }
+    next = std::max(next, run);
+    const bool starts = run - i == 2 || (run - i == 1 && text[i] == '0' && run < text.size() && (text[run] == 'x' || text[run] == 'X')) ||
+                        (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'x') || (text[i] == '%' && hex_pair_at(text, i + 1));
+    if (starts) {
+      std::size_t end = i;
+      std::string bytes = hex_tokens_at(text, i, &end);
+      if (bytes.size() >= kMinHexBytes && is_text(bytes)) add(std::move(bytes));
+      next = std::max(next, end);
+    }
+    i = next;
+  }
+  if (escape_marks(text) >= kMinEscapes) {
+    int escapes = 0;
+    if (std::string u = unescaped(text, &escapes); escapes >= kMinEscapes && is_text(u)) add(std::move(u));
   }
   if (names_any(folded, {"rot13", "rot-13", "rot 13", "caesar", "凯撒"})) add(rot13(text));
   if (names_any(folded, {"backward", "reverse", "倒过来", "反过来", "倒着", "倒序", "反着"})) {
