@@ -200,6 +200,26 @@ std::string unescaped(std::string_view s, int* count) {
   return out;
 }
 
+// What invisible characters carry: tag characters (U+E0020..U+E007E) as the ASCII they mirror,
+// and variation selectors as bytes (U+FE00..U+FE0F: 0..15, U+E0100..U+E01EF: 16..255), each in
+// the order met. Empty when the text has none.
+std::pair<std::string, std::string> smuggled(std::string_view s) {
+  std::string tags, selectors;
+  for (std::size_t i = 0; i < s.size();) {
+    char32_t cp = 0;
+    const int len = std::max(1, text::utf8_decode(s, i, &cp));
+    if (cp >= 0xE0020 && cp <= 0xE007E) {
+      tags.push_back(static_cast<char>(cp - 0xE0000));
+    } else if (cp >= 0xFE00 && cp <= 0xFE0F) {
+      selectors.push_back(static_cast<char>(cp - 0xFE00));
+    } else if (cp >= 0xE0100 && cp <= 0xE01EF) {
+      selectors.push_back(static_cast<char>(cp - 0xE0100 + 16));
+    }
+    i += static_cast<std::size_t>(len);
+  }
+  return {std::move(tags), std::move(selectors)};
+}
+
 }  // namespace
 
 std::string decode_base64(std::string_view run) {
@@ -277,6 +297,12 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
   if (escape_marks(text) >= kMinEscapes) {
     int escapes = 0;
     if (std::string u = unescaped(text, &escapes); escapes >= kMinEscapes && is_text(u)) add(std::move(u));
+  }
+  // Plane 14 (tags, most selectors: F3 A0..A4 in UTF-8) or U+FE00..FE0F (EF B8 80..8F).
+  if (text.find('\xF3') != std::string_view::npos || text.find("\xEF\xB8") != std::string_view::npos) {
+    auto [tags, selectors] = smuggled(text);
+    if (tags.size() >= kMinSmuggledBytes && is_text(tags)) add(std::move(tags));
+    if (selectors.size() >= kMinSmuggledBytes && is_text(selectors)) add(std::move(selectors));
   }
   if (names_any(folded, {"rot13", "rot-13", "rot 13", "caesar", "凯撒"})) add(rot13(text));
   if (names_any(folded, {"backward", "reverse", "倒过来", "反过来", "倒着", "倒序", "反着"})) {

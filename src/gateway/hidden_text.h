@@ -9,6 +9,10 @@
 //   written as hex pairs one by one ("\x69\x67", "0x69, 0x67", "69 67 6e", "%69%67"), that decode to
 //   such text.
 // - The text with its escapes decoded (%XX, \xXX, \uXXXX, &#NNN;, &#xXX;) where it has 4 or more.
+// - What invisible characters carry (the normal forms drop them as default-ignorable): tag
+//   characters U+E0020..U+E007E as the ASCII they mirror ("ASCII smuggling"), and bytes hidden in
+//   variation selectors (U+FE00..U+FE0F for 0..15, U+E0100..U+E01EF for 16..255), 8 or more of
+//   either that make such text.
 // - When the text names ROT13 (or a Caesar shift of 13): its ROT13 reading.
 // - When the text asks for reading backwards (backwards, reversed, 倒过来, 反过来, ...): the text
 //   read backwards, by characters and word by word.
@@ -25,6 +29,7 @@ namespace lmserve::gateway {
 inline constexpr std::size_t kMinBase64Chars = 16;
 inline constexpr std::size_t kMinHexBytes = 8;
 inline constexpr int kMinEscapes = 4;
+inline constexpr std::size_t kMinSmuggledBytes = 8;
 inline constexpr std::size_t kMaxHiddenBytes = 16 * 1024;
 
 // The readings of `text` (its raw form, as the request carries it; `folded` its folded form,
