@@ -200,6 +200,61 @@ std::string unescaped(std::string_view s, int* count) {
   return out;
 }
 
+bool is_bit(char c) { return c == '0' || c == '1'; }
+
+// The bytes of 8-bit groups of binary digits from `i` on, side by side or one separator apart
+// ("01101001 01100111", "01101001,01100111"); `end` is set past the last group.
+std::string binary_groups_at(std::string_view s, std::size_t i, std::size_t* end) {
+  std::string out;
+  *end = i;
+  for (std::size_t k = i;;) {
+    const std::size_t at = k + (k > i && k < s.size() && is_separator(s[k]));
+    if (at + 8 > s.size() || !std::all_of(s.begin() + static_cast<std::ptrdiff_t>(at), s.begin() + static_cast<std::ptrdiff_t>(at + 8), is_bit)) break;
+    int byte = 0;
+    for (std::size_t b = at; b < at + 8; ++b) byte = byte * 2 + (s[b] - '0');
+    out.push_back(static_cast<char>(byte));
+    *end = k = at + 8;
+  }
+  return out;
+}
+
+// Morse code (dots and dashes, letters a space apart, words " / ", " | " or three spaces apart)
+// as lower-case text; empty where a letter is not Morse.
+std::string morse(std::string_view s) {
+  static constexpr std::array<std::pair<std::string_view, char>, 36> kCodes{{
+      {".-", 'a'},    {"-...", 'b'},  {"-.-.", 'c'},  {"-..", 'd'},   {".", 'e'},     {"..-.", 'f'},  {"--.", 'g'},   {"....", 'h'},
+      {"..", 'i'},    {".---", 'j'},  {"-.-", 'k'},   {".-..", 'l'},  {"--", 'm'},    {"-.", 'n'},    {"---", 'o'},   {".--.", 'p'},
+      {"--.-", 'q'},  {".-.", 'r'},   {"...", 's'},   {"-", 't'},     {"..-", 'u'},   {"...-", 'v'},  {".--", 'w'},   {"-..-", 'x'},
+      {"-.--", 'y'},  {"--..", 'z'},  {"-----", '0'}, {".----", '1'}, {"..---", '2'}, {"...--", '3'}, {"....-", '4'}, {".....", '5'},
+      {"-....", '6'}, {"--...", '7'}, {"---..", '8'}, {"----.", '9'},
+  }};
+  std::string out;
+  std::size_t spaces = 0;
+  for (std::size_t i = 0; i < s.size();) {
+    if (s[i] == ' ') {
+      ++spaces;
+      ++i;
+      continue;
+    }
+    if (s[i] == '/' || s[i] == '|') {
+      spaces = 3;
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < s.size() && (s[j] == '.' || s[j] == '-')) ++j;
+    if (j == i) return {};
+    const auto code = s.substr(i, j - i);
+    const auto it = std::find_if(kCodes.begin(), kCodes.end(), [&](const auto& c) { return c.first == code; });
+    if (it == kCodes.end()) return {};
+    if (!out.empty() && spaces >= 3) out.push_back(' ');
+    out.push_back(it->second);
+    spaces = 0;
+    i = j;
+  }
+  return out;
+}
+
 // What invisible characters carry: tag characters (U+E0020..U+E007E) as the ASCII they mirror,
 // and variation selectors as bytes (U+FE00..U+FE0F: 0..15, U+E0100..U+E01EF: 16..255), each in
 // the order met. Empty when the text has none.
@@ -251,7 +306,7 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
     out.push_back(std::move(s));
   };
   bool maybe_hex = false;  // the first pass, over the runs of the base64 alphabet, says where hex may be
-  std::size_t hex_pairs = 0;
+  std::size_t hex_pairs = 0, binary_groups = 0;
   for (std::size_t i = 0; i < text.size();) {
     if (!in_alphabet(text[i])) {
       ++i;
@@ -269,6 +324,9 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
       }
     } else if (hex_pair_run(text.substr(i, j - i)) && ++hex_pairs >= kMinHexBytes) {
       maybe_hex = true;
+    }
+    if (j - i >= 8 && std::all_of(text.begin() + static_cast<std::ptrdiff_t>(i), text.begin() + static_cast<std::ptrdiff_t>(j), is_bit)) {
+      binary_groups += (j - i) / 8;
     }
     i = end;
   }
@@ -293,6 +351,27 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
       next = std::max(next, end);
     }
     i = next;
+  }
+  for (std::size_t i = 0; binary_groups >= kMinHexBytes && i < text.size();) {  // binary, 8 digits a byte
+    std::size_t end = i;
+    if (is_bit(text[i]) && (i == 0 || !is_bit(text[i - 1]))) {
+      std::string bytes = binary_groups_at(text, i, &end);
+      if (bytes.size() >= kMinHexBytes && bytes.size() <= budget && is_text(bytes)) add(std::move(bytes));
+    }
+    i = std::max(i + 1, end);
+  }
+  if (text.find(".-") != std::string_view::npos || text.find("-.") != std::string_view::npos) {
+    // Morse: each stretch of dots, dashes, spaces and word marks (/, |) of 16 characters or more
+    auto is_morse = [](char c) { return c == '.' || c == '-' || c == ' ' || c == '/' || c == '|'; };
+    for (std::size_t i = 0; i < text.size();) {
+      std::size_t e = i;
+      while (e < text.size() && is_morse(text[e])) ++e;
+      if (e - i >= 2 * kMinHexBytes) {
+        std::string m = morse(text.substr(i, e - i));
+        if (static_cast<std::size_t>(std::count_if(m.begin(), m.end(), [](char c) { return c != ' '; })) >= kMinHexBytes) add(std::move(m));
+      }
+      i = e + 1;
+    }
   }
   if (escape_marks(text) >= kMinEscapes) {
     int escapes = 0;

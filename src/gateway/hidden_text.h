@@ -8,6 +8,9 @@
 // - Hex: every run of 16 or more hex digits (an even count), and every sequence of 8 or more bytes
 //   written as hex pairs one by one ("\x69\x67", "0x69, 0x67", "69 67 6e", "%69%67"), that decode to
 //   such text.
+// - Binary: 8 or more bytes as groups of 8 binary digits, side by side or one separator apart.
+// - Morse code: a stretch of dots and dashes (letters a space apart, words " / ", " | " or three
+//   spaces apart) of 16 characters or more that is all Morse and spells 8 letters or more.
 // - The text with its escapes decoded (%XX, \xXX, \uXXXX, &#NNN;, &#xXX;) where it has 4 or more.
 // - What invisible characters carry (the normal forms drop them as default-ignorable): tag
 //   characters U+E0020..U+E007E as the ASCII they mirror ("ASCII smuggling"), and bytes hidden in
