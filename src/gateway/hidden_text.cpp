@@ -322,7 +322,7 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
         std::string decoded = decode_base64(text.substr(i, end - i));
         if (is_text(decoded)) add(std::move(decoded));
       }
-    } else if (hex_pair_run(text.substr(i, j - i)) && ++hex_pairs >= kMinHexBytes) {
+    } else if (hex_pair_run(text.substr(i, j - i)) && ++hex_pairs >= kMinDecodedBytes) {
       maybe_hex = true;
     }
     if (j - i >= 8 && std::all_of(text.begin() + static_cast<std::ptrdiff_t>(i), text.begin() + static_cast<std::ptrdiff_t>(j), is_bit)) {
@@ -336,7 +336,7 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
   for (std::size_t i = 0; maybe_hex && i < text.size();) {
     std::size_t next = i + 1, run = i;
     while (is_hex(text, run)) ++run;
-    if (run - i >= 2 * kMinHexBytes && (run - i) % 2 == 0 && (run - i) / 2 <= budget) {
+    if (run - i >= 2 * kMinDecodedBytes && (run - i) % 2 == 0 && (run - i) / 2 <= budget) {
       std::string bytes;
       for (std::size_t k = i; k < run; k += 2) bytes.push_back(hex_pair(text, k));
       if (is_text(bytes)) add(std::move(bytes));
@@ -347,16 +347,16 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
     if (starts) {
       std::size_t end = i;
       std::string bytes = hex_tokens_at(text, i, &end);
-      if (bytes.size() >= kMinHexBytes && is_text(bytes)) add(std::move(bytes));
+      if (bytes.size() >= kMinDecodedBytes && is_text(bytes)) add(std::move(bytes));
       next = std::max(next, end);
     }
     i = next;
   }
-  for (std::size_t i = 0; binary_groups >= kMinHexBytes && i < text.size();) {  // binary, 8 digits a byte
+  for (std::size_t i = 0; binary_groups >= kMinDecodedBytes && i < text.size();) {  // binary, 8 digits a byte
     std::size_t end = i;
     if (is_bit(text[i]) && (i == 0 || !is_bit(text[i - 1]))) {
       std::string bytes = binary_groups_at(text, i, &end);
-      if (bytes.size() >= kMinHexBytes && bytes.size() <= budget && is_text(bytes)) add(std::move(bytes));
+      if (bytes.size() >= kMinDecodedBytes && bytes.size() <= budget && is_text(bytes)) add(std::move(bytes));
     }
     i = std::max(i + 1, end);
   }
@@ -366,9 +366,9 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
     for (std::size_t i = 0; i < text.size();) {
       std::size_t e = i;
       while (e < text.size() && is_morse(text[e])) ++e;
-      if (e - i >= 2 * kMinHexBytes) {
+      if (e - i >= 2 * kMinDecodedBytes) {
         std::string m = morse(text.substr(i, e - i));
-        if (static_cast<std::size_t>(std::count_if(m.begin(), m.end(), [](char c) { return c != ' '; })) >= kMinHexBytes) add(std::move(m));
+        if (static_cast<std::size_t>(std::count_if(m.begin(), m.end(), [](char c) { return c != ' '; })) >= kMinDecodedBytes) add(std::move(m));
       }
       i = e + 1;
     }
@@ -380,8 +380,8 @@ std::vector<std::string> hidden_texts(std::string_view text, std::string_view fo
   // Plane 14 (tags, most selectors: F3 A0..A4 in UTF-8) or U+FE00..FE0F (EF B8 80..8F).
   if (text.find('\xF3') != std::string_view::npos || text.find("\xEF\xB8") != std::string_view::npos) {
     auto [tags, selectors] = smuggled(text);
-    if (tags.size() >= kMinSmuggledBytes && is_text(tags)) add(std::move(tags));
-    if (selectors.size() >= kMinSmuggledBytes && is_text(selectors)) add(std::move(selectors));
+    if (tags.size() >= kMinDecodedBytes && is_text(tags)) add(std::move(tags));
+    if (selectors.size() >= kMinDecodedBytes && is_text(selectors)) add(std::move(selectors));
   }
   if (names_any(folded, {"rot13", "rot-13", "rot 13", "caesar", "凯撒"})) add(rot13(text));
   if (names_any(folded, {"backward", "reverse", "倒过来", "反过来", "倒着", "倒序", "反着"})) {

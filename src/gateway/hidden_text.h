@@ -30,9 +30,9 @@
 namespace lmserve::gateway {
 
 inline constexpr std::size_t kMinBase64Chars = 16;
-inline constexpr std::size_t kMinHexBytes = 8;
+// The fewest bytes (or Morse letters) a hex, binary, Morse or invisible reading must give.
+inline constexpr std::size_t kMinDecodedBytes = 8;
 inline constexpr int kMinEscapes = 4;
-inline constexpr std::size_t kMinSmuggledBytes = 8;
 inline constexpr std::size_t kMaxHiddenBytes = 16 * 1024;
 
 // The readings of `text` (its raw form, as the request carries it; `folded` its folded form,
